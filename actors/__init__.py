@@ -1,0 +1,27 @@
+"""The actors of a node, one per file; each registers itself as `actor.<role>` / "standard".
+
+Actors never import each other: they talk only through messages, wired by
+the supervisor (wccl.supervisor).
+"""
+
+from actors.camera_reader import CameraReader
+from actors.clock import Clock
+from actors.frame_decoder import FrameDecoder
+from actors.parameter_server import ParameterServer
+from actors.screen_writer import ScreenWriter
+from actors.worker import Worker
+from wccl.registry import REGISTRY
+
+STANDARD = {
+    "clock": Clock,
+    "camera_reader": CameraReader,
+    "frame_decoder": FrameDecoder,
+    "screen_writer": ScreenWriter,
+    "worker": Worker,
+    "parameter_server": ParameterServer,
+}
+
+for _role, _cls in STANDARD.items():
+    REGISTRY.register(f"actor.{_role}", "standard", _cls, replace=True)
+
+__all__ = ["CameraReader", "Clock", "FrameDecoder", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]

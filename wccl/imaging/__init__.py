@@ -1,0 +1,1 @@
+"""Finding and reading codes in camera images (pure functions over numpy arrays)."""

@@ -1,0 +1,152 @@
+"""`python -m wccl.node --config config.toml`: run the room's nodes (or one of them).
+
+The composition root: the one module of `wccl` that imports `actors` (which
+register themselves), builds the medium named in config, runs one
+NodeSupervisor per node on one event loop (virtual or real time), and ends
+with a `run_finished` event. Exit status: 0 done, 1 a node failed,
+2 bad config or bad arguments, 130 interrupted (Ctrl-C / SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from wccl.config import ConfigError, WcclConfig, load_config
+from wccl.logs import configure_logging
+from wccl.registry import REGISTRY, UnknownPart
+from wccl.timebase import new_loop
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class RoomRun:
+    """Runs the nodes of a room in this process; `result` holds what they reported."""
+
+    def __init__(self, config: WcclConfig, only: str | None = None) -> None:
+        import actors  # noqa: F401  (registers the standard actors)
+        from wccl.supervisor import NodeSupervisor
+
+        self.config = config
+        names = [n.name for n in config.room.nodes]
+        if only is not None and only not in names:
+            raise ConfigError(f"--node {only}: not a node of the room ({', '.join(names)})")
+        self.names = [only] if only else names
+        self.stop = asyncio.Event()
+        self.medium = REGISTRY.create("medium", config.room.medium, config=config)
+        origin = asyncio.get_running_loop().time()
+        self.supervisors = [NodeSupervisor(config, n, self.medium, self.stop, origin) for n in self.names]
+        self.result: dict[str, Any] = {}
+
+    async def run(self) -> dict[str, Any]:
+        log = structlog.get_logger("wccl")
+        wall0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        log.info("run_started", nodes=self.names, clock=self.config.room.clock, medium=self.config.room.medium,
+                 profile=self.config.room.profile, steps=self.config.training.steps,
+                 step_period_s=sum(s for _, s in self.config.schedule.resolved()))
+        for sup in self.supervisors:
+            sup.build()
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(sup.run(), name=sup.node) for sup in self.supervisors]
+        results = {t.get_name(): t.result() for t in tasks}
+        server = self.config.room.server
+        acc_node = server if server in results and "worker" in self.config.room.node(server).roles else \
+            next((n for n in results if "worker" in results[n].results), None)
+        worker = results[acc_node].results.get("worker", {}) if acc_node else {}
+        digests = {n: r.results.get("worker", {}).get("params_sha256") for n, r in results.items()}
+        digests = {n: d for n, d in digests.items() if d}
+        self.result = dict(
+            test_accuracy=round(worker.get("test_accuracy", float("nan")), 4),
+            steps=self.config.training.steps,
+            applied=worker.get("applied", 0),
+            sim_seconds=round(loop.time() - t0, 3),
+            wall_seconds=round(time.perf_counter() - wall0, 2),
+            replicas_identical=len(set(digests.values())) == 1 if len(digests) > 1 else None,
+            stopped=any(r.stopped for r in results.values()),
+            restarts={n: r.restarts for n, r in results.items() if r.restarts},
+            link={n: r.results.get("link", {}) for n, r in results.items()},
+            nodes={n: {k: v for k, v in r.results.items() if k != "link"} for n, r in results.items()},
+        )
+        if self.result["stopped"]:
+            log.warning("run_interrupted", **{k: self.result[k] for k in ("steps", "sim_seconds", "wall_seconds")})
+        else:
+            log.info("run_finished", **{k: v for k, v in self.result.items() if k not in ("link", "nodes")},
+                     params_sha256=digests.get(acc_node))
+        return self.result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m wccl.node", description="Run WCCL nodes from a room config.")
+    p.add_argument("--config", default="config.toml", help="room config file (default: config.toml)")
+    p.add_argument("--node", help="run only this node of the room (default: all of them, in this process)")
+    p.add_argument("--log-format", choices=["auto", "console", "json"], help="override [logging] format")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override [logging] level")
+    p.add_argument("--clock", choices=["virtual", "realtime"], help="override [room] clock")
+    p.add_argument("--steps", type=int, help="override [training] steps")
+    return p
+
+
+def _override(cfg: WcclConfig, args: argparse.Namespace) -> WcclConfig:
+    if args.clock:
+        cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"clock": args.clock})})
+    if args.steps is not None:
+        if args.steps < 1:
+            raise ConfigError("--steps: must be >= 1")
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": args.steps})})
+    if args.log_format or args.log_level:
+        cfg = cfg.model_copy(update={"logging": cfg.logging.model_copy(
+            update={k: v for k, v in (("format", args.log_format), ("level", args.log_level)) if v})})
+    return cfg
+
+
+async def _main_async(cfg: WcclConfig, only: str | None) -> int:
+    from wccl.supervisor import NodeFailed
+
+    loop = asyncio.get_running_loop()
+    run = RoomRun(cfg, only)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, run.stop.set)
+    try:
+        result = await run.run()
+    except BaseExceptionGroup as eg:
+        failed, rest = eg.split(NodeFailed)
+        if rest is not None or failed is None:
+            raise
+        for e in failed.exceptions:
+            structlog.get_logger("wccl").error("run_failed", error=str(e))
+        return EXIT_FAILED
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return EXIT_INTERRUPTED if result["stopped"] else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = _override(load_config(Path(args.config)), args)
+    except ConfigError as e:
+        print(f"wccl: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(cfg.logging.format, cfg.logging.level)
+    try:
+        with asyncio.Runner(loop_factory=lambda: new_loop(cfg.room.clock)) as runner:
+            return runner.run(_main_async(cfg, args.node))
+    except (ConfigError, UnknownPart) as e:
+        print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""The supervisor of one node: builds its actors, wires them, runs and stops them.
+
+It builds every part from config through the registry (actors as
+`actor.<role>`, the camera and the screen by name), gives each actor a
+bounded mailbox with a named overflow policy, routes every emitted message
+to the mailboxes of the actors that consume its type, and owns the node's
+only TaskGroup. An actor that raises is restarted with a fresh instance and
+the same mailbox and dependencies, up to `max_restarts` within `window_s`
+(config); past that the node fails with `NodeFailed`. The run ends when the
+Clock's schedule is done (or on `stop`): mailboxes are closed, actors drain
+and finish, sources are cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from protocols.frames import Reassembler
+from protocols.messages import Message
+from wccl import media as _media  # noqa: F401  (the interfaces)
+from wccl.actor import Actor, ActorContext, Mailbox, MailboxClosed, Overflow
+from wccl.config import WcclConfig
+from wccl.media import parts as _parts  # noqa: F401  (registers media, cameras, screens)
+from wccl.registry import REGISTRY
+from wccl.schedule import Schedule
+from wccl.timebase import NodeClock
+
+# Mailbox sizes and overflow policies, per actor.
+MAILBOXES: dict[str, tuple[int, Overflow]] = {
+    "clock": (16, Overflow.BLOCK),
+    "camera_reader": (1, Overflow.BLOCK),
+    "frame_decoder": (8, Overflow.DROP_OLDEST),  # camera frames: stale ones are worthless
+    "screen_writer": (8, Overflow.BLOCK),
+    "worker": (64, Overflow.BLOCK),
+    "parameter_server": (256, Overflow.BLOCK),
+}
+SOURCES = ("camera_reader",)  # actors that loop on a source, not on their inbox: cancelled at the end
+
+
+class ActorFailed(Exception):
+    def __init__(self, actor: str, restarts: int) -> None:
+        super().__init__(f"actor {actor} failed {restarts + 1} times within its restart window")
+        self.actor = actor
+
+
+class NodeFailed(Exception):
+    """The node could not go on (an actor exhausted its restart policy)."""
+
+
+@dataclass
+class NodeResult:
+    node: str
+    results: dict[str, Any] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+    stopped: bool = False
+
+
+class NodeSupervisor:
+    def __init__(self, config: WcclConfig, node: str, medium: Any, stop: asyncio.Event | None = None,
+                 clock_origin: float = 0.0) -> None:
+        self.config = config
+        self.spec = config.room.node(node)
+        self.node = node
+        self.medium = medium
+        self.clock_origin = clock_origin
+        self.stop = stop or asyncio.Event()
+        self.results: dict[str, Any] = {}
+        self.restarts: dict[str, int] = collections.Counter()
+        self.mailboxes: dict[str, Mailbox] = {}
+        self.routes: dict[type[Message], list[Mailbox]] = collections.defaultdict(list)
+        self.actor_classes: dict[str, type[Actor]] = {}
+        self.deps: dict[str, dict[str, Any]] = {}
+        self.clock: NodeClock | None = None
+        self.camera: Any = None
+        self._schedule_done = asyncio.Event()
+        self._built = False
+
+    # ------------------------------------------------------------------ build
+    def actor_names(self) -> list[str]:
+        names = ["clock", "camera_reader", "frame_decoder", "screen_writer"]
+        if "worker" in self.spec.roles:
+            names.append("worker")
+        if "server" in self.spec.roles:
+            names.append("parameter_server")
+        return names
+
+    def build(self) -> None:
+        """Create engines, mailboxes and routes (no I/O beyond loading data)."""
+        from wccl.training.data import load_dataset  # torch: imported when a node is built
+        from wccl.training.replica import Replica, average_gradients
+
+        cfg, room, tr = self.config, self.config.room, self.config.training
+        # Until optical clock sync lands, every node's clock starts at the room's start (synced once).
+        self.clock = NodeClock(origin=self.clock_origin)
+        schedule = Schedule(t0=cfg.schedule.start_s, phases=tuple(cfg.schedule.resolved()))
+        grid = cfg.link.layout()
+        kw = dict(medium=self.medium, node=self.node, clock=self.clock, config=cfg)
+        self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
+        screen = REGISTRY.create("screen", self.spec.screen, **kw)
+        names = [n.name for n in room.nodes]
+        replica = None
+        if "worker" in self.spec.roles:
+            # Each node loads its own copy of the data: nodes share nothing but the room.
+            dataset = load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size)
+            replica = Replica(
+                model_name=tr.model, init=tr.init, seed=tr.seed, optimizer=tr.optimizer, lr=tr.lr,
+                momentum=tr.momentum, dataset=dataset,
+                rank=room.workers.index(self.node), world=len(room.workers),
+                batch_size=tr.batch_size, data_seed=tr.data_seed,
+            )
+        numel = replica.numel if replica is not None else None
+        self.deps = {
+            "clock": dict(schedule=schedule, steps=tr.steps),
+            "camera_reader": dict(camera=self.camera),
+            "frame_decoder": dict(grid=grid, session=room.session, node_names=names, reassembler=Reassembler()),
+            "screen_writer": dict(screen=screen, grid=grid, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
+                                  hold_s=cfg.link.hold_s, session=room.session, sender_id=names.index(self.node)),
+            "worker": dict(replica=replica, schedule=schedule, server=room.server, eval_every=tr.eval_every),
+            "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, schedule=schedule,
+                                     numel=numel or _param_count(tr), average=average_gradients),
+        }
+        for name in self.actor_names():
+            cls = REGISTRY.get(f"actor.{name}", self.spec.actor_impl(name))
+            self.actor_classes[name] = cls
+            capacity, overflow = MAILBOXES[name]
+            box = Mailbox(f"{self.node}.{name}", capacity, overflow)
+            self.mailboxes[name] = box
+            for msg_type in cls.consumes:
+                self.routes[msg_type].append(box)
+        self._built = True
+
+    async def _emit(self, msg: Message) -> None:
+        for box in self.routes.get(type(msg), ()):
+            try:
+                await box.put(msg)
+            except MailboxClosed:
+                self.results.setdefault("undelivered_at_shutdown", 0)
+                self.results["undelivered_at_shutdown"] += 1
+
+    # -------------------------------------------------------------------- run
+    async def run(self) -> NodeResult:
+        structlog.contextvars.bind_contextvars(node=self.node)
+        log = structlog.get_logger("wccl")
+        if not self._built:
+            self.build()
+        tasks: dict[str, asyncio.Task] = {}
+        log.info("node_started", roles=self.spec.roles, actors=self.actor_names(), camera=self.spec.camera,
+                 screen=self.spec.screen)
+        stopped = False
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for name in self.actor_names():
+                    tasks[name] = tg.create_task(self._supervise(name), name=f"{self.node}.{name}")
+                done_wait = tg.create_task(self._schedule_done.wait())
+                stop_wait = tg.create_task(self.stop.wait())
+                await asyncio.wait({done_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                stopped = not self._schedule_done.is_set()
+                done_wait.cancel()
+                stop_wait.cancel()
+                if stopped:
+                    log.warning("node_stopping", reason="stop_requested")
+                    tasks["clock"].cancel()
+                for name in SOURCES:
+                    if name in tasks:
+                        tasks[name].cancel()
+                for box in self.mailboxes.values():
+                    await box.close()
+        except* ActorFailed as eg:
+            failed = [e.actor for e in eg.exceptions if isinstance(e, ActorFailed)]
+            log.error("node_failed", actors=failed)
+            raise NodeFailed(f"node {self.node}: actor(s) {', '.join(failed)} exhausted their restart policy") from None
+        finally:
+            close = getattr(self.camera, "close", None)
+            if close is not None:
+                close()
+        log.info("node_finished", stopped=stopped)
+        return NodeResult(self.node, self.results, dict(self.restarts), stopped)
+
+    async def _supervise(self, name: str) -> None:
+        structlog.contextvars.bind_contextvars(node=self.node, actor=name)
+        log = structlog.get_logger("wccl")
+        policy = self.config.supervision.policy(name)
+        crashes: collections.deque[float] = collections.deque()
+        while True:
+            ctx = ActorContext(node=self.node, actor=name, clock=self.clock, inbox=self.mailboxes[name],
+                               emit=self._emit, results=self.results)
+            actor = self.actor_classes[name](ctx, **self.deps[name])
+            try:
+                await actor.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # an actor's failure is the supervisor's business
+                now = self.clock.now()
+                crashes.append(now)
+                while crashes and crashes[0] < now - policy.window_s:
+                    crashes.popleft()
+                if len(crashes) > policy.max_restarts:
+                    log.error("actor_failed", error=repr(e), crashes=len(crashes),
+                              max_restarts=policy.max_restarts, exc_info=True)
+                    raise ActorFailed(name, self.restarts[name]) from e
+                self.restarts[name] += 1
+                log.warning("actor_restarted", error=repr(e), restarts=self.restarts[name],
+                            max_restarts=policy.max_restarts, window_s=policy.window_s)
+                continue
+            if name == "clock":
+                self._schedule_done.set()
+            return
+
+
+def _param_count(training: Any) -> int:
+    from wccl.training.model import build_model, param_count
+
+    return param_count(build_model(training.model, "default", 0))

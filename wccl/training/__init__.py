@@ -1,0 +1,1 @@
+"""Model, data and replica code for WCCL's distributed training."""
