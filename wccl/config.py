@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -43,6 +43,7 @@ class NodeSpec(_Strict):
     camera: str = "room"
     screen: str = "room"
     actors: dict[str, str] = Field(default_factory=dict)
+    channel: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _unique_roles(self) -> NodeSpec:
@@ -59,7 +60,8 @@ class NodeSpec(_Strict):
 
 class RoomConfig(_Strict):
     medium: Literal["simulated"] = "simulated"
-    profile: Literal["exact"] = "exact"
+    profile: str = "exact"
+    channel: dict[str, Any] = Field(default_factory=dict)
     clock: Literal["virtual", "realtime"] = "virtual"
     seed: int = 0
     session: int = Field(default=1, ge=0, le=0xFFFF)

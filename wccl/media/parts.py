@@ -12,8 +12,7 @@ from wccl.room import SimulatedRoom
 
 
 def _simulated(*, config):
-    return SimulatedRoom([n.name for n in config.room.nodes], config.screen.width, config.screen.height,
-                         config.camera.fps, profile=config.room.profile, seed=config.room.seed)
+    return SimulatedRoom.from_config(config)
 
 
 def _room_camera(*, medium, node, clock, config):

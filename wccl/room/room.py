@@ -40,6 +40,12 @@ class SimulatedRoom:
         self._images: dict[str, list[np.ndarray]] = {n: [black] for n in self.nodes}
         self.captures = 0
 
+    @classmethod
+    def from_config(cls, config) -> SimulatedRoom:
+        """The room a `WcclConfig` describes; ValueError names a bad profile or override."""
+        return cls([n.name for n in config.room.nodes], config.screen.width, config.screen.height,
+                   config.camera.fps, profile=config.room.profile, seed=config.room.seed)
+
     @staticmethod
     def now() -> float:
         """The room's true time."""
