@@ -42,7 +42,9 @@ class RoomRun:
         self.stop = asyncio.Event()
         self.medium = REGISTRY.create("medium", config.room.medium, config=config)
         origin = asyncio.get_running_loop().time()
-        self.supervisors = [NodeSupervisor(config, n, self.medium, self.stop, origin) for n in self.names]
+        # Each node gets its own copy of the config, as each laptop reads its own file.
+        self.supervisors = [NodeSupervisor(config.model_copy(deep=True), n, self.medium, self.stop, origin)
+                            for n in self.names]
         self.result: dict[str, Any] = {}
 
     async def run(self) -> dict[str, Any]:

@@ -1,0 +1,65 @@
+"""Shared test helpers: configs built in code, and rooms run on virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from wccl.config import WcclConfig, parse_config
+from wccl.timebase import VirtualTimeLoop
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+
+
+def shipped_config_dict() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "config.toml").read_text())
+
+
+def deep_update(base: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in updates.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_update(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def make_config(**sections: Any) -> WcclConfig:
+    """The shipped config with sections overridden, e.g. make_config(training={"steps": 3})."""
+    data = deep_update(shipped_config_dict(), sections)
+    data.setdefault("logging", {})["format"] = "json"
+    return parse_config(data, "test-config", ROOT)
+
+
+def run_virtual(coro_factory):
+    """Run `coro_factory()` on a fresh virtual-time loop; return its result."""
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        return runner.run(coro_factory())
+
+
+def run_room(cfg: WcclConfig, only: str | None = None) -> dict[str, Any]:
+    from wccl.node import RoomRun
+
+    async def go():
+        return await RoomRun(cfg, only).run()
+
+    return run_virtual(go)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_logs():
+    """Logs as JSON lines to a buffer, so tests can read them and output stays readable."""
+    import io
+
+    from wccl.logs import configure_logging
+
+    buf = io.StringIO()
+    configure_logging("json", "debug", stream=buf)
+    yield buf

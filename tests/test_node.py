@@ -1,0 +1,242 @@
+"""The node runtime end to end: exactness, swapped parts, restarts, light-only, shutdown."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from actors.camera_reader import CameraReader
+from actors.frame_decoder import FrameDecoder
+from protocols import frames
+from protocols.layout import render
+from protocols.messages import Capture, TensorReceived
+from wccl.harness import ActorHarness
+from wccl.media.fake import FakeCamera
+from wccl.registry import REGISTRY
+from wccl.supervisor import NodeFailed
+from wccl.timebase import NodeClock
+
+from conftest import ROOT, make_config, run_room, run_virtual
+
+
+def _reference_sha(cfg) -> str:
+    from wccl.training.data import load_dataset
+    from wccl.training.replica import reference_run
+
+    tr = cfg.training
+    params, _ = reference_run(model_name=tr.model, init=tr.init, seed=tr.seed, optimizer=tr.optimizer, lr=tr.lr,
+                              momentum=tr.momentum,
+                              dataset=load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size),
+                              batch_size=tr.batch_size, data_seed=tr.data_seed, workers=cfg.room.workers,
+                              steps=tr.steps, eval_every=tr.steps)
+    return hashlib.sha256(params.numpy().tobytes()).hexdigest()
+
+
+def test_optical_run_is_bit_exact_with_in_process_reference():
+    cfg = make_config(training={"steps": 6, "eval_every": 0})
+    result = run_room(cfg)
+    shas = {n: r["worker"]["params_sha256"] for n, r in result["nodes"].items()}
+    assert result["applied"] == 6 and result["replicas_identical"]
+    assert set(shas.values()) == {_reference_sha(cfg)}
+    # Everything that crossed between the nodes came through the cameras.
+    for node in ("alice", "bob"):
+        assert result["link"][node]["tensors"] == 6
+        assert result["link"][node]["frames_ok"] == 12  # 1340 bytes = 2 frames per tensor, each read once
+
+
+def test_camera_swapped_for_a_fake_through_the_registry():
+    # Bob's camera has its lens cap on: he never sees the average, so he never applies one,
+    # while Alice (who sees Bob's screen) keeps training. No other path exists between them.
+    cfg = make_config(training={"steps": 3, "eval_every": 0},
+                      room={"nodes": [{"name": "alice", "roles": ["server", "worker"]},
+                                      {"name": "bob", "roles": ["worker"], "camera": "fake"}]})
+    result = run_room(cfg)
+    bob, alice = result["nodes"]["bob"]["worker"], result["nodes"]["alice"]["worker"]
+    assert bob["applied"] == 0 and bob["average_missing"] == 3
+    assert alice["applied"] == 3 and result["nodes"]["alice"]["server"]["gradient_missing"] == 0
+    assert result["link"]["bob"].get("codes_seen", 0) == 0
+    assert result["replicas_identical"] is False
+
+
+def test_blind_server_averages_nothing_and_says_so():
+    cfg = make_config(training={"steps": 2, "eval_every": 0},
+                      room={"nodes": [{"name": "alice", "roles": ["server", "worker"], "camera": "fake"},
+                                      {"name": "bob", "roles": ["worker"]}]})
+    result = run_room(cfg)
+    server = result["nodes"]["alice"]["server"]
+    assert server == {"reduced": 0, "gradient_missing": 2, "skipped": 2}
+    assert result["applied"] == 0
+
+
+def test_fake_camera_frames_decode_to_the_tensor_they_show():
+    cfg = make_config()
+    grid = cfg.link.layout()
+    payload = bytes(range(256)) * 6
+    packets = frames.packetize(payload, frame_bytes=grid.frame_bytes, session=1, sender=0, stream="avg", step=4)
+    images = [render(p, grid, 1280, 720) for p in packets]
+
+    async def go():
+        clock = NodeClock(origin=0.0)
+        camera = FakeCamera(clock, fps=30, images=images)
+        async with ActorHarness(CameraReader, node="bob", clock=clock, camera=camera) as cam:
+            while len(cam.outputs) < 5:
+                await __import__("asyncio").sleep(0.05)
+            await cam.stop()
+            caps = cam.of_type(Capture)
+        async with ActorHarness(FrameDecoder, node="bob", clock=clock, grid=grid, session=1,
+                                node_names=["alice", "bob"], reassembler=frames.Reassembler()) as dec:
+            for c in caps:
+                await dec.send(c)
+            await dec.settle()
+        return dec.of_type(TensorReceived)
+
+    got = run_virtual(go)
+    assert len(got) == 1
+    assert (got[0].origin, got[0].stream, got[0].step, got[0].payload) == ("alice", "avg", 4, payload)
+
+
+def _crashing_camera_reader(crashes: int | None):
+    count = {"n": 0}
+
+    class Crashing(CameraReader):
+        async def run(self) -> None:
+            if crashes is None or count["n"] < crashes:
+                count["n"] += 1
+                raise RuntimeError("camera cable pulled")
+            await super().run()
+
+    return Crashing
+
+
+def test_crashing_actor_is_restarted_by_policy_and_the_run_stays_exact():
+    REGISTRY.register("actor.camera_reader", "crash_twice", _crashing_camera_reader(2), replace=True)
+    cfg = make_config(training={"steps": 4, "eval_every": 0},
+                      room={"nodes": [{"name": "alice", "roles": ["server", "worker"]},
+                                      {"name": "bob", "roles": ["worker"], "actors": {"camera_reader": "crash_twice"}}]})
+    result = run_room(cfg)
+    assert result["restarts"] == {"bob": {"camera_reader": 2}}
+    assert result["replicas_identical"] and result["applied"] == 4
+
+
+def test_node_fails_cleanly_once_the_restart_policy_is_exhausted(_quiet_logs):
+    REGISTRY.register("actor.camera_reader", "crash_always", _crashing_camera_reader(None), replace=True)
+    cfg = make_config(training={"steps": 4},
+                      supervision={"actors": {"camera_reader": {"max_restarts": 2, "window_s": 10.0}}},
+                      room={"nodes": [{"name": "alice", "roles": ["server", "worker"]},
+                                      {"name": "bob", "roles": ["worker"], "actors": {"camera_reader": "crash_always"}}]})
+    with pytest.raises(BaseExceptionGroup) as eg:
+        run_room(cfg)
+    assert eg.group_contains(NodeFailed)
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
+    restarted = [e for e in events if e["event"] == "actor_restarted"]
+    failed = [e for e in events if e["event"] == "actor_failed"]
+    assert len(restarted) == 2 and len(failed) == 1 and failed[0]["node"] == "bob"
+    assert any(e["event"] == "node_failed" and e["node"] == "bob" for e in events)
+
+
+def test_nodes_share_no_state_but_the_room():
+    """Walk each built node's object graph: the only objects both reach are the room and immutable values."""
+    import asyncio
+    import enum
+    import gc
+    import types
+
+    import numpy as np
+    import torch
+
+    from wccl.node import RoomRun
+
+    async def go():
+        run = RoomRun(make_config(training={"steps": 1}))
+        for sup in run.supervisors:
+            sup.build()
+        return run
+
+    run = run_virtual(go)
+    medium = run.medium
+    stop_types = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType,
+                  types.CodeType, asyncio.AbstractEventLoop, asyncio.Event)
+    immutable = (str, bytes, int, float, bool, type(None), tuple, frozenset, range)
+
+    def reachable(root) -> dict[int, object]:
+        seen: dict[int, object] = {}
+        todo = [root]
+        while todo:
+            obj = todo.pop()
+            if id(obj) in seen or obj is medium or isinstance(obj, stop_types + (enum.Enum,)):
+                continue
+            if obj is run.stop or obj is run:  # the room run's stop button is the laptop's power switch
+                continue
+            seen[id(obj)] = obj
+            todo.extend(gc.get_referents(obj))
+            if isinstance(obj, torch.Tensor):
+                todo.append(obj.untyped_storage()) if obj.device.type == "cpu" else None
+        return seen
+
+    a, b = (reachable(s) for s in run.supervisors)
+    shared = [a[i] for i in a.keys() & b.keys()]
+    mutable = [o for o in shared if not isinstance(o, immutable + (enum.Enum, np.dtype, torch.dtype, torch.device))]
+    # Room parts (screens/cameras) are views of the medium: each node has its own.
+    assert not mutable, [type(o).__name__ for o in mutable][:20]
+    arrays_a = [id(o) for o in a.values() if isinstance(o, (np.ndarray, torch.Tensor))]
+    assert arrays_a  # the walk really went through the node's data and model
+    # ...and it would see a back channel: a queue both nodes hold.
+    back_channel = asyncio.Queue()
+    for sup in run.supervisors:
+        sup.deps["worker"]["side_door"] = back_channel
+    a, b = (reachable(s) for s in run.supervisors)
+    assert id(back_channel) in a.keys() & b.keys()
+
+
+def test_sigint_shuts_down_cleanly():
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "wccl.node", "--config", "config.toml", "--clock", "realtime",
+                          "--log-format", "json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        lines = []
+        while time.monotonic() < deadline:
+            line = p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if '"gradient_computed"' in line or '"gradients_averaged"' in line or '"node_started"' in line and len(lines) > 2:
+                break
+        time.sleep(1.0)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    events = [json.loads(x)["event"] for x in (lines + out.splitlines()) if x.startswith("{")]
+    assert p.returncode == 130, err
+    assert "Traceback" not in err
+    assert events.count("node_finished") == 2 and "run_interrupted" in events
+    assert "run_finished" not in events
+
+
+@pytest.mark.slow
+def test_default_run_command_reaches_its_accuracy():
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "wccl.node", "--config", "config.toml", "--log-format", "json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    wall = time.perf_counter() - t
+    assert p.returncode == 0, p.stderr[-2000:]
+    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    finished = [e for e in events if e["event"] == "run_finished"]
+    assert len(finished) == 1
+    f = finished[0]
+    for key in ("test_accuracy", "steps", "sim_seconds", "wall_seconds"):
+        assert key in f
+    assert f["steps"] == 30 and f["replicas_identical"] is True
+    assert f["test_accuracy"] >= 0.84, f
+    assert any(e["event"] == "step_applied" and "loss" in e for e in events)
+    assert any(e["event"] == "link_step" for e in events)
+    print(f"default run: accuracy {f['test_accuracy']}, wall {wall:.1f} s, sim {f['sim_seconds']} s")

@@ -1,0 +1,151 @@
+"""Mailboxes, virtual time, node clocks and the schedule's deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from actors.clock import Clock
+from protocols.messages import Capture, ScheduleDone, Tick
+from wccl.actor import Mailbox, MailboxClosed, Overflow
+from wccl.harness import ActorHarness
+from wccl.schedule import Schedule
+from wccl.timebase import NodeClock, VirtualTimeLoop, new_loop
+
+from conftest import run_virtual
+
+
+def _cap(i: int):
+    import numpy as np
+
+    return Capture(sender="n", time=0.0, image=np.zeros((2, 2, 3), np.uint8), seq=i)
+
+
+def _tick(step: int):
+    return Tick(sender="n", step=step, time=0.0, phase="compute", start=0.0, end=1.0)
+
+
+def test_mailbox_drop_oldest_counts_and_keeps_newest():
+    async def go():
+        box = Mailbox("m", 2, Overflow.DROP_OLDEST)
+        for i in range(5):
+            await box.put(_cap(i))
+        await box.close()
+        return box.dropped, [m.seq async for m in box]
+
+    dropped, seqs = run_virtual(go)
+    assert dropped == 3 and seqs == [3, 4]
+
+
+def test_mailbox_drop_newest_and_control_priority():
+    async def go():
+        box = Mailbox("m", 1, Overflow.DROP_NEWEST)
+        await box.put(_cap(0))
+        await box.put(_cap(1))  # dropped
+        await box.put(_tick(7))  # control: never waits behind data, never dropped
+        await box.close()
+        return box.dropped, [type(m).__name__ async for m in box]
+
+    dropped, kinds = run_virtual(go)
+    assert dropped == 1 and kinds == ["Tick", "Capture"]
+
+
+def test_mailbox_block_waits_for_room_and_close_ends_readers_and_writers():
+    async def go():
+        box = Mailbox("m", 1, Overflow.BLOCK)
+        await box.put(_cap(0))
+        writer = asyncio.create_task(box.put(_cap(1)))
+        await asyncio.sleep(0.1)
+        assert not writer.done()  # back-pressure
+        first = await box.get()
+        await writer
+        second = await box.get()
+        late = asyncio.create_task(box.get())
+        await asyncio.sleep(0)
+        await box.close()
+        with pytest.raises(MailboxClosed):
+            await late
+        with pytest.raises(MailboxClosed):
+            await box.put(_cap(2))
+        return first.seq, second.seq
+
+    assert run_virtual(go) == (0, 1)
+
+
+def test_virtual_time_jumps_and_costs_no_wall_time():
+    async def go():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.sleep(3600)
+        return loop.time() - t0
+
+    wall = time.perf_counter()
+    assert run_virtual(go) == pytest.approx(3600)
+    assert time.perf_counter() - wall < 5
+
+
+def test_virtual_time_waits_for_executor_jobs():
+    async def go():
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        timer = asyncio.create_task(asyncio.sleep(100))
+        await asyncio.to_thread(time.sleep, 0.2)  # real work in a thread must not be skipped over
+        advanced = loop.time() - t0
+        await timer
+        return advanced
+
+    assert run_virtual(go) < 1.0
+
+
+def test_new_loop_modes():
+    assert isinstance(new_loop("virtual"), VirtualTimeLoop)
+    loop = new_loop("realtime")
+    assert not isinstance(loop, VirtualTimeLoop)
+    loop.close()
+    with pytest.raises(ValueError):
+        new_loop("sundial")
+
+
+def test_node_clock_offset_drift_and_absolute_deadlines():
+    async def go():
+        clock = NodeClock(offset=5.0, drift_ppm=100.0, origin=0.0)
+        assert clock.now() == pytest.approx(5.0)
+        await clock.sleep_until(15.0)
+        loop_t = asyncio.get_running_loop().time()
+        return clock.now(), loop_t
+
+    now, loop_t = run_virtual(go)
+    assert now == pytest.approx(15.0, abs=1e-9)
+    assert loop_t == pytest.approx(10.0 / 1.0001)
+
+
+def test_schedule_windows_are_absolute():
+    s = Schedule(t0=1.0, phases=(("compute", 0.5), ("uplink", 3.0), ("reduce", 0.5), ("downlink", 3.0), ("apply", 1.0)))
+    assert s.period == 8.0
+    w = s.window(1000, "downlink")
+    assert (w.start, w.end) == (1.0 + 8000 + 4.0, 1.0 + 8000 + 7.0)
+    assert s.step_at(9.0) == 1 and s.step_at(0.5) == -1
+    with pytest.raises(ValueError):
+        Schedule(t0=0, phases=(("a", 0.0),))
+
+
+def test_clock_actor_ticks_on_deadlines_under_virtual_time():
+    schedule = Schedule(t0=1.0, phases=(("compute", 0.5), ("uplink", 3.0), ("reduce", 0.5), ("downlink", 3.0), ("apply", 1.0)))
+
+    async def go():
+        async with ActorHarness(Clock, node="alice", schedule=schedule, steps=3) as h:
+            await h.task  # the clock ends by itself
+            loop_end = asyncio.get_running_loop().time()
+        return h.outputs, loop_end
+
+    outs, loop_end = run_virtual(go)
+    ticks = [m for m in outs if isinstance(m, Tick)]
+    assert len(ticks) == 15
+    for m in ticks:
+        w = schedule.window(m.step, m.phase)
+        assert m.time == pytest.approx(w.start, abs=1e-9) and (m.start, m.end) == (w.start, w.end)
+    assert [m.phase for m in ticks[:5]] == ["compute", "uplink", "reduce", "downlink", "apply"]
+    assert isinstance(outs[-1], ScheduleDone) and outs[-1].steps == 3
+    assert loop_end == pytest.approx(25.0)
