@@ -63,3 +63,17 @@ def _quiet_logs():
     buf = io.StringIO()
     configure_logging("json", "debug", stream=buf)
     yield buf
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the slow end-to-end tests (CI does)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow end-to-end test: run with --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

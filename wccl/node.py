@@ -94,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="override [logging] level")
     p.add_argument("--clock", choices=["virtual", "realtime"], help="override [room] clock")
     p.add_argument("--steps", type=int, help="override [training] steps")
+    p.add_argument("--seed", type=int, help="override [training] seed (model initialisation)")
     return p
 
 
@@ -104,6 +105,8 @@ def _override(cfg: WcclConfig, args: argparse.Namespace) -> WcclConfig:
         if args.steps < 1:
             raise ConfigError("--steps: must be >= 1")
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": args.steps})})
+    if args.seed is not None:
+        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"seed": args.seed})})
     if args.log_format or args.log_level:
         cfg = cfg.model_copy(update={"logging": cfg.logging.model_copy(
             update={k: v for k, v in (("format", args.log_format), ("level", args.log_level)) if v})})
@@ -140,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wccl: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(cfg.logging.format, cfg.logging.level)
+    import torch
+
+    # One thread: the model is tiny, and gradients must not depend on the thread count (bit-exact replicas).
+    torch.set_num_threads(1)
     try:
         with asyncio.Runner(loop_factory=lambda: new_loop(cfg.room.clock)) as runner:
             return runner.run(_main_async(cfg, args.node))

