@@ -3,36 +3,48 @@
 Consumes: `Capture` (its mailbox drops the oldest when decoding falls
 behind), `Tick` and `ScheduleDone` (to report and reset the link figures
 each step).
-Emits: `TensorReceived` for every tensor whose frames all arrived with good
-CRCs and whose whole-tensor CRC matches. Frames from another session, from
-this node itself or from an unknown sender are ignored and counted; frames
-that fail their checks are counted by reason, never delivered.
+Emits: `TensorReceived` for every tensor rebuilt from frames whose checks
+passed and whose bytes match the tensor's digest.
+
+Per capture: find every code (wccl.imaging.reader), reject captures that mix
+two frames (parity marks), skip frames identical to one already decoded from
+the same screen, then error-correct, check and reassemble (protocols.link,
+protocols.frames). Frames from another session, from this node itself or
+from an unknown sender are ignored and counted; frames that fail are counted
+by reason, never delivered.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import structlog
 
-from protocols import frames
-from protocols.layout import GridLayout
+from protocols import fec, frames
+from protocols.link import LinkCodec
 from protocols.messages import Capture, ScheduleDone, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext
 from wccl.imaging import reader
+
+SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 
 
 class FrameDecoder(Actor):
     consumes = (Capture, Tick, ScheduleDone)
 
-    def __init__(self, ctx: ActorContext, grid: GridLayout, session: int, node_names: list[str],
+    def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
                  reassembler: frames.Reassembler) -> None:
         super().__init__(ctx)
-        self.grid = grid
+        self.codec = codec
+        self.grid = codec.layout
+        self.model = reader.ColourModel(codec.layout)
         self.session = session
         self.node_names = node_names
         self.me = node_names.index(ctx.node)
         self.reassembler = reassembler
+        self.last: dict[int | None, np.ndarray] = {}  # per sender strip: symbols of the last decoded frame
+        self.previous: list[tuple[np.ndarray, np.ndarray]] = []  # (quad centre, cell samples) of the last capture
         self.stats: Counter = Counter()
         self.totals: Counter = Counter()
 
@@ -46,26 +58,48 @@ class FrameDecoder(Actor):
                 self.reassembler.forget_before(msg.step - 1)
             return
         self.stats["captures"] += 1
-        for region in reader.locate(msg.image, self.grid):
+        previous, self.previous = self.previous, []
+        for quad in reader.find_quads(msg.image, self.grid):
             self.stats["codes_seen"] += 1
-            delivered = self._accept(msg.image, region)
-            if delivered is not None:
+            sampled = reader.sample(msg.image, quad, self.grid)
+            centre = quad.corners.mean(axis=0)
+            # A screen holds each frame for several captures: once a frame was decoded, an unchanged
+            # sampling of the same screen is not read again (a failed read is retried on the next capture).
+            if any(np.abs(c - centre).max() < 8 and reader.same_frame(v, sampled[0]) for c, v in previous):
+                self.stats["frames_repeated"] += 1
+                self.previous.append((centre, sampled[0]))
+                continue
+            code = reader.read_quad(msg.image, quad, self.grid, self.model, sampled=sampled)
+            if code is None:
+                self.stats["frames_rejected_unreadable"] += 1
+                continue
+            if code.mixed:
+                self.stats["captures_mixed"] += 1
+                continue
+            delivered = self._accept(code)
+            if delivered is not False:
+                self.previous.append((centre, sampled[0]))
+            if delivered:
                 await self.emit(delivered)
 
-    def _accept(self, image, region: reader.Region) -> TensorReceived | None:
+    def _accept(self, code: reader.ReadCode) -> TensorReceived | None | bool:
+        """The tensor this frame completes, None if none (frame used or ignored), False if it failed."""
+        last = self.last.get(code.sender)
+        if last is not None and np.count_nonzero(last == code.symbols) >= SAME_FRAME * last.size:
+            self.stats["frames_repeated"] += 1
+            return None
         try:
-            # The header first: a frame already seen is not read again (the screen holds each for many captures).
-            head = reader.read_region(image, region, self.grid, frames.HEADER_BYTES).frame
-            fields = frames.parse_header(head)
-            sender, stream_id, step, seq = fields[3], fields[4], fields[5], fields[6]
-            stream = frames.STREAM_NAMES.get(stream_id)
-            if stream is not None and self.reassembler.seen(sender, stream, step, seq):
-                self.stats["frames_repeated"] += 1
-                return None
-            packet = frames.parse_frame(reader.read_region(image, region, self.grid).frame)
+            packet, corrected = self.codec.decode(code.symbols, code.confidence)
+        except fec.UncorrectableFrame:
+            self.stats["frames_rejected_uncorrectable"] += 1
+            return False
         except frames.FrameError as e:
             self.stats[f"frames_rejected_{e.reason}"] += 1
-            return None
+            return False
+        self.stats["bytes_corrected"] += corrected
+        self.stats["cells_doubtful"] += int((code.confidence < 0.15).sum())
+        self.stats["cells_read"] += code.symbols.size
+        self.last[code.sender] = code.symbols
         if packet.session != self.session:
             self.stats["frames_foreign_session"] += 1
             return None
@@ -80,7 +114,7 @@ class FrameDecoder(Actor):
         self.stats["tensor_bytes"] += len(data)
         return TensorReceived(sender=self.ctx.node, step=packet.step, time=self.clock.now(),
                               origin=self.node_names[packet.sender], stream=packet.stream,
-                              payload=data, frames=packet.count)
+                              payload=data, frames=self.reassembler.last_packets)
 
     def _report(self, step: int) -> None:
         if step < 0:
@@ -88,12 +122,14 @@ class FrameDecoder(Actor):
         losses = dict(self.reassembler.losses)
         self.reassembler.losses.clear()
         structlog.contextvars.bind_contextvars(step=step)
-        self.log.info("link_step", reasons={k: v for k, v in self.stats.items() if k.startswith("frames_rejected")}, captures=self.stats["captures"], codes_seen=self.stats["codes_seen"],
-                      frames_ok=self.stats["frames_ok"], frames_repeated=self.stats["frames_repeated"],
-                      frames_rejected=sum(v for k, v in self.stats.items() if k.startswith("frames_rejected")),
-                      tensors=self.stats["tensors"], tensor_bytes=self.stats["tensor_bytes"],
-                      captures_dropped=self.ctx.inbox.dropped - self.totals["captures_dropped"],
-                      losses=losses)
+        rejected = {k.removeprefix("frames_rejected_"): v for k, v in self.stats.items()
+                    if k.startswith("frames_rejected_")}
+        self.log.info("link_step", captures=self.stats["captures"], codes_seen=self.stats["codes_seen"],
+                      captures_mixed=self.stats["captures_mixed"], frames_ok=self.stats["frames_ok"],
+                      frames_repeated=self.stats["frames_repeated"], frames_rejected=rejected,
+                      bytes_corrected=self.stats["bytes_corrected"], tensors=self.stats["tensors"],
+                      tensor_bytes=self.stats["tensor_bytes"],
+                      captures_dropped=self.ctx.inbox.dropped - self.totals["captures_dropped"], losses=losses)
         self.totals.update(self.stats)
         self.totals["captures_dropped"] = self.ctx.inbox.dropped
         for k, v in losses.items():

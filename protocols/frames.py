@@ -1,36 +1,45 @@
-"""The optical frame format and the packetisation of a tensor into frames.
+"""The optical frame format, and a tensor's bytes <-> frames (fountain coded).
 
-A frame is a fixed number of bytes (what the cell grid carries):
+A tensor's bytes are cut by a RaptorQ fountain code (RFC 6330) into
+`packet_size`-byte packets: the K source packets, then as many repair
+packets as the sender has time to show. Any K (rarely K+1 or K+2) distinct
+packets rebuild the tensor, whichever frames were lost.
 
-    header (25 bytes, big endian)
-      magic "WC" | version u8 | session u16 | sender u8 | stream u8 |
-      step u32 | seq u16 | count u16 | total_len u32 | tensor_crc u32 |
-      payload_len u16
-    payload (payload_len bytes)
-    crc32 over header + payload (4 bytes)
-    zero padding up to the frame size
+One frame carries one packet. The frame's message (what the inner
+Reed-Solomon code protects, see `fec`) is:
 
-A tensor's bytes are cut into `count` frames (`seq` 0..count-1). The
-receiver accepts a frame only if its CRC matches, and a tensor only when all
-its frames arrived and the CRC of the reassembled bytes equals `tensor_crc`:
-anything else is a counted loss, never a wrong tensor.
+    header (24 bytes, big endian)
+      magic 0xC7 | version u8 | session u16 | sender u8 | stream u8 | step u32 |
+      transfer_len u32 | digest (8 bytes: BLAKE2b-64 of the whole tensor) | packet_size u16
+    packet (packet_size bytes: RaptorQ payload id + symbol)
+    check (8 bytes: BLAKE2b-64 of header + packet)
+    zero padding up to the message size
+
+A frame is trusted only if its check matches (after error correction); a
+tensor only if its rebuilt bytes match the digest. Everything else is a
+counted loss, never a wrong tensor.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
+import raptorq
+
 from protocols.messages import StreamKind
 
-MAGIC = b"WC"
-VERSION = 1
-_HEADER = struct.Struct(">2sBHBBIHHIIH")
-HEADER_BYTES = _HEADER.size
-CRC_BYTES = 4
-OVERHEAD_BYTES = HEADER_BYTES + CRC_BYTES
+MAGIC = 0xC7
+VERSION = 2
+_HEADER = struct.Struct(">BBHBBII8sH")
+HEADER_BYTES = _HEADER.size  # 24
+CHECK_BYTES = 8
+PAYLOAD_ID_BYTES = 4
+OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
+SYMBOL_ALIGN = 8
+MIN_SYMBOL = 64  # the raptorq package pads smaller packets beyond the size asked for
 
 STREAM_IDS: dict[StreamKind, int] = {"grad": 1, "avg": 2}
 STREAM_NAMES: dict[int, StreamKind] = {v: k for k, v in STREAM_IDS.items()}
@@ -44,152 +53,157 @@ class FrameError(ValueError):
         self.reason = reason
 
 
+def digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
+def _check(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=CHECK_BYTES, person=b"wccl-frame").digest()
+
+
+def packet_size_for(message_bytes: int) -> int:
+    """The largest packet (payload id + aligned symbol) a message of `message_bytes` holds."""
+    symbol = (message_bytes - OVERHEAD_BYTES - PAYLOAD_ID_BYTES) // SYMBOL_ALIGN * SYMBOL_ALIGN
+    if symbol < MIN_SYMBOL:
+        raise ValueError(f"a frame message of {message_bytes} bytes is too small for a packet "
+                         f"(at least {OVERHEAD_BYTES + PAYLOAD_ID_BYTES + MIN_SYMBOL} bytes)")
+    return min(symbol + PAYLOAD_ID_BYTES, 0xFFFF)
+
+
 @dataclass(frozen=True, slots=True)
 class Packet:
-    """One decoded frame."""
+    """One trusted frame's content."""
 
     session: int
     sender: int
     stream: StreamKind
     step: int
-    seq: int
-    count: int
-    total_len: int
-    tensor_crc: int
-    payload: bytes
+    transfer_len: int
+    digest: bytes
+    packet: bytes
+
+    @property
+    def packet_id(self) -> int:
+        return int.from_bytes(self.packet[:PAYLOAD_ID_BYTES], "big")
 
 
-def payload_capacity(frame_bytes: int) -> int:
-    cap = frame_bytes - OVERHEAD_BYTES
-    if cap <= 0:
-        raise ValueError(f"a frame of {frame_bytes} bytes cannot hold the {OVERHEAD_BYTES}-byte header and CRC")
-    return min(cap, 0xFFFF)
+def source_packets(transfer_len: int, packet_size: int) -> int:
+    """K: how many packets a tensor of `transfer_len` bytes needs at the least."""
+    symbol = packet_size - PAYLOAD_ID_BYTES
+    return max(1, -(-transfer_len // symbol))
 
 
-def packetize(
-    data: bytes, *, frame_bytes: int, session: int, sender: int, stream: StreamKind, step: int
-) -> list[bytes]:
-    """Cut `data` into frames of exactly `frame_bytes` bytes each."""
-    cap = payload_capacity(frame_bytes)
-    count = max(1, -(-len(data) // cap))
-    if count > 0xFFFF:
-        raise ValueError(f"{len(data)} bytes need {count} frames, more than a tensor may have (65535)")
-    tensor_crc = zlib.crc32(data)
-    frames = []
-    for seq in range(count):
-        chunk = data[seq * cap : (seq + 1) * cap]
-        header = _HEADER.pack(
-            MAGIC, VERSION, session, sender, STREAM_IDS[stream], step, seq, count, len(data), tensor_crc, len(chunk)
-        )
-        body = header + chunk
-        frame = body + zlib.crc32(body).to_bytes(4, "big")
-        frames.append(frame + bytes(frame_bytes - len(frame)))
-    return frames
+def encode_tensor(data: bytes, *, message_bytes: int, count: int, session: int, sender: int,
+                  stream: StreamKind, step: int) -> list[bytes]:
+    """`count` frame messages for `data`: the source packets first, then repair packets.
+
+    If `count` is smaller than the number of source packets, the first `count`
+    are returned (the receiver cannot rebuild the tensor from them alone).
+    """
+    if not data:
+        raise ValueError("cannot send an empty tensor")
+    psize = packet_size_for(message_bytes)
+    k = source_packets(len(data), psize)
+    enc = raptorq.Encoder.with_defaults(data, psize)
+    packets = enc.get_encoded_packets(max(0, count - k))
+    head = _HEADER.pack(MAGIC, VERSION, session, sender, STREAM_IDS[stream], step, len(data), digest(data), psize)
+    out = []
+    for p in packets[:count]:
+        if len(p) != psize:
+            raise RuntimeError(f"fountain packet of {len(p)} bytes, expected {psize}")
+        body = head + bytes(p)
+        msg = body + _check(body)
+        out.append(msg + bytes(message_bytes - len(msg)))
+    return out
 
 
-def parse_header(frame: bytes) -> tuple:
-    """The header's fields, unverified (only the frame CRC vouches for them)."""
-    if len(frame) < HEADER_BYTES:
-        raise FrameError("short_frame", f"{len(frame)} bytes")
-    fields = _HEADER.unpack_from(frame)
-    if fields[0] != MAGIC:
+def parse_message(msg: bytes) -> Packet:
+    """Check and decode one frame message; raises FrameError for anything untrustworthy."""
+    if len(msg) < OVERHEAD_BYTES + PAYLOAD_ID_BYTES:
+        raise FrameError("short_frame", f"{len(msg)} bytes")
+    magic, version, session, sender, stream_id, step, tlen, dig, psize = _HEADER.unpack_from(msg)
+    end = HEADER_BYTES + psize
+    if magic != MAGIC:
         raise FrameError("bad_magic")
-    if fields[1] != VERSION:
-        raise FrameError("bad_version", str(fields[1]))
-    return fields
-
-
-def parse_frame(frame: bytes) -> Packet:
-    """Check and decode one frame; raises FrameError for anything untrustworthy."""
-    if len(frame) < OVERHEAD_BYTES:
-        raise FrameError("short_frame", f"{len(frame)} bytes")
-    _, _, session, sender, stream_id, step, seq, count, total_len, tensor_crc, plen = parse_header(frame)
-    end = HEADER_BYTES + plen
-    if end + CRC_BYTES > len(frame):
-        raise FrameError("bad_length", f"payload_len {plen}")
-    if zlib.crc32(frame[:end]) != int.from_bytes(frame[end : end + CRC_BYTES], "big"):
-        raise FrameError("crc_mismatch")
-    # Fields below are only meaningful once the CRC vouched for them.
+    if end + CHECK_BYTES > len(msg) or psize <= PAYLOAD_ID_BYTES:
+        raise FrameError("bad_length", f"packet_size {psize}")
+    if _check(msg[:end]) != msg[end : end + CHECK_BYTES]:
+        raise FrameError("check_mismatch")
+    # Fields below are only meaningful once the check vouched for them.
+    if version != VERSION:
+        raise FrameError("bad_version", str(version))
     if stream_id not in STREAM_NAMES:
         raise FrameError("unknown_stream", str(stream_id))
-    if count == 0 or seq >= count:
-        raise FrameError("bad_sequence", f"seq {seq} of {count}")
-    return Packet(
-        session=session,
-        sender=sender,
-        stream=STREAM_NAMES[stream_id],
-        step=step,
-        seq=seq,
-        count=count,
-        total_len=total_len,
-        tensor_crc=tensor_crc,
-        payload=bytes(frame[HEADER_BYTES:end]),
-    )
+    if tlen == 0:
+        raise FrameError("bad_length", "empty tensor")
+    return Packet(session, sender, STREAM_NAMES[stream_id], step, tlen, dig, bytes(msg[HEADER_BYTES:end]))
 
 
 @dataclass
 class Reassembler:
-    """Collects packets into whole tensors.
+    """Rebuilds tensors from packets (any K distinct ones suffice).
 
-    Consumes `Packet`s; `add` returns the tensor's bytes once every frame of it
-    arrived and its CRC matches, else None. Duplicates are ignored (counted).
-    Losses are counted in `losses` by reason.
+    Consumes `Packet`s; `add` returns the tensor's bytes once they can be
+    rebuilt and match the digest, else None. Repeated packets are counted in
+    `duplicates`; losses are counted in `losses` by reason.
     """
 
     max_pending: int = 64
-    _parts: dict[tuple[int, str, int], dict[int, bytes]] = field(default_factory=dict)
-    _meta: dict[tuple[int, str, int], tuple[int, int, int]] = field(default_factory=dict)
-    _done: set[tuple[int, str, int]] = field(default_factory=set)
+    _decoders: dict[tuple[int, str, int], tuple[tuple[int, bytes, int], object, set[int]]] = field(default_factory=dict)
+    _done: dict[tuple[int, str, int], bytes] = field(default_factory=dict)
     losses: Counter = field(default_factory=Counter)
     duplicates: int = 0
-
-    def seen(self, sender: int, stream: StreamKind, step: int, seq: int) -> bool:
-        key = (sender, stream, step)
-        return key in self._done or seq in self._parts.get(key, {})
+    last_packets: int = 0  # packets the last rebuilt tensor took
 
     def add(self, p: Packet) -> bytes | None:
         key = (p.sender, p.stream, p.step)
         if key in self._done:
             self.duplicates += 1
             return None
-        meta = (p.count, p.total_len, p.tensor_crc)
-        if key in self._meta and self._meta[key] != meta:
+        meta = (p.transfer_len, p.digest, len(p.packet))
+        entry = self._decoders.get(key)
+        if entry is not None and entry[0] != meta:
             # Two different tensors claim the same (sender, stream, step): trust neither.
             self.losses["conflicting_frames"] += 1
-            self._parts.pop(key, None)
-            self._meta.pop(key, None)
+            del self._decoders[key]
             return None
-        self._meta[key] = meta
-        parts = self._parts.setdefault(key, {})
-        if p.seq in parts:
+        if entry is None:
+            entry = (meta, raptorq.Decoder.with_defaults(p.transfer_len, len(p.packet)), set())
+            self._decoders[key] = entry
+            self._evict()
+        _, decoder, seen = entry
+        if p.packet_id in seen:
             self.duplicates += 1
             return None
-        parts[p.seq] = p.payload
-        if len(parts) < p.count:
-            self._evict()
+        seen.add(p.packet_id)
+        data = decoder.decode(p.packet)
+        if data is None:
             return None
-        data = b"".join(parts[i] for i in range(p.count))
-        del self._parts[key], self._meta[key]
-        self._done.add(key)
-        if len(data) != p.total_len or zlib.crc32(data) != p.tensor_crc:
-            self.losses["tensor_crc_mismatch"] += 1
+        del self._decoders[key]
+        self.last_packets = len(seen)
+        data = bytes(data)
+        self._done[key] = p.digest
+        if len(data) != p.transfer_len or digest(data) != p.digest:
+            self.losses["tensor_digest_mismatch"] += 1
             return None
         return data
 
+    def packets_seen(self, sender: int, stream: str, step: int) -> int:
+        entry = self._decoders.get((sender, stream, step))
+        return len(entry[2]) if entry else 0
+
     def forget_before(self, step: int) -> int:
-        """Drop incomplete tensors of steps before `step`; returns how many were incomplete."""
-        stale = [k for k in self._parts if k[2] < step]
+        """Drop unfinished tensors of steps before `step`; returns how many there were."""
+        stale = [k for k in self._decoders if k[2] < step]
         for k in stale:
-            del self._parts[k]
-            self._meta.pop(k, None)
-        self._done = {k for k in self._done if k[2] >= step}
+            del self._decoders[k]
+        self._done = {k: v for k, v in self._done.items() if k[2] >= step}
         if stale:
             self.losses["incomplete_tensor"] += len(stale)
         return len(stale)
 
     def _evict(self) -> None:
-        while len(self._parts) > self.max_pending:
-            oldest = min(self._parts, key=lambda k: k[2])
-            del self._parts[oldest]
-            self._meta.pop(oldest, None)
+        while len(self._decoders) > self.max_pending:
+            oldest = min(self._decoders, key=lambda k: k[2])
+            del self._decoders[oldest]
             self.losses["evicted_incomplete"] += 1

@@ -1,39 +1,73 @@
-"""Where cells sit on a screen image, and how a frame is drawn.
+"""Where cells sit on a screen, and how a frame is drawn.
 
-A code is a `rows` x `cols` grid of data cells, ringed by a white border
-`border_cells` thick (the locator), drawn centred on a black screen. All
-sizes are in screen pixels; the grid's cell is `cell_px` square.
+A code is a `rows` x `cols` grid of cells ringed by a white border
+`border_cells` thick (the locator: its outer edge is the quadrilateral a
+camera finds), drawn centred on a black screen, each cell `cell_px` screen
+pixels square. Inside the grid some cells are reserved:
+
+- pilots: a staggered lattice, one cell in `pilot_spacing`^2, cycling
+  through the palette: the reader's colour model per region of the frame;
+- parity marks: pairs (mark, anti-mark) down both sides, drawn white/black
+  or black/white by the frame's parity bit: a capture that mixes two frames
+  (or, with a rolling shutter, shows different frames in different rows)
+  has marks that disagree or sit in between, and is rejected before
+  decoding;
+- sender strips: the sender's number in 8 black/white cells, top left and
+  bottom right: which screen is which, before anything is decoded.
+
+All other cells carry data, in raster order, `log2(colours)` bits each.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from protocols import cells
 
+DATA, PILOT, MARK, ANTI, SENDER = 0, 1, 2, 3, 4
+SENDER_BITS = 8
+WHITE = np.array([255, 255, 255], np.uint8)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True)
 class GridLayout:
     rows: int
     cols: int
     colours: int
     cell_px: int
     border_cells: int = 1
+    pilot_spacing: int = 6
+    roles: np.ndarray = field(init=False, repr=False, compare=False)
+    pilot_symbols: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         cells.bits_per_cell(self.colours)
-        if min(self.rows, self.cols, self.cell_px, self.border_cells) < 1:
-            raise ValueError("rows, cols, cell_px and border_cells must all be >= 1")
+        if self.rows < 6 or self.cols < 2 * SENDER_BITS + 6:
+            raise ValueError(f"a grid needs at least 6 rows and {2 * SENDER_BITS + 6} columns")
+        if min(self.cell_px, self.border_cells) < 1 or self.pilot_spacing < 2:
+            raise ValueError("cell_px and border_cells must be >= 1, pilot_spacing >= 2")
+        roles = np.zeros((self.rows, self.cols), np.uint8)
+        r_last, c_last = self.rows - 1, self.cols - 1
+        roles[0, 2 : 2 + SENDER_BITS] = SENDER
+        roles[r_last, c_last - 1 - SENDER_BITS : c_last - 1] = SENDER
+        for r in self.parity_rows:
+            roles[r, 0], roles[r, 1] = MARK, ANTI
+            roles[r, c_last], roles[r, c_last - 1] = MARK, ANTI
+        p = self.pilot_spacing
+        rr, cc = np.mgrid[0 : self.rows, 0 : self.cols]
+        lattice = (rr % p == p // 2) & ((cc - (rr // p % 2) * (p // 2)) % p == p // 2)
+        roles[lattice & (roles == DATA)] = PILOT
+        object.__setattr__(self, "roles", roles)
+        n_pilots = int((roles == PILOT).sum())
+        object.__setattr__(self, "pilot_symbols", (np.arange(n_pilots) % self.colours).astype(np.uint8))
 
+    # -- geometry -------------------------------------------------------------
     @property
-    def n_cells(self) -> int:
-        return self.rows * self.cols
-
-    @property
-    def frame_bytes(self) -> int:
-        return self.n_cells * cells.bits_per_cell(self.colours) // 8
+    def parity_rows(self) -> list[int]:
+        k = max(3, self.rows // 6)
+        return sorted({int(round(x)) for x in np.linspace(0, self.rows - 1, k)})
 
     @property
     def outer_cells(self) -> tuple[int, int]:
@@ -54,16 +88,56 @@ class GridLayout:
                 f"the screen has {screen_w}x{screen_h}"
             )
 
+    def index(self, role: int) -> np.ndarray:
+        """Flat (row-major) indices of the cells with `role`."""
+        return np.flatnonzero(self.roles.ravel() == role)
 
-def render(frame: bytes, layout: GridLayout, screen_w: int, screen_h: int) -> np.ndarray:
-    """Draw one frame's bytes as a screen image (H x W x 3 uint8 BGR)."""
-    layout.check_fits(screen_w, screen_h)
-    sym = cells.bytes_to_symbols(frame, layout.colours, layout.n_cells).reshape(layout.rows, layout.cols)
+    @property
+    def n_cells(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def n_data(self) -> int:
+        return int((self.roles == DATA).sum())
+
+    @property
+    def frame_bytes(self) -> int:
+        """Bytes the data cells of one frame carry (before error correction)."""
+        return self.n_data * cells.bits_per_cell(self.colours) // 8
+
+    def cell_centres(self) -> np.ndarray:
+        """(n_cells, 2) x, y of every cell's centre in code units (outer ring corner at 0, 0; 1 unit = 1 cell)."""
+        b = self.border_cells
+        yy, xx = np.mgrid[0 : self.rows, 0 : self.cols]
+        return np.stack([xx.ravel() + b + 0.5, yy.ravel() + b + 0.5], axis=1).astype(np.float32)
+
+
+def render_cells(frame: bytes, layout: GridLayout, sender: int, parity: int) -> np.ndarray:
+    """The code as one BGR colour per cell, ring included: (outer_rows, outer_cols, 3) uint8."""
+    if not 0 <= sender < 2**SENDER_BITS:
+        raise ValueError(f"sender must fit in {SENDER_BITS} bits")
     pal = cells.palette_bgr(layout.colours)
+    flat = np.zeros((layout.n_cells, 3), np.uint8)
+    flat[layout.index(DATA)] = pal[cells.bytes_to_symbols(frame, layout.colours, layout.n_data)]
+    flat[layout.index(PILOT)] = pal[layout.pilot_symbols]
+    flat[layout.index(MARK)] = WHITE * np.uint8(parity & 1)
+    flat[layout.index(ANTI)] = WHITE * np.uint8(1 - (parity & 1))
+    bits = np.array([(sender >> (SENDER_BITS - 1 - i)) & 1 for i in range(SENDER_BITS)], np.uint8)
+    sidx = layout.index(SENDER)
+    flat[sidx] = WHITE[None, :] * np.concatenate([bits, bits])[:, None]
     r, c = layout.outer_cells
     b = layout.border_cells
-    grid = np.full((r, c, 3), 255, dtype=np.uint8)
-    grid[b : b + layout.rows, b : b + layout.cols] = pal[sym]
+    grid = np.empty((r, c, 3), np.uint8)
+    grid[:] = WHITE
+    grid[b : b + layout.rows, b : b + layout.cols] = flat.reshape(layout.rows, layout.cols, 3)
+    return grid
+
+
+def render(frame: bytes, layout: GridLayout, screen_w: int, screen_h: int, sender: int = 0,
+           parity: int = 0) -> np.ndarray:
+    """Draw one frame's bytes as a screen image (H x W x 3 uint8 BGR)."""
+    layout.check_fits(screen_w, screen_h)
+    grid = render_cells(frame, layout, sender, parity)
     px = layout.cell_px
     code = np.repeat(np.repeat(grid, px, axis=0), px, axis=1)
     screen = np.zeros((screen_h, screen_w, 3), dtype=np.uint8)

@@ -48,7 +48,8 @@ def test_optical_run_is_bit_exact_with_in_process_reference():
     # Everything that crossed between the nodes came through the cameras.
     for node in ("alice", "bob"):
         assert result["link"][node]["tensors"] == 6
-        assert result["link"][node]["frames_ok"] == 12  # 1340 bytes = 2 frames per tensor, each read once
+        # A 3 s window shows 3 distinct fountain frames (2 would do for 1,340 bytes); each is read once.
+        assert result["link"][node]["frames_ok"] == 18
 
 
 def test_camera_swapped_for_a_fake_through_the_registry():
@@ -77,10 +78,10 @@ def test_blind_server_averages_nothing_and_says_so():
 
 def test_fake_camera_frames_decode_to_the_tensor_they_show():
     cfg = make_config()
-    grid = cfg.link.layout()
+    codec = cfg.link.codec()
     payload = bytes(range(256)) * 6
-    packets = frames.packetize(payload, frame_bytes=grid.frame_bytes, session=1, sender=0, stream="avg", step=4)
-    images = [render(p, grid, 1280, 720) for p in packets]
+    packets = codec.encode(payload, count=3, session=1, sender=0, stream="avg", step=4)
+    images = [render(p, codec.layout, 1280, 720, sender=0, parity=i & 1) for i, p in enumerate(packets)]
 
     async def go():
         clock = NodeClock(origin=0.0)
@@ -90,7 +91,7 @@ def test_fake_camera_frames_decode_to_the_tensor_they_show():
                 await __import__("asyncio").sleep(0.05)
             await cam.stop()
             caps = cam.of_type(Capture)
-        async with ActorHarness(FrameDecoder, node="bob", clock=clock, grid=grid, session=1,
+        async with ActorHarness(FrameDecoder, node="bob", clock=clock, codec=codec, session=1,
                                 node_names=["alice", "bob"], reassembler=frames.Reassembler()) as dec:
             for c in caps:
                 await dec.send(c)

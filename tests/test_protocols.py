@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols import cells, frames, layout, tensors
+from protocols import cells, fec, frames, layout, link, tensors
 
 
 @given(colours=st.sampled_from(cells.SUPPORTED_COLOURS), data=st.binary(max_size=400))
@@ -51,82 +51,165 @@ frame_args = st.fixed_dictionaries(
 )
 
 
-@given(data=st.binary(max_size=5000), meta=frame_args, frame_bytes=st.integers(40, 1200))
-@settings(max_examples=60)
-def test_frames_round_trip(data, meta, frame_bytes):
-    packets = frames.packetize(data, frame_bytes=frame_bytes, **meta)
-    assert all(len(p) == frame_bytes for p in packets)
+@given(data=st.binary(min_size=1, max_size=5000), meta=frame_args, message_bytes=st.integers(100, 1500),
+       drop=st.integers(0, 5), seed=st.integers(0, 1000))
+@settings(max_examples=60, deadline=None)
+def test_fountain_frames_round_trip_whatever_frames_are_lost(data, meta, message_bytes, drop, seed):
+    k = frames.source_packets(len(data), frames.packet_size_for(message_bytes))
+    msgs = frames.encode_tensor(data, message_bytes=message_bytes, count=k + drop + 3, **meta)
+    assert all(len(m) == message_bytes for m in msgs)
+    keep = np.random.default_rng(seed).permutation(len(msgs))[drop:]  # any `drop` frames lost, any order
     r = frames.Reassembler()
     out = None
-    for p in reversed(packets):  # order does not matter
-        pk = frames.parse_frame(p)
-        assert (pk.session, pk.sender, pk.stream, pk.step) == (meta["session"], meta["sender"], meta["stream"], meta["step"])
-        out = r.add(pk)
+    for i in keep:
+        p = frames.parse_message(msgs[i])
+        assert (p.session, p.sender, p.stream, p.step) == (meta["session"], meta["sender"], meta["stream"], meta["step"])
+        out = r.add(p) or out
     assert out == data
+
+
+def test_too_few_frames_deliver_nothing():
+    data = bytes(range(256)) * 20
+    msgs = frames.encode_tensor(data, message_bytes=600, count=12, session=1, sender=1, stream="grad", step=0)
+    k = frames.source_packets(len(data), frames.packet_size_for(600))
+    r = frames.Reassembler()
+    assert all(r.add(frames.parse_message(m)) is None for m in msgs[: k - 1])
+    assert r.forget_before(1) == 1 and r.losses["incomplete_tensor"] == 1
 
 
 @given(data=st.binary(min_size=1, max_size=800), pos=st.integers(0, 10_000), flip=st.integers(1, 255))
 @settings(max_examples=200)
-def test_any_corrupted_byte_is_rejected(data, pos, flip):
-    frame = frames.packetize(data, frame_bytes=1050, session=1, sender=1, stream="grad", step=3)[0]
-    end = frames.HEADER_BYTES + min(len(data), 1050 - frames.OVERHEAD_BYTES) + frames.CRC_BYTES
-    i = pos % end  # corrupt within header, payload or CRC
-    bad = bytearray(frame)
-    bad[i] ^= flip
+def test_any_corrupted_byte_of_a_message_is_rejected(data, pos, flip):
+    msg = frames.encode_tensor(data, message_bytes=900, count=1, session=1, sender=1, stream="grad", step=3)[0]
+    end = frames.HEADER_BYTES + frames.packet_size_for(900) + frames.CHECK_BYTES
+    bad = bytearray(msg)
+    bad[pos % end] ^= flip  # within header, packet or check
     with pytest.raises(frames.FrameError):
-        frames.parse_frame(bytes(bad))
+        frames.parse_message(bytes(bad))
 
 
-def test_reassembler_counts_duplicates_conflicts_and_stale():
+def test_reassembler_counts_duplicates_conflicts_and_digest_mismatch():
     data = bytes(range(256)) * 10
-    fs = [frames.parse_frame(p) for p in frames.packetize(data, frame_bytes=500, session=1, sender=2, stream="avg", step=7)]
+    msgs = frames.encode_tensor(data, message_bytes=600, count=6, session=1, sender=2, stream="avg", step=7)
     r = frames.Reassembler()
-    assert r.add(fs[0]) is None
-    assert r.add(fs[0]) is None and r.duplicates == 1
-    assert r.seen(2, "avg", 7, 0) and not r.seen(2, "avg", 7, 1)
-    for f in fs[1:]:
-        out = r.add(f)
+    p0 = frames.parse_message(msgs[0])
+    assert r.add(p0) is None
+    assert r.add(p0) is None and r.duplicates == 1
+    out = None
+    for m in msgs[1:]:
+        out = r.add(frames.parse_message(m)) or out
     assert out == data
-    assert r.add(fs[0]) is None  # a tensor already delivered is not delivered twice
-    other = [frames.parse_frame(p) for p in frames.packetize(b"x" * 900, frame_bytes=500, session=1, sender=2, stream="avg", step=8)]
-    third = [frames.parse_frame(p) for p in frames.packetize(b"y" * 900, frame_bytes=500, session=1, sender=2, stream="avg", step=8)]
-    r.add(other[0])
-    assert r.add(third[1]) is None  # same (sender, stream, step), different tensor: neither trusted
+    assert r.add(p0) is None  # a tensor already delivered is not delivered twice
+    a = frames.encode_tensor(b"x" * 900, message_bytes=600, count=2, session=1, sender=2, stream="avg", step=8)
+    b = frames.encode_tensor(b"y" * 900, message_bytes=600, count=2, session=1, sender=2, stream="avg", step=8)
+    r.add(frames.parse_message(a[0]))
+    assert r.add(frames.parse_message(b[1])) is None  # same (sender, stream, step), another tensor: neither trusted
     assert r.losses["conflicting_frames"] == 1
-    r.add(other[0])
-    assert r.forget_before(9) == 1 and r.losses["incomplete_tensor"] == 1
-
-
-def test_tensor_digest_mismatch_is_a_counted_loss():
-    # Two packets of different tensors that agree on their metadata: each frame is valid, the whole is not.
-    a = frames.packetize(b"a" * 900, frame_bytes=500, session=1, sender=1, stream="grad", step=1)
-    b = frames.packetize(b"b" * 900, frame_bytes=500, session=1, sender=1, stream="grad", step=1)
-    pa, pb = frames.parse_frame(a[0]), frames.parse_frame(b[1])
-    forged = replace(pb, tensor_crc=pa.tensor_crc)
-    r = frames.Reassembler()
-    assert r.add(pa) is None
-    assert r.add(forged) is None
-    assert r.losses["tensor_crc_mismatch"] == 1
+    # Valid frames of another tensor under a forged digest: rebuilt bytes fail the digest, nothing delivered.
+    pa, pb = frames.parse_message(a[0]), frames.parse_message(b[1])
+    forged = replace(pb, digest=pa.digest, step=9)
+    r2 = frames.Reassembler()
+    r2.add(replace(pa, step=9))
+    assert r2.add(forged) is None and r2.losses["tensor_digest_mismatch"] == 1
 
 
 def test_frame_errors_have_reasons():
-    good = frames.packetize(b"hello", frame_bytes=64, session=1, sender=1, stream="grad", step=0)[0]
+    good = frames.encode_tensor(b"hello", message_bytes=100, count=1, session=1, sender=1, stream="grad", step=0)[0]
     with pytest.raises(frames.FrameError) as e:
-        frames.parse_frame(b"XX" + good[2:])
+        frames.parse_message(b"\x00" + good[1:])
     assert e.value.reason == "bad_magic"
     with pytest.raises(frames.FrameError) as e:
-        frames.parse_frame(good[:10])
+        frames.parse_message(good[:10])
     assert e.value.reason == "short_frame"
-    assert zlib.crc32(b"") == 0
+    bad = bytearray(good)
+    bad[30] ^= 1
+    with pytest.raises(frames.FrameError) as e:
+        frames.parse_message(bytes(bad))
+    assert e.value.reason == "check_mismatch"
+
+
+@given(rate=st.sampled_from([0.5, 0.7, 0.8, 0.9, 1.0]), frame_bytes=st.integers(40, 3000), seed=st.integers(0, 99))
+@settings(max_examples=40, deadline=None)
+def test_reed_solomon_corrects_below_capacity_and_never_miscorrects_silently(rate, frame_bytes, seed):
+    code = fec.FrameCode(frame_bytes, rate)
+    rng = np.random.default_rng(seed)
+    msg = rng.integers(0, 256, code.capacity, dtype=np.uint8).tobytes()
+    frame = code.encode(msg)
+    assert len(frame) == frame_bytes
+    assert code.decode(frame) == (msg, 0)
+    if not code.nsym:
+        return
+    # Below capacity: t errors and s erasures per block with 2t + s <= nsym, all corrected.
+    order = code._order()
+    bad = np.frombuffer(frame, np.uint8).copy()
+    erasures = np.zeros(frame_bytes, bool)
+    t = code.nsym // 4
+    s = code.nsym - 2 * t
+    for b in range(code.blocks):
+        pos = rng.choice(order[b], t + s, replace=False)
+        bad[pos] ^= rng.integers(1, 256, len(pos), dtype=np.uint8)
+        erasures[pos[t:]] = True
+    out, corrected = code.decode(bad.tobytes(), erasures)
+    assert out == msg and corrected == code.blocks * (t + s)
+
+
+def test_link_codec_detects_what_it_cannot_correct():
+    """Far above capacity: RS fails or the check catches a miscorrection; never a wrong packet."""
+    g = layout.GridLayout(20, 30, 4, 4)
+    codec = link.LinkCodec(g, 0.8)
+    data = bytes(range(60))
+    assert codec.frames_needed(len(data)) == 1
+    sym = cells.bytes_to_symbols(codec.encode(data, count=1, session=1, sender=1, stream="grad", step=1)[0],
+                                 4, g.n_data)
+    rng = np.random.default_rng(1)
+    outcomes = {"corrected": 0, "detected": 0}
+    for trial in range(200):
+        noisy = sym.copy()
+        n = int(rng.integers(1, g.n_data // 3))
+        idx = rng.choice(g.n_data, n, replace=False)
+        noisy[idx] = (noisy[idx] + rng.integers(1, 4, n)) % 4
+        try:
+            p, _ = codec.decode(noisy)
+        except (fec.UncorrectableFrame, frames.FrameError):
+            outcomes["detected"] += 1
+            continue
+        assert p.packet[4:4 + len(data)] == data  # whatever is accepted is exactly right
+        outcomes["corrected"] += 1
+    assert outcomes["corrected"] > 10 and outcomes["detected"] > 10
+
+
+def test_link_codec_round_trip_with_erasures():
+    g = layout.GridLayout(40, 70, 8, 16)
+    codec = link.LinkCodec(g, 0.8)
+    data = bytes(range(256)) * 5
+    msgs = codec.encode(data, count=codec.frames_needed(len(data)), session=3, sender=1, stream="avg", step=2)
+    r = frames.Reassembler()
+    out = None
+    for m in msgs:
+        sym = cells.bytes_to_symbols(m, 8, g.n_data)
+        conf = np.ones(g.n_data, np.float32)
+        conf[::60] = 0.0  # doubtful cells become erasures...
+        sym[::60] ^= 5  # ...and are indeed wrong
+        p, corrected = codec.decode(sym, conf)
+        assert corrected > 0
+        out = r.add(p) or out
+    assert out == data
 
 
 def test_render_and_layout_geometry():
-    g = layout.GridLayout(rows=4, cols=6, colours=4, cell_px=3)
-    assert g.frame_bytes == 4 * 6 * 2 // 8
-    img = layout.render(bytes(range(g.frame_bytes)), g, 64, 64)
-    assert img.shape == (64, 64, 3) and img.dtype == np.uint8
-    h, w = g.size_px
-    assert (img.max(axis=2) > 0).sum() > 0 and h == 18 and w == 24
+    g = layout.GridLayout(rows=8, cols=24, colours=4, cell_px=3)
+    roles = g.roles
+    assert (roles == layout.SENDER).sum() == 2 * layout.SENDER_BITS
+    assert (roles == layout.MARK).sum() == (roles == layout.ANTI).sum() == 2 * len(g.parity_rows)
+    assert g.frame_bytes == g.n_data * 2 // 8 and g.n_data == (roles == layout.DATA).sum()
+    img = layout.render(bytes(range(g.frame_bytes)), g, 96, 48, sender=5, parity=1)
+    assert img.shape == (48, 96, 3) and img.dtype == np.uint8
+    grid = layout.render_cells(bytes(g.frame_bytes), g, sender=5, parity=1)
+    assert (grid[0] == 255).all() and (grid[:, 0] == 255).all()  # the white locator ring
+    flat = grid[1:-1, 1:-1].reshape(-1, 3)
+    assert (flat[g.index(layout.MARK)] == 255).all() and (flat[g.index(layout.ANTI)] == 0).all()
+    bits = (flat[g.index(layout.SENDER)][:, 0] > 0).astype(int)
+    assert list(bits[:8]) == [0, 0, 0, 0, 0, 1, 0, 1] and list(bits[8:]) == list(bits[:8])
     with pytest.raises(ValueError, match="needs"):
         layout.GridLayout(40, 70, 8, 16).check_fits(640, 480)
 

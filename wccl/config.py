@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from protocols.layout import GridLayout
+from protocols.link import LinkCodec
 
 NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 Role = Literal["server", "worker"]
@@ -112,15 +113,20 @@ class CameraConfig(_Strict):
 
 
 class LinkConfig(_Strict):
-    rows: int = Field(default=40, ge=4, le=512)
-    cols: int = Field(default=70, ge=4, le=512)
+    rows: int = Field(default=40, ge=6, le=512)
+    cols: int = Field(default=70, ge=22, le=512)
     colours: Literal[2, 4, 8] = 8
     cell_px: int = Field(default=16, ge=1, le=256)
     border_cells: int = Field(default=1, ge=1, le=8)
+    pilot_spacing: int = Field(default=6, ge=2, le=64)
     hold_s: float = Field(default=1.0, gt=0, le=60)
+    code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
 
     def layout(self) -> GridLayout:
-        return GridLayout(self.rows, self.cols, self.colours, self.cell_px, self.border_cells)
+        return GridLayout(self.rows, self.cols, self.colours, self.cell_px, self.border_cells, self.pilot_spacing)
+
+    def codec(self) -> LinkCodec:
+        return LinkCodec(self.layout(), self.code_rate)
 
 
 class Phase(_Strict):
@@ -213,6 +219,7 @@ class WcclConfig(_Strict):
     def _fits(self) -> WcclConfig:
         try:
             self.link.layout().check_fits(self.screen.width, self.screen.height)
+            self.link.codec()
         except ValueError as e:
             raise ValueError(f"link: {e}") from None
         q = self.training.quorum

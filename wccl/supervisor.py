@@ -98,7 +98,7 @@ class NodeSupervisor:
         # Until optical clock sync lands, every node's clock starts at the room's start (synced once).
         self.clock = NodeClock(origin=self.clock_origin)
         schedule = Schedule(t0=cfg.schedule.start_s, phases=tuple(cfg.schedule.resolved()))
-        grid = cfg.link.layout()
+        codec = cfg.link.codec()
         kw = dict(medium=self.medium, node=self.node, clock=self.clock, config=cfg)
         self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
         screen = REGISTRY.create("screen", self.spec.screen, **kw)
@@ -117,8 +117,8 @@ class NodeSupervisor:
         self.deps = {
             "clock": dict(schedule=schedule, steps=tr.steps),
             "camera_reader": dict(camera=self.camera),
-            "frame_decoder": dict(grid=grid, session=room.session, node_names=names, reassembler=Reassembler()),
-            "screen_writer": dict(screen=screen, grid=grid, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
+            "frame_decoder": dict(codec=codec, session=room.session, node_names=names, reassembler=Reassembler()),
+            "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=cfg.link.hold_s, session=room.session, sender_id=names.index(self.node)),
             "worker": dict(replica=replica, schedule=schedule, server=room.server, eval_every=tr.eval_every),
             "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, schedule=schedule,

@@ -1,14 +1,23 @@
 """Find the codes in a camera image and read their cells.
 
 Consumes: one BGR camera image and the grid layout. Emits: for every code
-found, its bounding box and the bytes its cells carry (not yet checked: the
-frame CRC decides what is trusted).
+found, a `ReadCode`: its corners in the image, whether the capture is clean
+(the parity marks agree) or mixed, the sender's number from the sender
+strips, and a symbol and a confidence for every data cell. Nothing here is
+trusted yet: the frame's error correction and check decide.
 
-This first reader handles axis-aligned, unblurred views (the `exact` room
-profile): a code is the bounding box of a bright connected region whose
-aspect matches the layout (the white border ring), and each cell is read
-from its centre pixel. Perspective, blur and colour drift are the link
-issue's work.
+Steps, each a pure function:
+1. `find_quads`: the bright outer ring of each code is the largest bright
+   connected region; its outline, simplified to four corners and refined by
+   fitting a line to each side, gives the code's quadrilateral (any
+   perspective, any position; several codes per image).
+2. `sample`: a homography from code units to the image places every cell
+   centre; each cell is read as the mean of five points around its centre.
+3. `ColourModel`: the pilot cells (known colours) fit an affine colour
+   transform (crosstalk, white balance, black level, exposure); then all
+   confidently classified cells refit it with a bilinear dependence on the
+   position in the frame (vignetting, glare gradients), and cells are
+   classified again in the corrected space.
 """
 
 from __future__ import annotations
@@ -19,112 +28,259 @@ import cv2
 import numpy as np
 
 from protocols import cells
-from protocols.layout import GridLayout
+from protocols.layout import ANTI, DATA, MARK, PILOT, SENDER, SENDER_BITS, GridLayout
 
-_COARSE = 4  # locate on every 4th pixel first
+_DOWN = 2  # locate on a half-resolution mask
 
 
 @dataclass(frozen=True, slots=True)
-class Region:
-    x: int
-    y: int
-    w: int
-    h: int
+class Quad:
+    """A code's outer corners in image pixels: top-left, top-right, bottom-right, bottom-left."""
+
+    corners: np.ndarray  # (4, 2) float32
+
+    @property
+    def bbox(self) -> tuple[int, int, int, int]:
+        x0, y0 = self.corners.min(axis=0)
+        x1, y1 = self.corners.max(axis=0)
+        return int(x0), int(y0), int(np.ceil(x1 - x0)), int(np.ceil(y1 - y0))
 
 
 @dataclass(frozen=True, slots=True)
 class ReadCode:
-    region: Region
-    frame: bytes
-    min_confidence: float
+    quad: Quad
+    sender: int | None  # None when the two sender strips disagree
+    parity: int
+    mixed: bool  # the parity marks disagree or sit between black and white
+    symbols: np.ndarray  # per data cell, uint8
+    confidence: np.ndarray  # per data cell, float32 in [0, 1]
+    cell_px: float  # camera pixels per cell (mean)
 
 
 def _brightest_channel(image: np.ndarray) -> np.ndarray:
-    # np.maximum over the three planes: ~20x faster than image.max(axis=2).
     return np.maximum(np.maximum(image[..., 0], image[..., 1]), image[..., 2])
 
 
-def locate(image: np.ndarray, layout: GridLayout, threshold: int = 128) -> list[Region]:
-    """Bounding boxes of the codes in `image`, left to right."""
-    small = image[::_COARSE, ::_COARSE]
-    mask = (_brightest_channel(small) > threshold).view(np.uint8)
-    if not mask.any():
+def _order_corners(pts: np.ndarray) -> np.ndarray:
+    c = pts.mean(axis=0)
+    ang = np.arctan2(pts[:, 1] - c[1], pts[:, 0] - c[0])
+    pts = pts[np.argsort(ang)]  # clockwise in image coordinates, starting near -pi (left)
+    # start at the top-left: smallest x + y
+    start = int(np.argmin(pts.sum(axis=1)))
+    return np.roll(pts, -start, axis=0)
+
+
+def _refine_corners(contour: np.ndarray, corners: np.ndarray) -> np.ndarray:
+    """Fit a line to the contour points along each side; corners are the lines' intersections."""
+    pts = contour.reshape(-1, 2).astype(np.float32)
+    lines = []
+    for i in range(4):
+        a, b = corners[i], corners[(i + 1) % 4]
+        ab = b - a
+        length = float(np.hypot(*ab))
+        if length < 4:
+            return corners
+        t = ((pts - a) @ ab) / (length * length)
+        dist = np.abs((pts - a) @ np.array([-ab[1], ab[0]]) / length)
+        sel = pts[(t > 0.1) & (t < 0.9) & (dist < max(3.0, 0.02 * length))]
+        if len(sel) < 4:
+            return corners
+        vx, vy, x0, y0 = cv2.fitLine(sel, cv2.DIST_HUBER, 0, 0.01, 0.01).ravel()
+        lines.append((np.array([x0, y0]), np.array([vx, vy])))
+    out = np.empty((4, 2), np.float32)
+    for i in range(4):
+        (p, u), (q, v) = lines[i - 1], lines[i]
+        m = np.array([[u[0], -v[0]], [u[1], -v[1]]])
+        if abs(np.linalg.det(m)) < 1e-6:
+            return corners
+        s, _ = np.linalg.solve(m, q - p)
+        out[i] = p + s * u
+    if np.abs(out - corners).max() > 8:
+        return corners
+    return out
+
+
+def find_quads(image: np.ndarray, layout: GridLayout, min_cell_px: float = 1.5) -> list[Quad]:
+    """Every code's quadrilateral in `image`, left to right."""
+    small = _brightest_channel(image[::_DOWN, ::_DOWN])
+    hi = int(small.max())
+    if hi < 48:
         return []
-    contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-    out_rows, out_cols = layout.outer_cells
-    want_aspect = out_cols / out_rows
-    h_img, w_img = image.shape[:2]
-    regions = []
+    thr, _ = cv2.threshold(small, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+    thr = max(thr, 0.25 * hi)
+    mask = (small > thr).view(np.uint8)
+    contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
+    out_r, out_c = layout.outer_cells
+    min_side = min_cell_px * min(out_r, out_c) / _DOWN
+    quads = []
     for c in contours:
+        if len(c) < 8:
+            continue
         x, y, w, h = cv2.boundingRect(c)
-        if w < out_cols // _COARSE or h < out_rows // _COARSE:
+        if min(w, h) < min_side:
             continue
-        r = _refine(image, x * _COARSE, y * _COARSE, w * _COARSE, h * _COARSE, threshold)
-        if r is None:
+        hull = cv2.convexHull(c)
+        peri = cv2.arcLength(hull, True)
+        approx = cv2.approxPolyDP(hull, 0.02 * peri, True).reshape(-1, 2).astype(np.float32)
+        if len(approx) != 4 or not cv2.isContourConvex(approx.reshape(-1, 1, 2)):
             continue
-        if abs(r.w / r.h - want_aspect) > 0.05 * want_aspect:
+        if cv2.contourArea(approx) < 0.5 * w * h:
             continue
-        if r.w < out_cols * 2 or r.h < out_rows * 2:  # fewer than 2 px per cell cannot be read
+        corners = _refine_corners(c, _order_corners(approx))
+        # Pixel centres: a mask pixel i covers full-resolution pixels [i*D, i*D + D).
+        corners = corners * _DOWN + (_DOWN - 1) / 2.0
+        # The outline runs through the outermost bright mask pixels: the edge lies half a mask pixel further out.
+        centre = corners.mean(axis=0)
+        direction = corners - centre
+        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+        corners = corners + direction * (_DOWN / 2.0) * np.sqrt(2)
+        sides = np.linalg.norm(corners - np.roll(corners, -1, axis=0), axis=1)
+        ratio = (sides[0] + sides[2]) / max(1e-6, sides[1] + sides[3])
+        want = out_c / out_r
+        if not 0.5 * want < ratio < 2.0 * want:
             continue
-        regions.append(r)
-    regions.sort(key=lambda r: (r.x, r.y))
-    return regions
+        quads.append(Quad(corners.astype(np.float32)))
+    quads.sort(key=lambda q: (q.corners[:, 0].min(), q.corners[:, 1].min()))
+    return quads
 
 
-def _refine(image: np.ndarray, x: int, y: int, w: int, h: int, threshold: int) -> Region | None:
-    """Exact edges of a coarse box: look only at thin bands around each coarse edge."""
-    H, W = image.shape[:2]
-    m = 2 * _COARSE
-    ys, ye = max(0, y - m), min(H, y + h + m)
-    xs, xe = max(0, x - m), min(W, x + w + m)
+def homography(quad: Quad, layout: GridLayout) -> np.ndarray:
+    out_r, out_c = layout.outer_cells
+    src = np.array([[0, 0], [out_c, 0], [out_c, out_r], [0, out_r]], np.float32)
+    return cv2.getPerspectiveTransform(src, quad.corners.astype(np.float32))
 
-    def first(band: np.ndarray, axis: int) -> int | None:
-        hit = np.flatnonzero((_brightest_channel(band) > threshold).any(axis=axis))
-        return int(hit[0]) if hit.size else None
 
-    def last(band: np.ndarray, axis: int) -> int | None:
-        hit = np.flatnonzero((_brightest_channel(band) > threshold).any(axis=axis))
-        return int(hit[-1]) if hit.size else None
+def sample(image: np.ndarray, quad: Quad, layout: GridLayout) -> tuple[np.ndarray, float]:
+    """Mean BGR of every cell (n_cells, 3) float32, and camera pixels per cell."""
+    H = homography(quad, layout)
+    centres = layout.cell_centres()
+    offsets = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]], np.float32)
+    pts = (centres[None, :, :] + offsets[:, None, :]).reshape(-1, 2)
+    img_pts = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(len(offsets), -1, 2)
+    h, w = image.shape[:2]
+    xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
+    ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
+    values = image[ys, xs].astype(np.float32).mean(axis=0)
+    out_r, out_c = layout.outer_cells
+    sides = np.linalg.norm(quad.corners - np.roll(quad.corners, -1, axis=0), axis=1)
+    cell_px = float((sides[0] + sides[2]) / (2 * out_c) + (sides[1] + sides[3]) / (2 * out_r)) / 2
+    return values, cell_px
 
-    lx = max(0, x - m)
-    left = first(image[ys:ye, lx : x + m], 0)
-    rx = max(0, x + w - m)
-    right = last(image[ys:ye, rx : min(W, x + w + m)], 0)
-    ty = max(0, y - m)
-    top = first(image[ty : y + m, xs:xe], 1)
-    by = max(0, y + h - m)
-    bottom = last(image[by : min(H, y + h + m), xs:xe], 1)
-    if None in (left, right, top, bottom):
+
+def _corners01(colours: int) -> np.ndarray:
+    """The palette as 0/1 RGB-cube corners in BGR order, (colours, 3) float32."""
+    return (cells.palette_bgr(colours) > 127).astype(np.float32)
+
+
+def _fit(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Least squares X @ A ~ Y through the normal equations (small, well-posed, no LAPACK driver threads)."""
+    XtX = X.T @ X
+    XtX[np.diag_indices_from(XtX)] += 1e-6 * max(1.0, float(np.trace(XtX)) / len(XtX))
+    return np.linalg.solve(XtX, X.T @ Y)
+
+
+class ColourModel:
+    """Maps observed BGR to the screen's 0..1 BGR, fitted per frame. See the module doc."""
+
+    def __init__(self, layout: GridLayout) -> None:
+        self.layout = layout
+        self.ideal = _corners01(layout.colours)
+        yy, xx = np.mgrid[0 : layout.rows, 0 : layout.cols]
+        u = (xx.ravel() / max(1, layout.cols - 1) - 0.5).astype(np.float32)
+        v = (yy.ravel() / max(1, layout.rows - 1) - 0.5).astype(np.float32)
+        self.pos = np.stack([np.ones_like(u), u, v, u * v], axis=1)  # bilinear in position
+        self.pilot_idx = layout.index(PILOT)
+        self.data_idx = layout.index(DATA)
+        self.pilot_ideal = self.ideal[layout.pilot_symbols]
+
+    @staticmethod
+    def _design(ideal: np.ndarray, pos: np.ndarray | None) -> np.ndarray:
+        base = np.concatenate([ideal, np.ones((len(ideal), 1), np.float32)], axis=1)  # (n, 4)
+        if pos is None:
+            return base
+        return (base[:, :, None] * pos[:, None, :]).reshape(len(ideal), -1)  # (n, 16)
+
+    def correct(self, values: np.ndarray) -> np.ndarray | None:
+        """Observed (n_cells, 3) -> corrected (n_cells, 3) in screen units, or None if no fit."""
+        obs_p = values[self.pilot_idx]
+        X = self._design(self.pilot_ideal, None)
+        A = _fit(X, obs_p)  # observed = [ideal, 1] @ A
+        M, b = A[:3], A[3]
+        if abs(np.linalg.det(M)) < 1e-3:
+            return None
+        corrected = (values - b) @ np.linalg.inv(M)
+        # Decision-directed refit with a position-dependent transform, from every confident cell.
+        for _ in range(2):
+            decided = (corrected > 0.5).astype(np.float32)
+            conf = np.abs(corrected - 0.5).min(axis=1)
+            use = conf > 0.2
+            use[self.pilot_idx] = True
+            decided[self.pilot_idx] = self.pilot_ideal
+            if use.sum() < 64:
+                break
+            X = self._design(decided[use], self.pos[use])
+            A = _fit(X, values[use])  # (16, 3)
+            A = A.reshape(4, 4, 3)  # [ideal/1 component, position term, output]
+            # Per cell: M(x, y) (3x3) and b(x, y); invert per cell.
+            Mxy = np.einsum("kpo,np->nko", A[:3], self.pos)  # (n, 3 in, 3 out)
+            bxy = np.einsum("po,np->no", A[3], self.pos)
+            try:
+                corrected = np.linalg.solve(np.transpose(Mxy, (0, 2, 1)), (values - bxy)[..., None])[..., 0]
+            except np.linalg.LinAlgError:
+                break
+        return corrected.astype(np.float32)
+
+
+def classify(corrected: np.ndarray, colours: int) -> tuple[np.ndarray, np.ndarray]:
+    """Corrected 0..1 BGR -> (symbols, confidence)."""
+    if colours == 8:
+        bits = corrected > 0.5
+        # symbol = r*4 + g*2 + b with BGR channels
+        symbols = (bits[:, 2] * 4 + bits[:, 1] * 2 + bits[:, 0]).astype(np.uint8)
+        confidence = np.clip(np.abs(corrected - 0.5).min(axis=1) * 2, 0, 1)
+        return symbols, confidence.astype(np.float32)
+    ideal = _corners01(colours)
+    d = ((corrected[:, None, :] - ideal[None]) ** 2).sum(axis=2)
+    order = np.argsort(d, axis=1)
+    rows = np.arange(len(d))
+    d1, d2 = np.sqrt(d[rows, order[:, 0]]), np.sqrt(d[rows, order[:, 1]])
+    return order[:, 0].astype(np.uint8), np.clip((d2 - d1) / np.sqrt(2), 0, 1).astype(np.float32)
+
+
+def same_frame(a: np.ndarray, b: np.ndarray, level: float = 60.0, share: float = 0.02) -> bool:
+    """Two cell samplings of one screen show the same frame (few cells changed by more than `level`)."""
+    if a.shape != b.shape:
+        return False
+    changed = np.abs(a - b).max(axis=1) > level
+    return bool(changed.mean() < share)
+
+
+def read_quad(image: np.ndarray, quad: Quad, layout: GridLayout, model: ColourModel | None = None,
+              mixed_threshold: float = 0.5, sampled: tuple[np.ndarray, float] | None = None) -> ReadCode | None:
+    """Read one code; None if its colours cannot be modelled (not a code, or unreadable)."""
+    values, cell_px = sampled if sampled is not None else sample(image, quad, layout)
+    model = model or ColourModel(layout)
+    corrected = model.correct(values)
+    if corrected is None:
         return None
-    x0, x1, y0, y1 = lx + left, rx + right, ty + top, by + bottom
-    if x1 <= x0 or y1 <= y0:
-        return None
-    return Region(x0, y0, x1 - x0 + 1, y1 - y0 + 1)
-
-
-def cell_centres(region: Region, layout: GridLayout) -> tuple[np.ndarray, np.ndarray]:
-    """Pixel (ys, xs) of every data cell's centre, row-major."""
-    out_rows, out_cols = layout.outer_cells
-    pw, ph = region.w / out_cols, region.h / out_rows
-    b = layout.border_cells
-    xs = (region.x + (b + np.arange(layout.cols) + 0.5) * pw).astype(np.intp)
-    ys = (region.y + (b + np.arange(layout.rows) + 0.5) * ph).astype(np.intp)
-    yy, xx = np.meshgrid(ys, xs, indexing="ij")
-    return yy.ravel(), xx.ravel()
-
-
-def read_region(image: np.ndarray, region: Region, layout: GridLayout, nbytes: int | None = None) -> ReadCode:
-    """Read the code in `region`: all of it, or only enough cells for its first `nbytes` bytes."""
-    ys, xs = cell_centres(region, layout)
-    bits = cells.bits_per_cell(layout.colours)
-    nbytes = layout.frame_bytes if nbytes is None else min(nbytes, layout.frame_bytes)
-    n = min(layout.n_cells, -(-nbytes * 8 // bits))
-    samples = image[ys[:n], xs[:n]]
-    symbols, confidence = cells.classify(samples, cells.palette_bgr(layout.colours))
-    frame = cells.symbols_to_bytes(symbols, layout.colours, nbytes)
-    return ReadCode(region, frame, float(confidence.min()) if confidence.size else 0.0)
+    lum = corrected.mean(axis=1)
+    d = lum[layout.index(MARK)] - lum[layout.index(ANTI)]
+    parity = int(np.median(d) > 0)
+    mixed = bool((np.abs(d) < mixed_threshold).any() or (np.sign(d) != (1 if parity else -1)).any())
+    sbits = (lum[layout.index(SENDER)] > 0.5).astype(np.uint8).reshape(2, SENDER_BITS)
+    sender = None
+    if (sbits[0] == sbits[1]).all():
+        sender = int(sum(int(b) << (SENDER_BITS - 1 - i) for i, b in enumerate(sbits[0])))
+    symbols, confidence = classify(corrected[model.data_idx], layout.colours)
+    return ReadCode(quad, sender, parity, mixed, symbols, confidence, cell_px)
 
 
 def read_codes(image: np.ndarray, layout: GridLayout) -> list[ReadCode]:
-    """Every code in `image`, read (unchecked bytes)."""
-    return [read_region(image, r, layout) for r in locate(image, layout)]
+    """Every code in `image`, read (unchecked)."""
+    model = ColourModel(layout)
+    out = []
+    for q in find_quads(image, layout):
+        r = read_quad(image, q, layout, model)
+        if r is not None:
+            out.append(r)
+    return out

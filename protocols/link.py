@@ -1,0 +1,83 @@
+"""The link codec: a tensor's bytes <-> the cell symbols of the frames that carry it.
+
+    tensor bytes --fountain (frames.encode_tensor)--> frame messages
+      --Reed-Solomon (fec.FrameCode)--> frame bytes --scrambler--> cell symbols (layout)
+
+and back: symbols (+ per-cell confidence) --> bytes with doubtful ones
+erased --> corrected message --> checked packet --> (Reassembler) tensor.
+
+The scrambler XORs every frame with a fixed pseudo-random sequence so that
+the cells of any frame look random (no large uniform patches, every colour
+everywhere: the reader's colour model relies on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from protocols import cells, fec, frames
+from protocols.layout import GridLayout
+from protocols.messages import StreamKind
+
+
+@dataclass(frozen=True)
+class LinkCodec:
+    layout: GridLayout
+    code_rate: float = 0.8
+    code: fec.FrameCode = field(init=False, repr=False)
+    _whitening: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "code", fec.FrameCode(self.layout.frame_bytes, self.code_rate))
+        frames.packet_size_for(self.code.capacity)  # raises if a frame is too small for a packet
+        key = np.random.default_rng(0x5CA1AB1E).integers(0, 256, self.layout.frame_bytes, dtype=np.uint8)
+        object.__setattr__(self, "_whitening", key)
+
+    @property
+    def message_bytes(self) -> int:
+        return self.code.capacity
+
+    @property
+    def packet_size(self) -> int:
+        return frames.packet_size_for(self.message_bytes)
+
+    @property
+    def payload_per_frame(self) -> int:
+        """Tensor bytes one frame carries (a fountain symbol)."""
+        return self.packet_size - frames.PAYLOAD_ID_BYTES
+
+    def frames_needed(self, nbytes: int) -> int:
+        return frames.source_packets(nbytes, self.packet_size)
+
+    def _scramble(self, frame: bytes) -> bytes:
+        return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
+
+    def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: StreamKind,
+               step: int) -> list[bytes]:
+        """`count` frames' bytes (what `layout.render` draws) for a tensor."""
+        msgs = frames.encode_tensor(data, message_bytes=self.message_bytes, count=count, session=session,
+                                    sender=sender, stream=stream, step=step)
+        return [self._scramble(self.code.encode(m)) for m in msgs]
+
+    def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
+               erase_below: float = 0.15) -> tuple[frames.Packet, int]:
+        """One frame's data-cell symbols -> (trusted packet, bytes corrected).
+
+        Raises fec.UncorrectableFrame or frames.FrameError; never returns an unchecked packet.
+        """
+        raw = cells.symbols_to_bytes(symbols, self.layout.colours, self.layout.frame_bytes)
+        erasures = None
+        if confidence is not None and self.code.nsym:
+            doubtful = confidence < erase_below
+            if doubtful.any():
+                bits = cells.bits_per_cell(self.layout.colours)
+                # byte j spans bits 8j..8j+7, i.e. cells (8j)//bits .. (8j+7)//bits
+                j = np.arange(self.layout.frame_bytes)
+                first, last = (8 * j) // bits, (8 * j + 7) // bits
+                erasures = doubtful[first] | doubtful[np.minimum(last, len(doubtful) - 1)]
+                if bits == 3:  # a byte can span three cells
+                    erasures |= doubtful[np.minimum(first + 1, len(doubtful) - 1)]
+        message, corrected = self.code.decode(self._scramble(raw), erasures)
+        return frames.parse_message(message), corrected
