@@ -96,7 +96,7 @@ class FrameDecoder(Actor):
         except frames.FrameError as e:
             self.stats[f"frames_rejected_{e.reason}"] += 1
             return False
-        self.stats["bytes_corrected"] += corrected
+        self.stats["cells_wrong"] += corrected
         self.stats["cells_doubtful"] += int((code.confidence < 0.15).sum())
         self.stats["cells_read"] += code.symbols.size
         self.last[code.sender] = code.symbols
@@ -127,7 +127,7 @@ class FrameDecoder(Actor):
         self.log.info("link_step", captures=self.stats["captures"], codes_seen=self.stats["codes_seen"],
                       captures_mixed=self.stats["captures_mixed"], frames_ok=self.stats["frames_ok"],
                       frames_repeated=self.stats["frames_repeated"], frames_rejected=rejected,
-                      bytes_corrected=self.stats["bytes_corrected"], tensors=self.stats["tensors"],
+                      cells_wrong=self.stats["cells_wrong"], cells_read=self.stats["cells_read"], tensors=self.stats["tensors"],
                       tensor_bytes=self.stats["tensor_bytes"],
                       captures_dropped=self.ctx.inbox.dropped - self.totals["captures_dropped"], losses=losses)
         self.totals.update(self.stats)

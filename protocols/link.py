@@ -63,7 +63,7 @@ class LinkCodec:
 
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                erase_below: float = 0.15) -> tuple[frames.Packet, int]:
-        """One frame's data-cell symbols -> (trusted packet, bytes corrected).
+        """One frame's data-cell symbols -> (trusted packet, cells that were wrong).
 
         Raises fec.UncorrectableFrame or frames.FrameError; never returns an unchecked packet.
         """
@@ -80,4 +80,11 @@ class LinkCodec:
                 if bits == 3:  # a byte can span three cells
                     erasures |= doubtful[np.minimum(first + 1, len(doubtful) - 1)]
         message, corrected = self.code.decode(self._scramble(raw), erasures)
-        return frames.parse_message(message), corrected
+        packet = frames.parse_message(message)
+        wrong = 0
+        if corrected:
+            # What the cells should have been, now that the frame is known: the raw cell error count.
+            truth = cells.bytes_to_symbols(self._scramble(self.code.encode(message)), self.layout.colours,
+                                           self.layout.n_data)
+            wrong = int(np.count_nonzero(truth != np.asarray(symbols)))
+        return packet, wrong

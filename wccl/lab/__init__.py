@@ -1,0 +1,1 @@
+"""The link lab: measure the optical link in the simulated room (`python -m wccl.lab`)."""

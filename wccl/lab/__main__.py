@@ -1,0 +1,60 @@
+"""`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from wccl.config import ConfigError, load_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m wccl.lab", description="Measure the optical link.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bench", help="send N bytes of random tensors from one simulated node to another")
+    b.add_argument("--config", default="config.toml")
+    b.add_argument("--profile", help="room channel profile (default: the config's)")
+    b.add_argument("--bytes", type=int, default=1_000_000, help="payload bytes to send (default 1,000,000)")
+    b.add_argument("--tensor-bytes", type=int, default=65536, help="bytes per tensor (default 65536)")
+    b.add_argument("--repair", type=float, default=0.25, help="fountain repair frames, share of K (default 0.25)")
+    b.add_argument("--extra", type=int, default=2, help="repair frames added to every tensor (default 2)")
+    b.add_argument("--layout", choices=["config", "hackathon"], default="config",
+                   help="'hackathon': 40x70 cells, 8 colours, 1 s hold, no error correction")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a [link] key, e.g. --set cell_px=8 (repeatable)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args(argv)
+
+    from wccl.lab.bench import HACKATHON_LINK, run_bench, with_overrides
+    from wccl.logs import configure_logging
+
+    configure_logging("json" if args.json else "auto", "warning", stream=sys.stderr)
+
+    try:
+        cfg = load_config(args.config)
+        link = dict(HACKATHON_LINK) if args.layout == "hackathon" else {}
+        for kv in args.set:
+            k, _, v = kv.partition("=")
+            link[k] = json.loads(v)
+        cfg = with_overrides(cfg, args.profile, link)
+    except (ConfigError, ValueError) as e:
+        print(f"wccl.lab: config error: {e}", file=sys.stderr)
+        return 2
+    repair, extra = args.repair, args.extra
+    try:
+        result = run_bench(cfg, args.bytes, args.tensor_bytes, repair, extra, args.seed)
+    except ValueError as e:
+        print(f"wccl.lab: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>22}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
