@@ -50,11 +50,11 @@ class GridLayout:
             raise ValueError("cell_px and border_cells must be >= 1, pilot_spacing >= 2")
         roles = np.zeros((self.rows, self.cols), np.uint8)
         r_last, c_last = self.rows - 1, self.cols - 1
-        roles[0, 2 : 2 + SENDER_BITS] = SENDER
-        roles[r_last, c_last - 1 - SENDER_BITS : c_last - 1] = SENDER
-        for r in self.parity_rows:
-            roles[r, 0], roles[r, 1] = MARK, ANTI
-            roles[r, c_last], roles[r, c_last - 1] = MARK, ANTI
+        roles[0, 4 : 4 + SENDER_BITS] = SENDER
+        roles[r_last, c_last - 3 - SENDER_BITS : c_last - 3] = SENDER
+        for r in self.parity_rows:  # one cell in from the ring, whose light bleeds into its neighbours
+            roles[r, 1], roles[r, 2] = MARK, ANTI
+            roles[r, c_last - 1], roles[r, c_last - 2] = MARK, ANTI
         p = self.pilot_spacing
         rr, cc = np.mgrid[0 : self.rows, 0 : self.cols]
         lattice = (rr % p == p // 2) & ((cc - (rr // p % 2) * (p // 2)) % p == p // 2)

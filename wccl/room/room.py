@@ -1,8 +1,11 @@
 """The simulated room and its per-node screens and cameras.
 
 Profile `exact`: a camera sees every other node's screen pixel for pixel,
-side by side in room order (a perfect camera). The realistic channel
-(geometry, optics, sensor, timing, compression) replaces `_view` per profile.
+side by side in room order (a perfect camera). Profiles `ideal`, `webcam`
+and `harsh` (wccl/room/params.py) put the nodes in a room (poses, screens
+as planes, cameras as pinholes) and render each capture through the
+channel of wccl/room/channel.py: optics, sensor, auto exposure, time
+mixing, compression.
 
 Consumes: images shown on each node's screen (with the true time they went
 up). Emits: for each camera capture, one image of what that camera sees.
@@ -12,10 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
+from fractions import Fraction
 
 import numpy as np
+import structlog
 
 from protocols.layout import blank
+from wccl.room import geometry
+from wccl.room.channel import CameraModel, ScreenModel
+from wccl.room.params import PROFILE_NAMES, ChannelParams, check_overrides, resolve
+from wccl.room.timing import CaptureSchedule, Exposure, capture_rng
 from wccl.timebase import NodeClock
 
 
@@ -23,28 +33,111 @@ class SimulatedRoom:
     HISTORY = 8  # screen images kept per node: enough for any exposure window
 
     def __init__(self, node_names: list[str], screen_w: int, screen_h: int, fps: float,
-                 profile: str = "exact", seed: int = 0) -> None:
-        if profile != "exact":
-            raise ValueError(f"unknown room profile {profile!r}")
+                 profile: str = "exact", seed: int = 0, channel: dict | None = None,
+                 node_channels: list[dict] | None = None) -> None:
+        if profile not in PROFILE_NAMES:
+            raise ValueError(f"room.profile: unknown profile {profile!r}; profiles are {', '.join(PROFILE_NAMES)}")
         if len(set(node_names)) != len(node_names):
             raise ValueError("node names must be unique")
+        node_channels = list(node_channels) if node_channels is not None else [{} for _ in node_names]
+        if len(node_channels) != len(node_names):
+            raise ValueError("node_channels needs one table per node")
         self.profile = profile
         self.nodes = list(node_names)
         self.screen_w, self.screen_h = screen_w, screen_h
         self.fps = fps
         self.seed = seed
+        self.exact = profile == "exact"
+        if self.exact:
+            if channel:
+                check_overrides(channel, "room.channel")  # unknown keys still name themselves
+                raise ValueError("room.channel: the 'exact' profile takes no channel parameters "
+                                 "(choose profile 'ideal', 'webcam' or 'harsh')")
+            for i, table in enumerate(node_channels):
+                if table:
+                    check_overrides(table, f"room.nodes[{i}].channel")
+                    raise ValueError(f"room.nodes[{i}].channel: the 'exact' profile takes no channel parameters")
         black = blank(screen_w, screen_h)
         black.setflags(write=False)
         # Per node: times (ascending) and the images shown from those times on.
         self._times: dict[str, list[float]] = {n: [float("-inf")] for n in self.nodes}
         self._images: dict[str, list[np.ndarray]] = {n: [black] for n in self.nodes}
+        self._serials: dict[str, list[int]] = {n: [0] for n in self.nodes}
+        self._serial = 0
         self.captures = 0
+        if not self.exact:
+            self._build(channel or {}, node_channels)
+
+    # ---- construction --------------------------------------------------------------------------
+
+    def _build(self, channel: dict, node_channels: list[dict]) -> None:
+        self._seed_seq = [self.seed & 0xFFFFFFFF, (self.seed >> 32) & 0xFFFFFFFF, 0x3CC1]
+        self.params: dict[str, ChannelParams] = {}
+        for i, (n, table) in enumerate(zip(self.nodes, node_channels)):
+            self.params[n] = resolve(self.profile, channel, table, f"room.nodes[{i}].channel")
+        plist = [self.params[n] for n in self.nodes]
+        bodies = geometry.layout(plist, self.screen_w, self.screen_h)
+        planes = [geometry.screen_of(b, p, self.screen_w, self.screen_h) for b, p in zip(bodies, plist)]
+        self.bodies = dict(zip(self.nodes, bodies))
+        self.planes = dict(zip(self.nodes, planes))
+        self.screens = {n: ScreenModel(n, i, p, pl, self._seed_seq)
+                        for i, (n, p, pl) in enumerate(zip(self.nodes, plist, planes))}
+        self.cams: dict[str, CameraModel] = {}
+        self.exposures: dict[str, Exposure] = {}
+        self.views: dict[tuple[str, str], geometry.ScreenView] = {}
+        log = structlog.get_logger("wccl.room")
+        circle = len(self.nodes) >= 3 and all(p.position_m is None for p in plist)
+        for i, n in enumerate(self.nodes):
+            p = self.params[n]
+            if circle and "hfov_deg" not in channel and "hfov_deg" not in node_channels[i]:
+                # On the default circle of 3+ nodes a laptop camera sees the screens beside it only if it is
+                # wide enough: the default layout promises every camera every screen, so widen the lens.
+                need = self._needed_hfov(n)
+                if need > p.hfov_deg:
+                    log.info("room_camera_widened", node=n, hfov_deg=round(need, 1), profile_hfov_deg=p.hfov_deg)
+                    p = self.params[n] = dataclasses.replace(p, hfov_deg=need)
+            cam = geometry.camera_of(self.bodies[n], p, self.planes[n])
+            seen = []
+            for m in self.nodes:
+                if m == n:
+                    continue
+                v = geometry.view(cam, self.planes[m], self.params[m].bezel_m)
+                self.views[(n, m)] = v
+                seen.append((self.screens[m], v))
+            for m, why in ((s.name, v.reason) for s, v in seen if not v.visible):
+                log.warning("room_screen_not_visible", camera=n, screen=m, reason=why)
+            cm = CameraModel(n, i, p, cam, seen, self._seed_seq)
+            self.cams[n] = cm
+            self.exposures[n] = Exposure(p, cm.ae_weights, cm.ae_room, self._seed_seq, i)
+        self._streams: dict[str, object] = {}
+
+    def _needed_hfov(self, node: str, margin_deg: float = 3.0) -> float:
+        """The horizontal field of view `node`'s camera needs to see every other screen whole (degrees)."""
+        p = self.params[node]
+        cam = geometry.camera_of(self.bodies[node], p, self.planes[node])
+        aspect = p.camera_width / p.camera_height
+        need = 0.0
+        for m in self.nodes:
+            if m == node:
+                continue
+            pl = self.planes[m]
+            corners = [pl.point(u, v) for u in (-0.5, pl.width_px - 0.5) for v in (-0.5, pl.height_px - 0.5)]
+            xyz = np.array([cam.to_camera(c) for c in corners])
+            if (xyz[:, 2] <= 0.05).any() or np.dot(pl.normal, cam.position - pl.body.origin) <= 0:
+                continue  # behind the camera or facing away: no lens helps
+            h = np.degrees(np.arctan(np.abs(xyz[:, 0] / xyz[:, 2]))).max()
+            v = np.tan(np.radians(np.degrees(np.arctan(np.abs(xyz[:, 1] / xyz[:, 2]))).max()))
+            need = max(need, 2 * (h + margin_deg), 2 * (np.degrees(np.arctan(v * aspect)) + margin_deg))
+        return float(min(need, 150.0))
 
     @classmethod
     def from_config(cls, config) -> SimulatedRoom:
         """The room a `WcclConfig` describes; ValueError names a bad profile or override."""
         return cls([n.name for n in config.room.nodes], config.screen.width, config.screen.height,
-                   config.camera.fps, profile=config.room.profile, seed=config.room.seed)
+                   config.camera.fps, profile=config.room.profile, seed=config.room.seed,
+                   channel=dict(config.room.channel), node_channels=[dict(n.channel) for n in config.room.nodes])
+
+    # ---- the public surface --------------------------------------------------------------------
 
     @staticmethod
     def now() -> float:
@@ -59,42 +152,161 @@ class SimulatedRoom:
         self._check(node)
         return RoomCamera(self, node, clock)
 
+    def camera_fps(self, node: str) -> float:
+        """Captures per second of `node`'s camera (a profile may override config.camera.fps)."""
+        if self.exact:
+            return self.fps
+        return self.params[node].fps or self.fps
+
     def _check(self, node: str) -> None:
         if node not in self.nodes:
             raise KeyError(f"node {node!r} is not in the room ({', '.join(self.nodes)})")
 
     def _show(self, node: str, image: np.ndarray) -> None:
+        self.show_at(node, image, self.now())
+
+    def show_at(self, node: str, image: np.ndarray, t: float) -> None:
+        """Put `image` on `node`'s screen at true time `t` (times must not go backwards)."""
+        self._check(node)
         if image.shape != (self.screen_h, self.screen_w, 3) or image.dtype != np.uint8:
             raise ValueError(
                 f"screen of {node} is {self.screen_w}x{self.screen_h} BGR uint8, got {image.shape} {image.dtype}"
             )
+        times, images, serials = self._times[node], self._images[node], self._serials[node]
+        if not self.exact:
+            if np.array_equal(images[-1], image):
+                return  # the same picture again: nothing changes on the panel
+            t_up = self.screens[node].display_time(t)
+        else:
+            t_up = t
         frozen = image.copy()  # the room owns its copy: the sender may reuse its array
         frozen.setflags(write=False)
-        times, images = self._times[node], self._images[node]
-        t = self.now()
-        if times[-1] == t:
+        self._serial += 1
+        if times[-1] == t_up:
             images[-1] = frozen
+            serials[-1] = self._serial
         else:
-            times.append(t)
+            times.append(t_up)
             images.append(frozen)
+            serials.append(self._serial)
         if len(times) > self.HISTORY:
-            del times[0], images[0]
+            del times[0], images[0], serials[0]
+        if not self.exact:
+            lum = self.screens[node].luminance(frozen)
+            for n, ex in self.exposures.items():
+                if n != node:
+                    ex.screen_changed(node, t, lum)
 
     def screen_at(self, node: str, t: float) -> np.ndarray:
-        """What `node`'s screen showed at true time `t` (read-only)."""
+        """What `node`'s screen showed at true time `t` (its top row; read-only)."""
         times = self._times[node]
         i = bisect.bisect_right(times, t) - 1
         return self._images[node][max(i, 0)]
 
     def visible_from(self, node: str) -> list[str]:
-        return [n for n in self.nodes if n != node]
+        """The other nodes whose screens `node`'s camera sees (all of them in the exact profile)."""
+        if self.exact:
+            return [n for n in self.nodes if n != node]
+        return [n for n in self.nodes if n != node and self.views[(node, n)].visible]
+
+    def hidden_from(self, node: str) -> dict[str, str]:
+        """The other nodes whose screens `node`'s camera cannot see, with the reason."""
+        if self.exact:
+            return {}
+        return {n: self.views[(node, n)].reason for n in self.nodes if n != node and not self.views[(node, n)].visible}
+
+    def project(self, viewer: str, shown: str, pts: np.ndarray) -> np.ndarray:
+        """Camera pixel coordinates (N x 2) where `viewer`'s camera sees screen pixels `pts` of `shown`.
+
+        NaN rows for a screen out of view. Exact profile: screens side by side, unscaled.
+        """
+        pts = np.asarray(pts, dtype=np.float64).reshape(-1, 2)
+        if self.exact:
+            order = self.visible_from(viewer)
+            return pts + np.array([order.index(shown) * self.screen_w, 0.0])
+        v = self.views[(viewer, shown)]
+        if not v.visible:
+            return np.full_like(pts, np.nan)
+        xyz = np.c_[pts, np.ones(len(pts))] @ v.H.T
+        px, py = self.cams[viewer].camera.distort(xyz[:, 0] / xyz[:, 2], xyz[:, 1] / xyz[:, 2])
+        return np.stack([px, py], axis=1)
+
+    def capture_at(self, node: str, t: float, k: int = 0, stream: bool = False) -> np.ndarray:
+        """The image `node`'s camera takes with row 0 starting at true time `t`, as capture number `k`.
+
+        No asyncio needed; `k` seeds the capture's noise. Same room, seed, shows,
+        t and k: the same bytes. With H.264, each call encodes a one-frame stream
+        unless `stream` (then it continues the camera's stream, as RoomCamera does).
+        """
+        self._check(node)
+        if self.exact:
+            return self._view(node, t)
+        rng = capture_rng(self._seed_seq, self.nodes.index(node), k)
+        rng.standard_normal(), rng.random()  # the timing draws of CaptureSchedule.draw
+        return self._render(node, t, rng, stream=stream)
+
+    # ---- rendering -----------------------------------------------------------------------------
+
+    def _history(self, node: str) -> list[tuple[float, int, np.ndarray]]:
+        return list(zip(self._times[node], self._serials[node], self._images[node]))
 
     def _view(self, node: str, t: float) -> np.ndarray:
+        if not self.exact:
+            return self.capture_at(node, t)
         shown = [self.screen_at(n, t) for n in self.visible_from(node)]
         self.captures += 1
         if len(shown) == 1:
             return shown[0].copy()
         return np.concatenate(shown, axis=1)
+
+    def _render(self, node: str, t: float, rng: np.random.Generator, stream: bool) -> np.ndarray:
+        cm = self.cams[node]
+        frames = {s.name: self._history(s.name) for s, _ in cm.candidates}
+        ex = self.exposures[node]
+        img = cm.render(t, frames, ex.gain(t), ex.white_balance_bgr(t), rng)
+        if cm.params.codec == "h264":
+            if stream:
+                enc = self._streams.get(node)
+                if enc is None:
+                    enc = self._streams[node] = H264Stream(cm.params, self.camera_fps(node))
+                img = enc.process(img)
+            else:
+                img = H264Stream(cm.params, self.camera_fps(node)).process(img)
+        self.captures += 1
+        return img
+
+
+class H264Stream:
+    """A camera's H.264 stream: each capture is encoded (libx264, zero latency) and decoded back at once."""
+
+    def __init__(self, params: ChannelParams, fps: float) -> None:
+        import av
+
+        self.enc = av.CodecContext.create("libx264", "w")
+        self.enc.width, self.enc.height = params.camera_width, params.camera_height
+        self.enc.pix_fmt = "yuv420p"
+        rate = Fraction(fps).limit_denominator(1000)
+        self.enc.time_base = 1 / rate
+        self.enc.framerate = rate
+        self.enc.thread_count = 1  # deterministic output
+        self.enc.options = {"crf": str(params.h264_crf), "preset": params.h264_preset, "tune": "zerolatency"}
+        self.dec = av.CodecContext.create("h264", "r")
+        self.dec.thread_count = 1
+        self.pts = 0
+
+    def process(self, image: np.ndarray) -> np.ndarray:
+        import av
+
+        frame = av.VideoFrame.from_ndarray(image, format="bgr24")
+        frame.pts = self.pts
+        self.pts += 1
+        out = None
+        for packet in self.enc.encode(frame):
+            for decoded in self.dec.decode(packet):
+                out = decoded.to_ndarray(format="bgr24")
+        if out is None:
+            raise RuntimeError("H.264 encoder held a frame back (expected zero latency)")
+        return out
 
 
 class RoomScreen:
@@ -108,33 +320,66 @@ class RoomScreen:
 
 
 class RoomCamera:
-    """A node's camera in the room: captures at the room's fps, timestamped on the node's clock."""
+    """A node's camera in the room: captures at its fps, timestamped on the node's clock.
+
+    Exact profile: capture k is taken at start + k / fps and returned then.
+    Other profiles: capture k starts at start + k / fps + jitter, is delivered
+    after exposure + readout + latency, and carries the node-clock time of its
+    delivery (what an application reading a real webcam sees); dropped
+    captures and stalls are skipped (counted in `dropped`).
+    """
 
     def __init__(self, room: SimulatedRoom, node: str, clock: NodeClock) -> None:
         self._room, self._node, self._clock = room, node, clock
-        self._period = 1.0 / room.fps
+        fps = room.camera_fps(node)
+        self._period = 1.0 / fps
         # Cameras start at different phases: their captures do not line up with screen changes.
         phase = (room.nodes.index(node) * 0.37 + room.seed * 0.11) % 1.0
         self._start = room.now() + phase * self._period
         self._k = 0
-        self.missed = 0  # capture slots skipped because nobody asked in time
+        self.missed = 0   # capture slots skipped because nobody asked in time
+        self.dropped = 0  # captures the camera lost (drops, stalls)
         self.closed = False
+        self._schedule = None
+        if not room.exact:
+            self._schedule = CaptureSchedule(room.params[node], fps, self._start, room._seed_seq,
+                                             room.nodes.index(node))
 
     async def recv(self) -> tuple[np.ndarray, float]:
         if self.closed:
             raise RuntimeError("camera is closed")
-        now = self._room.now()
-        late = int((now - self._start) / self._period) - self._k
-        if late > 0:  # a real camera keeps running while nobody reads it
-            self.missed += late
-            self._k += late
-        t = self._start + self._k * self._period
-        self._k += 1
-        delay = t - now
-        if delay > 0:
-            await asyncio.sleep(delay)
-        image = self._room._view(self._node, t)
-        return image, self._clock.now()
+        if self._schedule is None:
+            now = self._room.now()
+            late = int((now - self._start) / self._period) - self._k
+            if late > 0:  # a real camera keeps running while nobody reads it
+                self.missed += late
+                self._k += late
+            t = self._start + self._k * self._period
+            self._k += 1
+            delay = t - now
+            if delay > 0:
+                await asyncio.sleep(delay)
+            image = self._room._view(self._node, t)
+            return image, self._clock.now()
+        sched = self._schedule
+        wait = sched.deliver_delay()
+        while True:
+            now = self._room.now()
+            late = int((now - wait - self._start) / self._period) - self._k
+            if late > 0:
+                self.missed += late
+                self._k += late
+            k = self._k
+            self._k += 1
+            t, delivered, rng = sched.draw(k)
+            if not delivered:
+                self.dropped += 1
+                continue
+            delay = t + wait - now
+            if delay > 0:
+                await asyncio.sleep(delay)
+            image = self._room._render(self._node, t, rng, stream=True)
+            return image, self._clock.now()
 
     def close(self) -> None:
         self.closed = True
