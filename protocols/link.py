@@ -70,15 +70,26 @@ class LinkCodec:
         raw = cells.symbols_to_bytes(symbols, self.layout.colours, self.layout.frame_bytes)
         erasures = None
         if confidence is not None and self.code.nsym:
-            doubtful = confidence < erase_below
+            conf = np.asarray(confidence, np.float32)
+            bits = cells.bits_per_cell(self.layout.colours)
+            # byte j spans bits 8j..8j+7: cells (8j)//bits .. (8j+7)//bits; its confidence is their minimum
+            j = np.arange(self.layout.frame_bytes)
+            first, last = (8 * j) // bits, np.minimum((8 * j + 7) // bits, len(conf) - 1)
+            byte_conf = np.minimum(conf[first], conf[last])
+            if bits == 3:
+                byte_conf = np.minimum(byte_conf, conf[np.minimum(first + 1, len(conf) - 1)])
+            doubtful = byte_conf < erase_below
             if doubtful.any():
-                bits = cells.bits_per_cell(self.layout.colours)
-                # byte j spans bits 8j..8j+7, i.e. cells (8j)//bits .. (8j+7)//bits
-                j = np.arange(self.layout.frame_bytes)
-                first, last = (8 * j) // bits, (8 * j + 7) // bits
-                erasures = doubtful[first] | doubtful[np.minimum(last, len(doubtful) - 1)]
-                if bits == 3:  # a byte can span three cells
-                    erasures |= doubtful[np.minimum(first + 1, len(doubtful) - 1)]
+                # At most half of each codeword's parity goes to erasures (the least confident bytes):
+                # the rest still corrects errors the reader was sure about.
+                order = self.code._order()
+                erasures = np.zeros(self.layout.frame_bytes, bool)
+                cap = self.code.nsym // 2
+                for b in range(self.code.blocks):
+                    pos = order[b][doubtful[order[b]]]
+                    if len(pos) > cap:
+                        pos = pos[np.argsort(byte_conf[pos], kind="stable")[:cap]]
+                    erasures[pos] = True
         message, corrected = self.code.decode(self._scramble(raw), erasures)
         packet = frames.parse_message(message)
         wrong = 0

@@ -179,6 +179,20 @@ def _fit(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
     return np.linalg.solve(XtX, X.T @ Y)
 
 
+def _inverse3(m: np.ndarray) -> np.ndarray | None:
+    """Inverses of a stack of 3x3 matrices (n, 3, 3) by their adjugates; None if any is singular."""
+    a, b, c = m[:, 0, 0], m[:, 0, 1], m[:, 0, 2]
+    d, e, f = m[:, 1, 0], m[:, 1, 1], m[:, 1, 2]
+    g, h, i = m[:, 2, 0], m[:, 2, 1], m[:, 2, 2]
+    co = np.stack([e * i - f * h, c * h - b * i, b * f - c * e,
+                   f * g - d * i, a * i - c * g, c * d - a * f,
+                   d * h - e * g, b * g - a * h, a * e - b * d], axis=1).reshape(-1, 3, 3)
+    det = a * co[:, 0, 0] + b * co[:, 1, 0] + c * co[:, 2, 0]
+    if np.abs(det).min() < 1e-9:
+        return None
+    return co / det[:, None, None]
+
+
 class ColourModel:
     """Maps observed BGR to the screen's 0..1 BGR, fitted per frame. See the module doc."""
 
@@ -200,7 +214,23 @@ class ColourModel:
             return base
         return (base[:, :, None] * pos[:, None, :]).reshape(len(ideal), -1)  # (n, 16)
 
-    def correct(self, values: np.ndarray) -> np.ndarray | None:
+    def _decide(self, corrected: np.ndarray) -> np.ndarray:
+        """The screen colour each cell most likely showed (pilots: what they showed)."""
+        decided = (corrected > 0.5).astype(np.float32)
+        if self.layout.colours != 8:
+            sym, _ = classify(corrected[self.data_idx], self.layout.colours)
+            decided[self.data_idx] = self.ideal[sym]
+        decided[self.pilot_idx] = self.pilot_ideal
+        return decided
+
+    def _neighbours(self, decided: np.ndarray) -> np.ndarray:
+        """Mean screen colour of each cell's four neighbours (the white ring outside the grid)."""
+        g = np.ones((self.layout.rows + 2, self.layout.cols + 2, 3), np.float32)
+        g[1:-1, 1:-1] = decided.reshape(self.layout.rows, self.layout.cols, 3)
+        n = (g[:-2, 1:-1] + g[2:, 1:-1] + g[1:-1, :-2] + g[1:-1, 2:]) * 0.25
+        return n.reshape(-1, 3)
+
+    def correct(self, values: np.ndarray, iterations: int = 3) -> np.ndarray | None:
         """Observed (n_cells, 3) -> corrected (n_cells, 3) in screen units, or None if no fit."""
         obs_p = values[self.pilot_idx]
         X = self._design(self.pilot_ideal, None)
@@ -209,25 +239,26 @@ class ColourModel:
         if abs(np.linalg.det(M)) < 1e-3:
             return None
         corrected = (values - b) @ np.linalg.inv(M)
-        # Decision-directed refit with a position-dependent transform, from every confident cell.
-        for _ in range(2):
-            decided = (corrected > 0.5).astype(np.float32)
+        # Decision-directed refits from every confident cell: a colour transform that varies
+        # bilinearly over the frame, plus the light that blur carries over from the four neighbours.
+        for _ in range(iterations):
+            decided = self._decide(corrected)
+            neigh = self._neighbours(decided)
             conf = np.abs(corrected - 0.5).min(axis=1)
             use = conf > 0.2
             use[self.pilot_idx] = True
-            decided[self.pilot_idx] = self.pilot_ideal
             if use.sum() < 64:
                 break
-            X = self._design(decided[use], self.pos[use])
-            A = _fit(X, values[use])  # (16, 3)
-            A = A.reshape(4, 4, 3)  # [ideal/1 component, position term, output]
-            # Per cell: M(x, y) (3x3) and b(x, y); invert per cell.
-            Mxy = np.einsum("kpo,np->nko", A[:3], self.pos)  # (n, 3 in, 3 out)
-            bxy = np.einsum("po,np->no", A[3], self.pos)
-            try:
-                corrected = np.linalg.solve(np.transpose(Mxy, (0, 2, 1)), (values - bxy)[..., None])[..., 0]
-            except np.linalg.LinAlgError:
+            X = np.concatenate([self._design(decided[use], self.pos[use]), neigh[use]], axis=1)  # (n, 19)
+            A = _fit(X, values[use])
+            N = A[16:19]  # neighbours' colour -> observed
+            A = A[:16].reshape(4, 4, 3)  # [ideal/1 component, position term, output]
+            Mxy = (self.pos @ A[:3].transpose(1, 0, 2).reshape(4, 9)).reshape(-1, 3, 3)  # per cell (3 in, 3 out)
+            bxy = self.pos @ A[3] + neigh @ N
+            inv = _inverse3(Mxy)
+            if inv is None:
                 break
+            corrected = ((values - bxy)[:, :, None] * inv).sum(axis=1)
         return corrected.astype(np.float32)
 
 
@@ -256,7 +287,7 @@ def same_frame(a: np.ndarray, b: np.ndarray, level: float = 60.0, share: float =
 
 
 def read_quad(image: np.ndarray, quad: Quad, layout: GridLayout, model: ColourModel | None = None,
-              mixed_threshold: float = 0.5, sampled: tuple[np.ndarray, float] | None = None) -> ReadCode | None:
+              mixed_threshold: float = 0.3, sampled: tuple[np.ndarray, float] | None = None) -> ReadCode | None:
     """Read one code; None if its colours cannot be modelled (not a code, or unreadable)."""
     values, cell_px = sampled if sampled is not None else sample(image, quad, layout)
     model = model or ColourModel(layout)
