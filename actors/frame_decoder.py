@@ -62,6 +62,9 @@ class FrameDecoder(Actor):
         for quad in reader.find_quads(msg.image, self.grid):
             self.stats["codes_seen"] += 1
             sampled = reader.sample(msg.image, quad, self.grid)
+            if reader.is_idle(sampled[0], self.grid):
+                self.stats["idle_screens"] += 1
+                continue
             centre = quad.corners.mean(axis=0)
             # A screen holds each frame for several captures: once a frame was decoded, an unchanged
             # sampling of the same screen is not read again (a failed read is retried on the next capture).
@@ -125,6 +128,7 @@ class FrameDecoder(Actor):
         rejected = {k.removeprefix("frames_rejected_"): v for k, v in self.stats.items()
                     if k.startswith("frames_rejected_")}
         self.log.info("link_step", captures=self.stats["captures"], codes_seen=self.stats["codes_seen"],
+                      idle_screens=self.stats["idle_screens"],
                       captures_mixed=self.stats["captures_mixed"], frames_ok=self.stats["frames_ok"],
                       frames_repeated=self.stats["frames_repeated"], frames_rejected=rejected,
                       cells_wrong=self.stats["cells_wrong"], cells_read=self.stats["cells_read"], tensors=self.stats["tensors"],

@@ -6,8 +6,10 @@ Emits: nothing; it drives the injected screen. The payload is fountain coded
 one of them is a distinct packet (the source packets first, then repair
 packets), so the receiver rebuilds the tensor from any sufficient subset of
 the frames it caught. Consecutive frames alternate their parity marks, so a
-capture that mixes two of them is recognised. After the window the screen
-goes black.
+capture that mixes two of them is recognised. Between windows the screen
+shows its idle pattern (the ring around an even grey of the same mean light
+as a frame), so that the cameras' auto-exposure never sees the light change;
+when the node stops, the screen goes black.
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ class ScreenWriter(Actor):
         self.session = session
         self.sender_id = sender_id
         self._blank = layout.blank(screen_w, screen_h)
+        self._idle = layout.render_idle(codec.layout, screen_w, screen_h)
         self.shown_total = 0
+
+    async def run(self) -> None:
+        self.screen.show(self._idle)
+        await super().run()
 
     async def handle(self, msg: Show) -> None:
         structlog.contextvars.bind_contextvars(step=msg.step)
@@ -57,7 +64,7 @@ class ScreenWriter(Actor):
             self.screen.show(image)
             shown += 1
         await self.clock.sleep_until(msg.end)
-        self.screen.show(self._blank)
+        self.screen.show(self._idle)
         self.shown_total += shown
         self.ctx.results.setdefault("screen", {"frames_shown": 0})["frames_shown"] += shown
         self.log.debug("tensor_shown", stream=msg.stream, bytes=len(msg.payload), frames=shown, needed=needed)

@@ -147,6 +147,27 @@ def render(frame: bytes, layout: GridLayout, screen_w: int, screen_h: int, sende
     return screen
 
 
+IDLE_LEVEL = 186  # sRGB grey with the mean light of a random frame (half of full light at gamma 2.2)
+
+
+def render_idle(layout: GridLayout, screen_w: int, screen_h: int) -> np.ndarray:
+    """What a screen shows between tensors: the ring around an even grey of a data frame's mean light.
+
+    Cameras keep their exposure (auto-exposure sees the same light as during a transfer), and
+    readers recognise it at once (its pilots are all alike) instead of trying to decode it.
+    """
+    layout.check_fits(screen_w, screen_h)
+    r, c = layout.outer_cells
+    b, px = layout.border_cells, layout.cell_px
+    grid = np.full((r, c, 3), 255, np.uint8)
+    grid[b : b + layout.rows, b : b + layout.cols] = IDLE_LEVEL
+    code = np.repeat(np.repeat(grid, px, axis=0), px, axis=1)
+    screen = np.zeros((screen_h, screen_w, 3), dtype=np.uint8)
+    y0, x0 = (screen_h - code.shape[0]) // 2, (screen_w - code.shape[1]) // 2
+    screen[y0 : y0 + code.shape[0], x0 : x0 + code.shape[1]] = code
+    return screen
+
+
 def blank(screen_w: int, screen_h: int) -> np.ndarray:
     """What an idle screen shows: black."""
     return np.zeros((screen_h, screen_w, 3), dtype=np.uint8)

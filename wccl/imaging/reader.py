@@ -278,6 +278,13 @@ def classify(corrected: np.ndarray, colours: int) -> tuple[np.ndarray, np.ndarra
     return order[:, 0].astype(np.uint8), np.clip((d2 - d1) / np.sqrt(2), 0, 1).astype(np.float32)
 
 
+def is_idle(values: np.ndarray, layout: GridLayout, spread: float = 40.0) -> bool:
+    """The screen shows its idle pattern (all pilots alike), not a frame."""
+    pilots = values[layout.index(PILOT)]
+    lo, hi = np.percentile(pilots, [10, 90], axis=0)
+    return bool((hi - lo).max() < spread)
+
+
 def same_frame(a: np.ndarray, b: np.ndarray, level: float = 60.0, share: float = 0.02) -> bool:
     """Two cell samplings of one screen show the same frame (few cells changed by more than `level`)."""
     if a.shape != b.shape:

@@ -1,0 +1,123 @@
+"""The reader on camera-like images, and the decoder's filters."""
+
+from __future__ import annotations
+
+import asyncio
+
+import cv2
+import numpy as np
+import pytest
+
+from actors.frame_decoder import FrameDecoder
+from protocols import cells, frames
+from protocols.layout import GridLayout, render, render_idle
+from protocols.link import LinkCodec
+from protocols.messages import Capture, TensorReceived
+from wccl.harness import ActorHarness
+from wccl.imaging import reader
+from wccl.lab.bench import run_bench, with_overrides
+
+from conftest import make_config, run_virtual
+
+GRID = GridLayout(40, 70, 8, 12)
+CODEC = LinkCodec(GRID, 0.8)
+
+
+def _frame(i: int, sender: int = 1, session: int = 1, data: bytes | None = None) -> tuple[bytes, np.ndarray]:
+    data = data or bytes(np.random.default_rng(i).integers(0, 256, 500, dtype=np.uint8))
+    fb = CODEC.encode(data, count=1, session=session, sender=sender, stream="grad", step=i)[0]
+    return fb, render(fb, GRID, 1280, 720, sender=sender, parity=i & 1)
+
+
+def _camera(screen: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Perspective, blur, colour crosstalk, a brightness gradient and noise."""
+    H = cv2.getPerspectiveTransform(np.float32([[0, 0], [1280, 0], [1280, 720], [0, 720]]),
+                                    np.float32([[420, 180], [990, 215], [975, 520], [430, 505]]))
+    img = cv2.warpPerspective(screen, H, (1280, 720), flags=cv2.INTER_AREA).astype(np.float32)
+    img = cv2.GaussianBlur(img, (0, 0), 1.0)
+    m = np.array([[0.85, 0.12, 0.05], [0.1, 0.8, 0.15], [0.05, 0.2, 0.9]], np.float32)
+    ramp = np.linspace(0.75, 1.0, 1280, dtype=np.float32)[None, :, None]
+    img = (img @ m.T) * ramp * 0.85 + 18
+    img += np.random.default_rng(seed).normal(0, 3, img.shape).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def test_reads_a_code_through_perspective_blur_colour_cast_and_noise():
+    fb, screen = _frame(3, sender=1)
+    img = _camera(screen)
+    quads = reader.find_quads(img, GRID)
+    assert len(quads) == 1
+    code = reader.read_quad(img, quads[0], GRID)
+    assert code.sender == 1 and code.parity == 1 and not code.mixed
+    truth = cells.bytes_to_symbols(fb, GRID.colours, GRID.n_data)
+    assert (code.symbols != truth).mean() < 0.01
+    packet, wrong = CODEC.decode(code.symbols, code.confidence)
+    assert (packet.sender, packet.step) == (1, 3)
+
+
+def test_two_screens_in_one_image_are_both_found_with_their_senders():
+    _, a = _frame(1, sender=1)
+    _, b = _frame(2, sender=2)
+    img = np.zeros((720, 1280, 3), np.uint8)
+    img[100:460, 20:660] = cv2.resize(a, (640, 360), interpolation=cv2.INTER_AREA)
+    img[300:660, 660:1260] = cv2.resize(b, (600, 360), interpolation=cv2.INTER_AREA)
+    codes = reader.read_codes(img, GRID)
+    assert [c.sender for c in codes] == [1, 2]
+
+
+@pytest.mark.parametrize("kind", ["blend", "rolling_shutter"])
+def test_mixed_captures_are_flagged(kind):
+    _, a = _frame(4)  # parity 0
+    _, b = _frame(5)  # parity 1
+    if kind == "blend":
+        screen = ((a.astype(np.uint16) + b) // 2).astype(np.uint8)
+    else:  # rows above 400 still show frame a, rows below already frame b
+        screen = a.copy()
+        screen[400:] = b[400:]
+    code = reader.read_codes(_camera(screen), GRID)[0]
+    assert code.mixed
+
+
+def test_idle_screen_is_recognised_not_decoded():
+    img = _camera(render_idle(GRID, 1280, 720))
+    quads = reader.find_quads(img, GRID)
+    assert len(quads) == 1
+    values, _ = reader.sample(img, quads[0], GRID)
+    assert reader.is_idle(values, GRID)
+    _, screen = _frame(6)
+    v2, _ = reader.sample(_camera(screen), reader.find_quads(_camera(screen), GRID)[0], GRID)
+    assert not reader.is_idle(v2, GRID)
+
+
+def _decode_captures(images: list[np.ndarray], node_names=("alice", "bob"), me="alice"):
+    async def go():
+        async with ActorHarness(FrameDecoder, node=me, codec=CODEC, session=1, node_names=list(node_names),
+                                reassembler=frames.Reassembler()) as dec:
+            for i, img in enumerate(images):
+                await dec.send(Capture(sender=me, time=float(i), image=img, seq=i))
+            await dec.settle()
+        return dec.of_type(TensorReceived), dec.results["link"]
+
+    return run_virtual(go)
+
+
+def test_frames_of_another_session_or_an_unknown_sender_are_ignored():
+    data = bytes(range(200))
+    _, foreign = _frame(7, sender=1, session=2, data=data)
+    _, stranger = _frame(8, sender=9, data=data)
+    _, own = _frame(9, sender=0, data=data)  # alice's own frame, seen in a mirror
+    got, link = _decode_captures([foreign, stranger, own])
+    assert got == []
+    assert link["frames_foreign_session"] == 1 and link["frames_unknown_sender"] == 2
+    _, good = _frame(10, sender=1, data=data)
+    got, link = _decode_captures([good])
+    assert len(got) == 1 and got[0].payload == data and got[0].origin == "bob"
+
+
+def test_dropped_frames_are_covered_by_the_fountain_code():
+    """A camera that loses a third of its captures still gets every tensor, exactly."""
+    cfg = with_overrides(make_config(room={"channel": {"drop_prob": 0.35}}), "ideal",
+                         {"rows": 40, "cols": 70, "cell_px": 16, "hold_s": 0.1})
+    r = run_bench(cfg, nbytes=30_000, tensor_bytes=6_000, repair=1.0, extra=2)
+    assert r["tensors_delivered"] == r["tensors_sent"] == 5 and r["undetected_errors"] == 0
+    assert r["captures"] < 0.75 * r["sim_seconds"] * 30  # captures really were lost
