@@ -43,6 +43,8 @@ class NodeSpec(_Strict):
     roles: list[Role] = Field(min_length=1)
     camera: str = "room"
     screen: str = "room"
+    camera_file: str | None = None  # the recording a camera "file" replays
+    record_to: str | None = None  # record this node's camera stream to this file (.nut or .mkv)
     actors: dict[str, str] = Field(default_factory=dict)
     channel: dict[str, Any] = Field(default_factory=dict)
 
@@ -50,6 +52,8 @@ class NodeSpec(_Strict):
     def _unique_roles(self) -> NodeSpec:
         if len(set(self.roles)) != len(self.roles):
             raise ValueError(f"node {self.name!r} lists a role twice")
+        if self.camera == "file" and not self.camera_file:
+            raise ValueError(f"node {self.name!r}: camera 'file' needs camera_file (a recording)")
         unknown = sorted(set(self.actors) - set(ACTOR_NAMES))
         if unknown:
             raise ValueError(f"unknown actor(s) {', '.join(unknown)}; actors are {', '.join(ACTOR_NAMES)}")
@@ -262,6 +266,13 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
         if not folder.is_dir():
             raise ConfigError(f"{source}: training.dataset: no such folder: {folder}")
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"dataset": str(folder)})})
+    for i, node in enumerate(cfg.room.nodes):
+        if node.camera_file is not None:
+            path = Path(node.camera_file)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+            if not path.is_file():
+                raise ConfigError(f"{source}: room.nodes[{i}].camera_file: no such recording: {path}")
     return cfg
 
 

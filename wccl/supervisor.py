@@ -101,6 +101,10 @@ class NodeSupervisor:
         codec = cfg.link.codec()
         kw = dict(medium=self.medium, node=self.node, clock=self.clock, config=cfg)
         self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
+        if self.spec.record_to:
+            from wccl.room.record import RecordingCamera
+
+            self.camera = RecordingCamera(self.camera, self.spec.record_to, codec="x264rgb")
         screen = REGISTRY.create("screen", self.spec.screen, **kw)
         names = [n.name for n in room.nodes]
         replica = None

@@ -31,6 +31,12 @@ def _fake_camera(*, medium, node, clock, config):
     return FakeCamera(clock, config.camera.fps, width=config.screen.width, height=config.screen.height)
 
 
+def _file_camera(*, medium, node, clock, config):
+    from wccl.room.record import FileCamera
+
+    return FileCamera(config.room.node(node).camera_file, clock)
+
+
 def _recording_screen(*, medium, node, clock, config):
     return RecordingScreen(clock)
 
@@ -38,5 +44,6 @@ def _recording_screen(*, medium, node, clock, config):
 REGISTRY.register("medium", "simulated", _simulated, replace=True)
 REGISTRY.register("camera", "room", _room_camera, replace=True)
 REGISTRY.register("camera", "fake", _fake_camera, replace=True)
+REGISTRY.register("camera", "file", _file_camera, replace=True)
 REGISTRY.register("screen", "room", _room_screen, replace=True)
 REGISTRY.register("screen", "recording", _recording_screen, replace=True)
