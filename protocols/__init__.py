@@ -2,9 +2,12 @@
 
 - `messages`: the typed, frozen messages actors exchange on in-process queues.
 - `cells`: the cell colour codec (bytes <-> symbols <-> colours).
-- `frames`: the optical frame format (header, payload, checksum) and the
-  packetisation of a tensor's bytes into frames and back.
-- `layout`: where cells sit on a screen image, and how a frame is drawn.
+- `layout`: where cells sit on a screen image (data, pilots, parity marks,
+  sender strips), how a frame and the idle pattern are drawn.
+- `fec`: interleaved Reed-Solomon inside one frame.
+- `frames`: the frame message (header, fountain packet, check) and the
+  RaptorQ fountain code that cuts a tensor into packets and rebuilds it.
+- `link`: the whole codec, tensor bytes <-> cell symbols.
 - `tensors`: torch tensors <-> the bytes that travel.
 
 Nothing here imports any other package of ours.
