@@ -278,11 +278,19 @@ def classify(corrected: np.ndarray, colours: int) -> tuple[np.ndarray, np.ndarra
     return order[:, 0].astype(np.uint8), np.clip((d2 - d1) / np.sqrt(2), 0, 1).astype(np.float32)
 
 
-def is_idle(values: np.ndarray, layout: GridLayout, spread: float = 40.0) -> bool:
-    """The screen shows its idle pattern (all pilots alike), not a frame."""
-    pilots = values[layout.index(PILOT)]
-    lo, hi = np.percentile(pilots, [10, 90], axis=0)
-    return bool((hi - lo).max() < spread)
+def is_idle(values: np.ndarray, layout: GridLayout, residual: float = 20.0) -> bool:
+    """The screen shows its idle pattern (all pilots alike), not a frame.
+
+    The pilots' brightness minus a smooth (bilinear) surface over the frame, which takes out
+    vignetting and shading: an even grey leaves only noise, a frame's eight colours leave ~60 DN.
+    """
+    idx = layout.index(PILOT)
+    lum = values[idx].mean(axis=1)
+    r, c = np.divmod(idx, layout.cols)
+    u, v = c / max(1, layout.cols - 1) - 0.5, r / max(1, layout.rows - 1) - 0.5
+    X = np.stack([np.ones_like(u), u, v, u * v], axis=1).astype(np.float32)
+    coef = _fit(X, lum[:, None])
+    return bool(np.std(lum - (X @ coef)[:, 0]) < residual)
 
 
 def same_frame(a: np.ndarray, b: np.ndarray, level: float = 60.0, share: float = 0.02) -> bool:
