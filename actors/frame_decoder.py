@@ -6,7 +6,8 @@ each step).
 Emits: `TensorReceived` for every tensor rebuilt from frames whose checks
 passed and whose bytes match the tensor's digest.
 
-Per capture: find every code (wccl.imaging.reader), reject captures that mix
+Per capture: find every code (wccl.imaging.reader; tracked near where it
+was, the whole image searched again when one is lost), reject captures that mix
 two frames (parity marks), skip frames identical to one already decoded from
 the same screen, then error-correct, check and reassemble (protocols.link,
 protocols.frames). Frames from another session, from this node itself or
@@ -39,6 +40,7 @@ class FrameDecoder(Actor):
         self.codec = codec
         self.grid = codec.layout
         self.model = reader.ColourModel(codec.layout)
+        self.tracker = reader.QuadTracker(codec.layout)
         self.session = session
         self.node_names = node_names
         self.me = node_names.index(ctx.node)
@@ -59,7 +61,7 @@ class FrameDecoder(Actor):
             return
         self.stats["captures"] += 1
         previous, self.previous = self.previous, []
-        for quad in reader.find_quads(msg.image, self.grid):
+        for quad in self.tracker(msg.image):
             self.stats["codes_seen"] += 1
             sampled = reader.sample(msg.image, quad, self.grid)
             if reader.is_idle(sampled[0], self.grid):

@@ -121,3 +121,25 @@ def test_dropped_frames_are_covered_by_the_fountain_code():
     r = run_bench(cfg, nbytes=30_000, tensor_bytes=6_000, repair=1.0, extra=2)
     assert r["tensors_delivered"] == r["tensors_sent"] == 5 and r["undetected_errors"] == 0
     assert r["captures"] < 0.75 * r["sim_seconds"] * 30  # captures really were lost
+
+
+def test_tracker_follows_codes_and_searches_again_when_one_is_lost():
+    _, a = _frame(11, sender=1)
+    img = _camera(a)
+    tracker = reader.QuadTracker(GRID, redetect_every=100)
+    first = tracker(img)
+    assert len(first) == 1 and tracker.full_searches == 1
+    moved = np.zeros_like(img)
+    moved[:, 6:] = img[:, :-6]  # the screen moved 6 px to the right
+    again = tracker(moved)
+    assert tracker.full_searches == 1  # found near where it was
+    assert np.allclose(again[0].corners, first[0].corners + [6, 0], atol=1.0)
+    # A second screen appears far away: found at the next full search; the tracked one is kept meanwhile.
+    both = moved.copy()
+    both[:200, :400] = cv2.resize(img[150:550, 400:1000], (400, 200), interpolation=cv2.INTER_AREA)
+    tracker.redetect_every = 3
+    tracker(both)
+    assert len(tracker(both)) == 2
+    # The screen goes away: lost, so the whole image is searched again.
+    n = tracker.full_searches
+    assert tracker(np.zeros_like(img)) == [] and tracker.full_searches == n + 1

@@ -144,6 +144,45 @@ def find_quads(image: np.ndarray, layout: GridLayout, min_cell_px: float = 1.5) 
     return quads
 
 
+class QuadTracker:
+    """Finds codes frame after frame: near where they were, with a full search when one is lost.
+
+    Consumes camera images; emits the quads in each. A tracked code is looked for only in its
+    last bounding box grown by `margin` of its size; every `redetect_every` images, and whenever a
+    tracked code is not found again, the whole image is searched (a screen may have appeared).
+    """
+
+    def __init__(self, layout: GridLayout, margin: float = 0.15, redetect_every: int = 15) -> None:
+        self.layout = layout
+        self.margin = margin
+        self.redetect_every = redetect_every
+        self.quads: list[Quad] = []
+        self._since_full = 0
+        self.full_searches = 0
+
+    def __call__(self, image: np.ndarray) -> list[Quad]:
+        self._since_full += 1
+        if self.quads and self._since_full < self.redetect_every:
+            found = []
+            h, w = image.shape[:2]
+            for q in self.quads:
+                x, y, bw, bh = q.bbox
+                mx, my = int(bw * self.margin) + 4, int(bh * self.margin) + 4
+                x0, y0 = max(0, x - mx) // _DOWN * _DOWN, max(0, y - my) // _DOWN * _DOWN
+                x1, y1 = min(w, x + bw + mx), min(h, y + bh + my)
+                near = find_quads(image[y0:y1, x0:x1], self.layout)
+                if len(near) != 1:
+                    break
+                found.append(Quad(near[0].corners + np.array([x0, y0], np.float32)))
+            else:
+                self.quads = found
+                return found
+        self._since_full = 0
+        self.full_searches += 1
+        self.quads = find_quads(image, self.layout)
+        return self.quads
+
+
 def homography(quad: Quad, layout: GridLayout) -> np.ndarray:
     out_r, out_c = layout.outer_cells
     src = np.array([[0, 0], [out_c, 0], [out_c, out_r], [0, out_r]], np.float32)
