@@ -1,4 +1,4 @@
-"""`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`."""
+"""`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`; `python -m wccl.lab sweep --out DIR`."""
 
 from __future__ import annotations
 
@@ -25,7 +25,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="override a [link] key, e.g. --set cell_px=8 (repeatable)")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    from wccl.lab.sweep import add_arguments as sweep_arguments
+
+    s = sub.add_parser("sweep", help="run the bench over a grid of layouts; CSV, plots, summary, best [link]")
+    sweep_arguments(s)
     args = p.parse_args(argv)
+    if args.cmd == "sweep":
+        from wccl.lab.sweep import main as sweep_main
+
+        return sweep_main(args)
 
     from wccl.lab.bench import HACKATHON_LINK, run_bench, with_overrides
     from wccl.logs import configure_logging
