@@ -143,3 +143,16 @@ def test_tracker_follows_codes_and_searches_again_when_one_is_lost():
     # The screen goes away: lost, so the whole image is searched again.
     n = tracker.full_searches
     assert tracker(np.zeros_like(img)) == [] and tracker.full_searches == n + 1
+
+
+@pytest.mark.parametrize("colours", [2, 4, 8])
+def test_every_colour_count_reads_through_the_camera(colours):
+    grid = GridLayout(40, 70, colours, 12)
+    codec = LinkCodec(grid, 0.8)
+    data = bytes(range(120))
+    fb = codec.encode(data, count=1, session=1, sender=1, stream="avg", step=1)[0]
+    img = _camera(render(fb, grid, 1280, 720, sender=1, parity=1))
+    code = reader.read_codes(img, grid)[0]
+    assert not code.mixed and code.sender == 1
+    packet, _ = codec.decode(code.symbols, code.confidence)
+    assert packet.packet[4 : 4 + len(data)] == data

@@ -269,8 +269,39 @@ class ColourModel:
         n = (g[:-2, 1:-1] + g[2:, 1:-1] + g[1:-1, :-2] + g[1:-1, 2:]) * 0.25
         return n.reshape(-1, 3)
 
+    def _correct_per_channel(self, values: np.ndarray, iterations: int) -> np.ndarray | None:
+        """Two colours (black, white) cannot pin a 3x3 colour transform: fit each channel on its own,
+        with a gain and an offset varying bilinearly over the frame, plus the neighbours' bleed."""
+        obs_p = values[self.pilot_idx]
+        white = self.pilot_ideal[:, 0] > 0.5
+        if white.all() or not white.any():
+            return None
+        lo, hi = obs_p[~white].mean(axis=0), obs_p[white].mean(axis=0)
+        if (hi - lo).min() < 8:
+            return None
+        corrected = (values - lo) / (hi - lo)
+        for _ in range(iterations):
+            decided = self._decide(corrected)
+            neigh = self._neighbours(decided)
+            use = np.abs(corrected - 0.5).min(axis=1) > 0.2
+            use[self.pilot_idx] = True
+            if use.sum() < 32:
+                break
+            out = np.empty_like(corrected)
+            for ch in range(3):
+                X = np.concatenate([decided[use, ch : ch + 1] * self.pos[use], self.pos[use], neigh[use, ch : ch + 1]], 1)
+                a = _fit(X, values[use, ch : ch + 1])[:, 0]
+                gain = self.pos @ a[:4]
+                if np.abs(gain).min() < 1e-3:
+                    return None
+                out[:, ch] = (values[:, ch] - self.pos @ a[4:8] - neigh[:, ch] * a[8]) / gain
+            corrected = out
+        return corrected.astype(np.float32)
+
     def correct(self, values: np.ndarray, iterations: int = 3) -> np.ndarray | None:
         """Observed (n_cells, 3) -> corrected (n_cells, 3) in screen units, or None if no fit."""
+        if self.layout.colours == 2:
+            return self._correct_per_channel(values, iterations)
         obs_p = values[self.pilot_idx]
         X = self._design(self.pilot_ideal, None)
         A = _fit(X, obs_p)  # observed = [ideal, 1] @ A
