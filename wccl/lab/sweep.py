@@ -280,6 +280,15 @@ def _lines(recs: list[dict], x: str, group: Callable[[dict], Any]) -> dict[Any, 
     return {g: sorted(v, key=lambda r: r[x]) for g, v in sorted(out.items(), key=lambda kv: str(kv[0]))}
 
 
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
 def write_plots(out: Path, recs: list[dict]) -> list[Path]:
     import matplotlib
 
@@ -337,10 +346,7 @@ def write_plots(out: Path, recs: list[dict]) -> list[Path]:
         ax.set_ylabel("goodput (KB/s, tensors delivered intact)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    paths.append(out / PLOTS[0])
-    fig.savefig(paths[-1])
-    plt.close(fig)
+    paths.append(_save(fig, out / PLOTS[0]))
 
     # 2. raw and residual error against cell size
     fig, axes = plt.subplots(2, len(profiles), figsize=(8.8 * len(profiles), 7.2), squeeze=False, dpi=80)
@@ -369,10 +375,7 @@ def write_plots(out: Path, recs: list[dict]) -> list[Path]:
             ax.set_xlabel("cell size (screen px per cell; camera px per cell)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    paths.append(out / PLOTS[1])
-    fig.savefig(paths[-1])
-    plt.close(fig)
+    paths.append(_save(fig, out / PLOTS[1]))
 
     # 3. goodput against hold time, one line per cell size and colour count
     cells = sorted({r["cell_px"] for r in grid})
@@ -391,10 +394,7 @@ def write_plots(out: Path, recs: list[dict]) -> list[Path]:
         ax.set_ylabel("goodput (KB/s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    paths.append(out / PLOTS[2])
-    fig.savefig(paths[-1])
-    plt.close(fig)
+    paths.append(_save(fig, out / PLOTS[2]))
     return paths
 
 
