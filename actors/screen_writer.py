@@ -37,7 +37,6 @@ class ScreenWriter(Actor):
         self.sender_id = sender_id
         self._blank = layout.blank(screen_w, screen_h)
         self._idle = layout.render_idle(codec.layout, screen_w, screen_h)
-        self.shown_total = 0
 
     async def run(self) -> None:
         self.screen.show(self._idle)
@@ -65,7 +64,6 @@ class ScreenWriter(Actor):
             shown += 1
         await self.clock.sleep_until(msg.end)
         self.screen.show(self._idle)
-        self.shown_total += shown
         self.ctx.results.setdefault("screen", {"frames_shown": 0})["frames_shown"] += shown
         self.log.debug("tensor_shown", stream=msg.stream, bytes=len(msg.payload), frames=shown, needed=needed)
 

@@ -136,8 +136,12 @@ def render_cells(frame: bytes, layout: GridLayout, sender: int, parity: int) -> 
 def render(frame: bytes, layout: GridLayout, screen_w: int, screen_h: int, sender: int = 0,
            parity: int = 0) -> np.ndarray:
     """Draw one frame's bytes as a screen image (H x W x 3 uint8 BGR)."""
+    return _on_screen(render_cells(frame, layout, sender, parity), layout, screen_w, screen_h)
+
+
+def _on_screen(grid: np.ndarray, layout: GridLayout, screen_w: int, screen_h: int) -> np.ndarray:
+    """One colour per cell (ring included) drawn `cell_px` square, centred on a black screen."""
     layout.check_fits(screen_w, screen_h)
-    grid = render_cells(frame, layout, sender, parity)
     px = layout.cell_px
     code = np.repeat(np.repeat(grid, px, axis=0), px, axis=1)
     screen = np.zeros((screen_h, screen_w, 3), dtype=np.uint8)
@@ -156,16 +160,11 @@ def render_idle(layout: GridLayout, screen_w: int, screen_h: int) -> np.ndarray:
     Cameras keep their exposure (auto-exposure sees the same light as during a transfer), and
     readers recognise it at once (its pilots are all alike) instead of trying to decode it.
     """
-    layout.check_fits(screen_w, screen_h)
     r, c = layout.outer_cells
-    b, px = layout.border_cells, layout.cell_px
+    b = layout.border_cells
     grid = np.full((r, c, 3), 255, np.uint8)
     grid[b : b + layout.rows, b : b + layout.cols] = IDLE_LEVEL
-    code = np.repeat(np.repeat(grid, px, axis=0), px, axis=1)
-    screen = np.zeros((screen_h, screen_w, 3), dtype=np.uint8)
-    y0, x0 = (screen_h - code.shape[0]) // 2, (screen_w - code.shape[1]) // 2
-    screen[y0 : y0 + code.shape[0], x0 : x0 + code.shape[1]] = code
-    return screen
+    return _on_screen(grid, layout, screen_w, screen_h)
 
 
 def blank(screen_w: int, screen_h: int) -> np.ndarray:

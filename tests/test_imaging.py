@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 
 import cv2
 import numpy as np

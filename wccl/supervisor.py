@@ -22,7 +22,6 @@ import structlog
 
 from protocols.frames import Reassembler
 from protocols.messages import Message
-from wccl import media as _media  # noqa: F401  (the interfaces)
 from wccl.actor import Actor, ActorContext, Mailbox, MailboxClosed, Overflow
 from wccl.config import WcclConfig
 from wccl.media import parts as _parts  # noqa: F401  (registers media, cameras, screens)

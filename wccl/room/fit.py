@@ -26,7 +26,6 @@ import cv2
 import numpy as np
 
 from wccl.room import realcaps as rc
-from wccl.room.geometry import screen_size_m
 
 HERE = Path(__file__).resolve().parent
 SCREEN_PX = rc.SIZE            # the displayed PNG fills a 1024x1024 screen, pixel for pixel
