@@ -7,6 +7,7 @@ the supervisor (wccl.supervisor).
 from actors.camera_reader import CameraReader
 from actors.clock import Clock
 from actors.frame_decoder import FrameDecoder
+from actors.observer import Observer
 from actors.parameter_server import ParameterServer
 from actors.screen_writer import ScreenWriter
 from actors.worker import Worker
@@ -19,9 +20,10 @@ STANDARD = {
     "screen_writer": ScreenWriter,
     "worker": Worker,
     "parameter_server": ParameterServer,
+    "observer": Observer,
 }
 
 for _role, _cls in STANDARD.items():
     REGISTRY.register(f"actor.{_role}", "standard", _cls, replace=True)
 
-__all__ = ["CameraReader", "Clock", "FrameDecoder", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]
+__all__ = ["CameraReader", "Clock", "FrameDecoder", "Observer", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]

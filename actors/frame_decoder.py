@@ -2,9 +2,13 @@
 
 Consumes: `Capture` (its mailbox drops the oldest when decoding falls
 behind), `Tick` and `ScheduleDone` (to report and reset the link figures
-each step).
+each step). A node without a schedule (an observer, `ticks=False`) gets no
+ticks: it reports a step's figures when frames of a later step arrive, and
+the last step's when it finishes.
 Emits: `TensorReceived` for every tensor rebuilt from frames whose checks
-passed and whose bytes match the tensor's digest.
+passed and whose bytes match the tensor's digest, and `FrameTiming` for
+every trusted frame from a peer (its timestamps, for the clock sync; the
+capture time is the camera's, on this node's own clock).
 
 Per capture: find every code (wccl.imaging.reader; tracked near where it
 was, the whole image searched again when one is lost), reject captures that mix
@@ -24,7 +28,7 @@ import structlog
 
 from protocols import fec, frames
 from protocols.link import LinkCodec
-from protocols.messages import Capture, ScheduleDone, TensorReceived, Tick
+from protocols.messages import Capture, FrameTiming, ScheduleDone, ScheduleKnown, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext
 from wccl.imaging import reader
 
@@ -32,25 +36,39 @@ SAME_FRAME = 0.97  # share of identical data cells above which a read is the fra
 
 
 class FrameDecoder(Actor):
-    consumes = (Capture, Tick, ScheduleDone)
+    consumes = (Capture, Tick, ScheduleDone, ScheduleKnown)
 
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
-                 reassembler: frames.Reassembler) -> None:
+                 reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None) -> None:
         super().__init__(ctx)
+        self.ladder = ladder or [codec]
+        self.models = [reader.ColourModel(c.layout) for c in self.ladder]
+        # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
+        self.current: int | None = 0 if len(self.ladder) == 1 else None
+        self._order = list(range(len(self.ladder)))  # candidates to try, the last that worked first
         self.codec = codec
         self.grid = codec.layout
         self.model = reader.ColourModel(codec.layout)
-        self.tracker = reader.QuadTracker(codec.layout)
+        self.tracker = reader.QuadTracker(self.ladder[0].layout)
         self.session = session
         self.node_names = node_names
         self.me = node_names.index(ctx.node)
         self.reassembler = reassembler
         self.last: dict[int | None, np.ndarray] = {}  # per sender strip: symbols of the last decoded frame
-        self.previous: list[tuple[np.ndarray, np.ndarray]] = []  # (quad centre, cell samples) of the last capture
+        self.previous: list[tuple[np.ndarray, int, np.ndarray]] = []  # (quad centre, layout, cell samples) last capture
+        self._layout = 0  # the layout of the frame being read
         self.stats: Counter = Counter()
         self.totals: Counter = Counter()
+        self.ticks = ticks
+        self._frame_step = -1  # without ticks: the latest step seen in a frame
+        self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
 
-    async def handle(self, msg: Capture | Tick | ScheduleDone) -> None:
+    async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
+        if isinstance(msg, ScheduleKnown):
+            if msg.layout < len(self.ladder) and self.current != msg.layout:
+                self.current = msg.layout
+                self._use(msg.layout)
+            return
         if isinstance(msg, ScheduleDone):
             self._report(msg.steps - 1)
             return
@@ -63,34 +81,62 @@ class FrameDecoder(Actor):
         previous, self.previous = self.previous, []
         for quad in self.tracker(msg.image):
             self.stats["codes_seen"] += 1
-            sampled = reader.sample(msg.image, quad, self.grid)
-            if reader.is_idle(sampled[0], self.grid):
-                self.stats["idle_screens"] += 1
-                continue
-            centre = quad.corners.mean(axis=0)
-            # A screen holds each frame for several captures: once a frame was decoded, an unchanged
-            # sampling of the same screen is not read again (a failed read is retried on the next capture).
-            if any(np.abs(c - centre).max() < 8 and reader.same_frame(v, sampled[0]) for c, v in previous):
-                self.stats["frames_repeated"] += 1
-                self.previous.append((centre, sampled[0]))
-                continue
-            code = reader.read_quad(msg.image, quad, self.grid, self.model, sampled=sampled)
-            if code is None:
-                self.stats["frames_rejected_unreadable"] += 1
-                continue
-            if code.mixed:
-                self.stats["captures_mixed"] += 1
-                continue
-            delivered = self._accept(code)
-            if delivered is not False:
-                self.previous.append((centre, sampled[0]))
-            if delivered:
-                await self.emit(delivered)
+            order = [self.current] if self.current is not None else list(self._order)
+            for k in order:
+                self._use(k)
+                done = await self._read(msg, quad, previous)
+                if done:
+                    if self.current is None and self._order[0] != k:
+                        self._order.remove(k)
+                        self._order.insert(0, k)
+                    break
 
-    def _accept(self, code: reader.ReadCode) -> TensorReceived | None | bool:
+    def _use(self, k: int) -> None:
+        self._layout = k
+        self.codec = self.ladder[k]
+        self.grid = self.codec.layout
+        self.model = self.models[k]
+
+    async def _read(self, msg: Capture, quad: reader.Quad, previous: list) -> bool:
+        """Read one code in the current layout; True if this layout explains it (idle, repeated, read).
+
+        While the layout is not chosen, a False sends the caller on to the next candidate layout.
+        """
+        sampled = reader.sample(msg.image, quad, self.grid)
+        if reader.is_idle(sampled[0], self.grid):
+            self.stats["idle_screens"] += 1
+            return True
+        centre = quad.corners.mean(axis=0)
+        # A screen holds each frame for several captures: once a frame was decoded, an unchanged
+        # sampling of the same screen is not read again (a failed read is retried on the next capture).
+        k = self._layout
+        if any(lk == k and np.abs(c - centre).max() < 8 and reader.same_frame(v, sampled[0])
+               for c, lk, v in previous):
+            self.stats["frames_repeated"] += 1
+            self.previous.append((centre, k, sampled[0]))
+            return True
+        code = reader.read_quad(msg.image, quad, self.grid, self.model, sampled=sampled)
+        if code is None:
+            self.stats["frames_rejected_unreadable"] += 1
+            return False
+        if code.mixed:
+            self.stats["captures_mixed"] += 1
+            return self.current is not None  # in a wrong layout the parity marks are noise: try the others
+        delivered = self._accept(code, msg.time)
+        if delivered is not False:
+            self.previous.append((centre, k, sampled[0]))
+        for timing in self._timings:
+            await self.emit(timing)
+        self._timings.clear()
+        if delivered:
+            await self.emit(delivered)
+        return delivered is not False
+
+    def _accept(self, code: reader.ReadCode, captured: float) -> TensorReceived | None | bool:
         """The tensor this frame completes, None if none (frame used or ignored), False if it failed."""
         last = self.last.get(code.sender)
-        if last is not None and np.count_nonzero(last == code.symbols) >= SAME_FRAME * last.size:
+        if (last is not None and last.shape == code.symbols.shape
+                and np.count_nonzero(last == code.symbols) >= SAME_FRAME * last.size):
             self.stats["frames_repeated"] += 1
             return None
         try:
@@ -101,6 +147,9 @@ class FrameDecoder(Actor):
         except frames.FrameError as e:
             self.stats[f"frames_rejected_{e.reason}"] += 1
             return False
+        if (not self.ticks and packet.session == self.session and packet.stream in ("grad", "avg")
+                and packet.step > self._frame_step):
+            self._step_from_frames(packet.step)
         self.stats["cells_wrong"] += corrected
         self.stats["cells_doubtful"] += int((code.confidence < 0.15).sum())
         self.stats["cells_read"] += code.symbols.size
@@ -112,24 +161,34 @@ class FrameDecoder(Actor):
             self.stats["frames_unknown_sender"] += 1
             return None
         self.stats["frames_ok"] += 1
+        tm = packet.timing
+        peer = self.node_names[tm.echo_peer] if tm.echo_peer < len(self.node_names) else None
+        self._timings.append(FrameTiming(sender=self.ctx.node, time=self.clock.now(),
+                                         origin=self.node_names[packet.sender], shown=tm.shown_us / 1e6,
+                                         captured=captured, echo_peer=peer, echo_shown=tm.echo_shown_us / 1e6,
+                                         echo_captured=tm.echo_captured_us / 1e6, layout=self._layout))
         data = self.reassembler.add(packet)
         if data is None:
             return None
         self.stats["tensors"] += 1
+        self.stats[f"tensors_{packet.stream}"] += 1
         self.stats["tensor_bytes"] += len(data)
         return TensorReceived(sender=self.ctx.node, step=packet.step, time=self.clock.now(),
                               origin=self.node_names[packet.sender], stream=packet.stream,
-                              payload=data, frames=self.reassembler.last_packets)
+                              payload=data, frames=self.reassembler.last_packets, epoch=packet.epoch,
+                              base=packet.base)
 
     def _report(self, step: int) -> None:
-        if step < 0:
+        """Log the link figures since the last report: of `step`, or of the start-up (step -1)."""
+        if step < 0 and not self.stats:
             return
         losses = dict(self.reassembler.losses)
         self.reassembler.losses.clear()
-        structlog.contextvars.bind_contextvars(step=step)
+        if step >= 0:
+            structlog.contextvars.bind_contextvars(step=step)
         rejected = {k.removeprefix("frames_rejected_"): v for k, v in self.stats.items()
                     if k.startswith("frames_rejected_")}
-        self.log.info("link_step", captures=self.stats["captures"], codes_seen=self.stats["codes_seen"],
+        self.log.info("link_step" if step >= 0 else "link_startup", captures=self.stats["captures"], codes_seen=self.stats["codes_seen"],
                       idle_screens=self.stats["idle_screens"],
                       captures_mixed=self.stats["captures_mixed"], frames_ok=self.stats["frames_ok"],
                       frames_repeated=self.stats["frames_repeated"], frames_rejected=rejected,
@@ -142,7 +201,15 @@ class FrameDecoder(Actor):
             self.totals[f"loss_{k}"] += v
         self.stats.clear()
 
+    def _step_from_frames(self, step: int) -> None:
+        """No schedule on this node: a frame of a later step closes the figures of the last one."""
+        self._report(self._frame_step)
+        self.reassembler.forget_before(step - 1)
+        self._frame_step = step
+
     async def finish(self) -> None:
+        if not self.ticks:
+            self._report(self._frame_step)
         self.totals.update(self.stats)
         self.stats.clear()
         self.ctx.results["link"] = dict(self.totals)

@@ -1,14 +1,22 @@
 """Worker: one data-parallel replica that trains in lockstep with the others.
 
-Consumes: `Tick` (compute: make this step's gradient; apply: apply the
-averaged gradient), `TensorReceived` (the server's averaged gradient, read
-off its screen), `AveragedGradient` (the same, when the server is on this
-node), `ScheduleDone`.
+Consumes: `ScheduleKnown` (the schedule, the server's epoch, the step this
+node joins at), `Tick` (compute: make this step's gradient; apply: apply the
+averaged gradient), `TensorReceived` (the server's averaged gradients and
+snapshots, read off its screen), `AveragedGradient` and `Snapshot` (the
+same, when the server is on this node), `ScheduleDone`.
 Emits: `LocalGradient` when the server is on this node, otherwise `Show`
 (the gradient, on this node's screen during the uplink phase).
 
-A step whose average never arrived is skipped on this replica and counted
-(`average_missing`); it is never applied from a guess.
+The replica's state is numbered by the updates it has seen (`applied`) and
+the server's epoch. A gradient says which state it was computed on (`base`),
+and an average which state it applies to: an average is applied only to the
+state it was made for. A step whose average never arrived is skipped and
+counted (`average_missing`), never applied from a guess; the replica is then
+behind, and the server's next snapshot (`snapshot_adopted`) brings it back.
+A worker that joins late, or sees a new server epoch (the server resumed
+from a checkpoint), computes nothing until it has a snapshot; it then
+applies the averages it kept since, and trains in lockstep again.
 """
 
 from __future__ import annotations
@@ -18,76 +26,155 @@ from typing import Any
 
 import structlog
 
-from protocols.messages import AveragedGradient, LocalGradient, ScheduleDone, Show, TensorReceived, Tick
+from protocols import snapshot as snap
+from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, Show, Snapshot,
+                                TensorReceived, Tick)
 from protocols.tensors import bf16_to_bytes, bytes_to_bf16
 from wccl.actor import Actor, ActorContext
 from wccl.schedule import Schedule
 
+KEEP_AVERAGES = 256  # averages kept for catching up after a snapshot
+KEEP_DIGESTS = 64  # digests of own states kept, to check snapshots against
+
 
 class Worker(Actor):
-    consumes = (Tick, TensorReceived, AveragedGradient, ScheduleDone)
+    consumes = (ScheduleKnown, Tick, TensorReceived, AveragedGradient, Snapshot, ScheduleDone)
 
-    def __init__(self, ctx: ActorContext, replica: Any, schedule: Schedule, server: str,
-                 eval_every: int = 1) -> None:
+    def __init__(self, ctx: ActorContext, replica: Any, server: str, eval_every: int = 1) -> None:
         super().__init__(ctx)
         self.replica = replica
-        self.schedule = schedule
         self.server = server
         self.local_server = server == ctx.node
         self.eval_every = eval_every
         self.numel = replica.numel
-        self._averages: dict[int, bytes] = {}
+        self.schedule: Schedule | None = None
+        self.epoch = 0
+        self.applied = 0
+        self.has_state = False
+        self._averages: dict[tuple[int, int], bytes] = {}  # (epoch, base) -> averaged gradient
+        self._digests: dict[int, str] = {}
         self._losses: dict[int, float] = {}
-        self.results = ctx.results.setdefault("worker", {"applied": 0, "average_missing": 0})
+        self.results = ctx.results.setdefault("worker", {"applied": 0, "average_missing": 0, "snapshots_adopted": 0,
+                                                         "steps_without_state": 0})
 
     async def handle(self, msg: Any) -> None:
-        if isinstance(msg, Tick):
+        if isinstance(msg, ScheduleKnown):
+            self._schedule_known(msg)
+        elif isinstance(msg, Tick):
             structlog.contextvars.bind_contextvars(step=msg.step)
             if msg.phase == "compute":
                 await self._compute(msg.step)
             elif msg.phase == "apply":
                 self._apply(msg.step)
         elif isinstance(msg, AveragedGradient):
-            self._averages[msg.step] = msg.payload
+            self._keep_average(msg.epoch, msg.base, msg.payload)
+        elif isinstance(msg, Snapshot):
+            self._snapshot(msg.payload, "local")
         elif isinstance(msg, TensorReceived):
-            if msg.stream == "avg" and msg.origin == self.server:
-                self._averages[msg.step] = msg.payload
+            if msg.origin != self.server:
+                return
+            if msg.stream == "avg":
+                self._keep_average(msg.epoch, msg.base, msg.payload)
+            elif msg.stream == "params":
+                self._snapshot(msg.payload, "light")
         elif isinstance(msg, ScheduleDone):
             self._final()
 
+    def _schedule_known(self, msg: ScheduleKnown) -> None:
+        self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
+        if self.has_state and msg.epoch == self.epoch:
+            return
+        self.epoch = msg.epoch
+        # A fresh run: every replica starts from the same seed, the state of 0 updates. Otherwise wait
+        # for the server's snapshot.
+        self.has_state = msg.join_step == 0 and msg.applied == 0
+        self.applied = 0
+        if self.has_state:
+            self._digests[0] = snap.state_digest(self.replica.export_state())
+        else:
+            self.log.info("waiting_for_snapshot", epoch=msg.epoch, server_applied=msg.applied,
+                          join_step=msg.join_step)
+
+    def _keep_average(self, epoch: int, base: int, payload: bytes) -> None:
+        self._averages[(epoch, base)] = payload
+        if len(self._averages) > KEEP_AVERAGES:
+            del self._averages[min(self._averages, key=lambda k: (k[0], k[1]))]
+
     async def _compute(self, step: int) -> None:
+        if not self.has_state or self.schedule is None:
+            self.results["steps_without_state"] += 1
+            return
         grad, loss = self.replica.compute_gradient(step)
         payload = bf16_to_bytes(grad)
         self._losses[step] = loss
         fields = self.message_fields(step)
         if self.local_server:
-            await self.emit(LocalGradient(**fields, payload=payload, loss=loss))
+            await self.emit(LocalGradient(**fields, payload=payload, loss=loss, epoch=self.epoch, base=self.applied))
         else:
             w = self.schedule.window(step, "uplink")
-            await self.emit(Show(**fields, stream="grad", payload=payload, start=w.start, end=w.end))
-        self.log.debug("gradient_computed", loss=round(loss, 4), bytes=len(payload))
+            await self.emit(Show(**fields, stream="grad", payload=payload, start=w.start, end=w.end,
+                                 epoch=self.epoch, base=self.applied))
+        self.log.debug("gradient_computed", loss=round(loss, 4), bytes=len(payload), base=self.applied)
+
+    def _apply_one(self, payload: bytes) -> None:
+        self.replica.apply(bytes_to_bf16(payload, self.numel))
+        self.applied += 1
+        self.results["applied"] += 1
+        self._digests[self.applied] = snap.state_digest(self.replica.export_state())
+        for old in [a for a in self._digests if a < self.applied - KEEP_DIGESTS]:
+            del self._digests[old]
 
     def _apply(self, step: int) -> None:
-        payload = self._averages.pop(step, None)
-        for old in [s for s in self._averages if s < step]:
-            del self._averages[old]
         loss = self._losses.pop(step, float("nan"))
+        for old in [s for s in self._losses if s < step]:
+            del self._losses[old]
+        if not self.has_state:
+            return
+        payload = self._averages.pop((self.epoch, self.applied), None)
         if payload is None:
             self.results["average_missing"] += 1
-            self.log.warning("average_missing", loss=round(loss, 4))
+            self.log.warning("average_missing", loss=round(loss, 4), applied=self.applied)
             return
-        self.replica.apply(bytes_to_bf16(payload, self.numel))
-        self.results["applied"] += 1
-        fields: dict[str, Any] = {"loss": round(loss, 4)}
+        self._apply_one(payload)
+        fields: dict[str, Any] = {"loss": round(loss, 4), "applied": self.applied}
         if self.eval_every and (step + 1) % self.eval_every == 0:
             acc, test_loss = self.replica.evaluate()
             fields.update(test_accuracy=round(acc, 4), test_loss=round(test_loss, 4))
         self.log.info("step_applied", **fields)
 
+    def _snapshot(self, payload: bytes, via: str) -> None:
+        try:
+            s = snap.decode_snapshot(payload)
+        except snap.SnapshotError as e:
+            self.log.warning("snapshot_rejected", error=str(e))
+            return
+        if self.has_state and s.epoch == self.epoch:
+            mine = self._digests.get(s.applied)
+            if s.applied <= self.applied and mine == s.digest():
+                return  # the state it shows is one this replica went through: in lockstep
+            if s.applied > self.applied or mine is not None:
+                reason = "behind" if s.applied > self.applied else "state_mismatch"
+            else:
+                return  # too old to check
+        else:
+            reason = "no_state" if not self.has_state else "new_epoch"
+        if s.epoch < self.epoch:
+            return
+        self.replica.import_state(s.arrays)
+        self.epoch, self.applied, self.has_state = s.epoch, s.applied, True
+        self._digests = {s.applied: s.digest()}
+        caught_up = 0
+        while (payload_next := self._averages.pop((self.epoch, self.applied), None)) is not None:
+            self._apply_one(payload_next)
+            caught_up += 1
+        self.results["snapshots_adopted"] += 1
+        self.log.info("snapshot_adopted", reason=reason, via=via, snapshot_applied=s.applied, epoch=s.epoch,
+                      caught_up=caught_up, applied=self.applied)
+
     def _final(self) -> None:
         acc, test_loss = self.replica.evaluate()
         params = self.replica.parameters_flat()
-        self.results.update(test_accuracy=acc, test_loss=test_loss,
+        self.results.update(test_accuracy=acc, test_loss=test_loss, state_applied=self.applied, epoch=self.epoch,
                             params_sha256=hashlib.sha256(params.numpy().tobytes()).hexdigest())
         self.log.info("worker_finished", test_accuracy=round(acc, 4), applied=self.results["applied"],
-                      average_missing=self.results["average_missing"])
+                      average_missing=self.results["average_missing"], state_applied=self.applied)

@@ -8,12 +8,22 @@ packets rebuild the tensor, whichever frames were lost.
 One frame carries one packet. The frame's message (what the inner
 Reed-Solomon code protects, see `fec`) is:
 
-    header (24 bytes, big endian)
-      magic 0xC7 | version u8 | session u16 | sender u8 | stream u8 | step u32 |
-      transfer_len u32 | digest (8 bytes: BLAKE2b-64 of the whole tensor) | packet_size u16
+    header (55 bytes, big endian)
+      magic 0xC7 | version u8 | session u16 | sender u8 | stream u8 | epoch u16 | step u32 | base u32 |
+      transfer_len u32 | digest (8 bytes: BLAKE2b-64 of the whole tensor) | packet_size u16 |
+      shown_us i64 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64
     packet (packet_size bytes: RaptorQ payload id + symbol)
     check (8 bytes: BLAKE2b-64 of header + packet)
     zero padding up to the message size
+
+`epoch` is the parameter server's incarnation (it grows each time the server
+resumes from a checkpoint) and `base` the number of updates the model state
+behind the tensor had seen: a gradient computed on another state, or an
+average meant for another state, is recognised as such. The timing fields
+are the clock sync's (wccl.sync): when the sender's screen showed this
+frame (its own clock, microseconds), and an echo of one frame it saw from
+`echo_peer` (that frame's `shown_us`, and when the sender's camera caught
+it, on the sender's clock); `echo_peer` 255 means none.
 
 A frame is trusted only if its check matches (after error correction); a
 tensor only if its rebuilt bytes match the digest. Everything else is a
@@ -32,16 +42,17 @@ import raptorq
 from protocols.messages import StreamKind
 
 MAGIC = 0xC7
-VERSION = 2
-_HEADER = struct.Struct(">BBHBBII8sH")
-HEADER_BYTES = _HEADER.size  # 24
+VERSION = 3
+_HEADER = struct.Struct(">BBHBBHIII8sHqBqq")
+HEADER_BYTES = _HEADER.size  # 55
+NO_PEER = 0xFF
 CHECK_BYTES = 8
 PAYLOAD_ID_BYTES = 4
 OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 SYMBOL_ALIGN = 8
 MIN_SYMBOL = 64  # the raptorq package pads smaller packets beyond the size asked for
 
-STREAM_IDS: dict[StreamKind, int] = {"grad": 1, "avg": 2}
+STREAM_IDS: dict[StreamKind, int] = {"grad": 1, "avg": 2, "params": 3, "sync": 4}
 STREAM_NAMES: dict[int, StreamKind] = {v: k for k, v in STREAM_IDS.items()}
 
 
@@ -71,6 +82,16 @@ def packet_size_for(message_bytes: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Timing:
+    """A frame's clock-sync fields (microseconds on the node clocks named)."""
+
+    shown_us: int = 0  # the sender's clock when its screen showed the frame
+    echo_peer: int = NO_PEER  # the node whose frame is echoed (NO_PEER: none)
+    echo_shown_us: int = 0  # that frame's shown_us (the peer's clock)
+    echo_captured_us: int = 0  # when the sender's camera caught it (the sender's clock)
+
+
+@dataclass(frozen=True, slots=True)
 class Packet:
     """One trusted frame's content."""
 
@@ -81,6 +102,9 @@ class Packet:
     transfer_len: int
     digest: bytes
     packet: bytes
+    epoch: int = 0
+    base: int = 0
+    timing: Timing = Timing()
 
     @property
     def packet_id(self) -> int:
@@ -93,35 +117,63 @@ def source_packets(transfer_len: int, packet_size: int) -> int:
     return max(1, -(-transfer_len // symbol))
 
 
-def encode_tensor(data: bytes, *, message_bytes: int, count: int, session: int, sender: int,
-                  stream: StreamKind, step: int) -> list[bytes]:
-    """`count` frame messages for `data`: the source packets first, then repair packets.
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """A tensor cut into fountain packets (source packets first, then repair)."""
 
-    If `count` is smaller than the number of source packets, the first `count`
-    are returned (the receiver cannot rebuild the tensor from them alone).
-    """
+    length: int
+    digest: bytes
+    packet_size: int
+    packets: tuple[bytes, ...]
+
+
+def fountain(data: bytes, *, message_bytes: int, count: int) -> Transfer:
+    """`count` fountain packets for `data` (fewer if `count` < K: then it cannot be rebuilt)."""
     if not data:
         raise ValueError("cannot send an empty tensor")
     psize = packet_size_for(message_bytes)
     k = source_packets(len(data), psize)
     enc = raptorq.Encoder.with_defaults(data, psize)
-    packets = enc.get_encoded_packets(max(0, count - k))
-    head = _HEADER.pack(MAGIC, VERSION, session, sender, STREAM_IDS[stream], step, len(data), digest(data), psize)
-    out = []
-    for p in packets[:count]:
+    packets = [bytes(p) for p in enc.get_encoded_packets(max(0, count - k))][:count]
+    for p in packets:
         if len(p) != psize:
             raise RuntimeError(f"fountain packet of {len(p)} bytes, expected {psize}")
-        body = head + bytes(p)
-        msg = body + _check(body)
-        out.append(msg + bytes(message_bytes - len(msg)))
-    return out
+    return Transfer(len(data), digest(data), psize, tuple(packets))
+
+
+def frame_message(transfer: Transfer, index: int, *, message_bytes: int, session: int, sender: int,
+                  stream: StreamKind, step: int, epoch: int = 0, base: int = 0,
+                  timing: Timing = Timing()) -> bytes:
+    """The frame message (header, packet `index`, check, padding) for one frame of `transfer`."""
+    head = _HEADER.pack(MAGIC, VERSION, session, sender, STREAM_IDS[stream], epoch, step, base, transfer.length,
+                        transfer.digest, transfer.packet_size, timing.shown_us, timing.echo_peer,
+                        timing.echo_shown_us, timing.echo_captured_us)
+    body = head + transfer.packets[index]
+    msg = body + _check(body)
+    return msg + bytes(message_bytes - len(msg))
+
+
+def encode_tensor(data: bytes, *, message_bytes: int, count: int, session: int, sender: int,
+                  stream: StreamKind, step: int, epoch: int = 0, base: int = 0,
+                  timing: Timing = Timing()) -> list[bytes]:
+    """`count` frame messages for `data`: the source packets first, then repair packets.
+
+    If `count` is smaller than the number of source packets, the first `count`
+    are returned (the receiver cannot rebuild the tensor from them alone).
+    """
+    t = fountain(data, message_bytes=message_bytes, count=count)
+    return [frame_message(t, i, message_bytes=message_bytes, session=session, sender=sender, stream=stream,
+                          step=step, epoch=epoch, base=base, timing=timing) for i in range(len(t.packets))]
 
 
 def parse_message(msg: bytes) -> Packet:
     """Check and decode one frame message; raises FrameError for anything untrustworthy."""
     if len(msg) < OVERHEAD_BYTES + PAYLOAD_ID_BYTES:
         raise FrameError("short_frame", f"{len(msg)} bytes")
-    magic, version, session, sender, stream_id, step, tlen, dig, psize = _HEADER.unpack_from(msg)
+    if len(msg) < HEADER_BYTES + CHECK_BYTES:
+        raise FrameError("short_frame", f"{len(msg)} bytes")
+    (magic, version, session, sender, stream_id, epoch, step, base, tlen, dig, psize, shown, peer, echo_shown,
+     echo_captured) = _HEADER.unpack_from(msg)
     end = HEADER_BYTES + psize
     if magic != MAGIC:
         raise FrameError("bad_magic")
@@ -136,7 +188,8 @@ def parse_message(msg: bytes) -> Packet:
         raise FrameError("unknown_stream", str(stream_id))
     if tlen == 0:
         raise FrameError("bad_length", "empty tensor")
-    return Packet(session, sender, STREAM_NAMES[stream_id], step, tlen, dig, bytes(msg[HEADER_BYTES:end]))
+    return Packet(session, sender, STREAM_NAMES[stream_id], step, tlen, dig, bytes(msg[HEADER_BYTES:end]),
+                  epoch, base, Timing(shown, peer, echo_shown, echo_captured))
 
 
 @dataclass
@@ -149,14 +202,15 @@ class Reassembler:
     """
 
     max_pending: int = 64
-    _decoders: dict[tuple[int, str, int], tuple[tuple[int, bytes, int], object, set[int]]] = field(default_factory=dict)
-    _done: dict[tuple[int, str, int], bytes] = field(default_factory=dict)
+    _decoders: dict[tuple[int, str, int, int], tuple[tuple[int, bytes, int], object, set[int]]] = field(
+        default_factory=dict)
+    _done: dict[tuple[int, str, int, int], bytes] = field(default_factory=dict)
     losses: Counter = field(default_factory=Counter)
     duplicates: int = 0
     last_packets: int = 0  # packets the last rebuilt tensor took
 
     def add(self, p: Packet) -> bytes | None:
-        key = (p.sender, p.stream, p.step)
+        key = (p.sender, p.stream, p.step, p.epoch)
         if key in self._done:
             self.duplicates += 1
             return None
@@ -188,16 +242,26 @@ class Reassembler:
             return None
         return data
 
-    def packets_seen(self, sender: int, stream: str, step: int) -> int:
-        entry = self._decoders.get((sender, stream, step))
+    def packets_seen(self, sender: int, stream: str, step: int, epoch: int = 0) -> int:
+        entry = self._decoders.get((sender, stream, step, epoch))
         return len(entry[2]) if entry else 0
 
+    # Streams whose tensors may be shown over several steps: kept this many steps longer.
+    SLOW_STREAMS = {"params": 64, "sync": 64}
+
     def forget_before(self, step: int) -> int:
-        """Drop unfinished tensors of steps before `step`; returns how many there were."""
-        stale = [k for k in self._decoders if k[2] < step]
+        """Drop unfinished tensors of steps before `step`; returns how many there were.
+
+        A snapshot ("params") is numbered by the state it holds and shown over
+        the following steps, so it is kept longer.
+        """
+        def old(k: tuple) -> bool:
+            return k[2] < step - self.SLOW_STREAMS.get(k[1], 0)
+
+        stale = [k for k in self._decoders if old(k)]
         for k in stale:
             del self._decoders[k]
-        self._done = {k: v for k, v in self._done.items() if k[2] >= step}
+        self._done = {k: v for k, v in self._done.items() if not old(k)}
         if stale:
             self.losses["incomplete_tensor"] += len(stale)
         return len(stale)

@@ -55,11 +55,21 @@ class LinkCodec:
         return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
 
     def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: StreamKind,
-               step: int) -> list[bytes]:
-        """`count` frames' bytes (what `layout.render` draws) for a tensor."""
+               step: int, epoch: int = 0, base: int = 0) -> list[bytes]:
+        """`count` frames' bytes (what `layout.render` draws) for a tensor (timing fields zero)."""
         msgs = frames.encode_tensor(data, message_bytes=self.message_bytes, count=count, session=session,
-                                    sender=sender, stream=stream, step=step)
+                                    sender=sender, stream=stream, step=step, epoch=epoch, base=base)
         return [self._scramble(self.code.encode(m)) for m in msgs]
+
+    def fountain(self, data: bytes, count: int) -> frames.Transfer:
+        """A tensor's `count` fountain packets, to be framed one at a time with `frame`."""
+        return frames.fountain(data, message_bytes=self.message_bytes, count=count)
+
+    def frame(self, transfer: frames.Transfer, index: int, **header) -> bytes:
+        """Frame bytes for packet `index` of `transfer`; `header`: session, sender, stream, step,
+        epoch, base, timing (frames.frame_message). Made just before it is shown, so the timing is fresh."""
+        msg = frames.frame_message(transfer, index, message_bytes=self.message_bytes, **header)
+        return self._scramble(self.code.encode(msg))
 
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                erase_below: float = 0.15) -> tuple[frames.Packet, int]:

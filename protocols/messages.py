@@ -16,8 +16,10 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-StreamKind = Literal["grad", "avg"]
-"""`grad`: a worker's gradient for the server; `avg`: the server's averaged gradient."""
+StreamKind = Literal["grad", "avg", "params", "sync"]
+"""`grad`: a worker's gradient for the server; `avg`: the server's averaged gradient;
+`params`: the server's snapshot of the training state (protocols.snapshot);
+`sync`: a node's start-up / rejoin frames (protocols.sync)."""
 
 PhaseName = str
 
@@ -59,12 +61,52 @@ class Capture(Message):
 
 
 class Show(Message):
-    """Ask the ScreenWriter to show `payload` as frames from `start` to `end` (node clock)."""
+    """Ask the ScreenWriter to show `payload` as frames from `start` to `end` (schedule time).
+
+    `epoch` and `base` go into every frame's header (protocols.frames): the server's
+    incarnation, and how many updates the state behind the tensor had seen.
+    """
 
     stream: StreamKind
     payload: bytes
     start: float
     end: float
+    epoch: int = Field(default=0, ge=0, le=0xFFFF)
+    base: int = Field(default=0, ge=0)
+    local: bool = False  # start and end are on the node's own clock (before its clock is synced)
+    packet_offset: int = Field(default=0, ge=0)  # continue a tensor shown before: its first packet number
+    probe: bool = False  # start-up with an auto layout: each frame in the next layout of the ladder, in turn
+
+
+class FrameTiming(Message):
+    """A trusted frame from `origin` was read: its clock-sync fields (protocols.frames.Timing).
+
+    `shown` is on `origin`'s clock, `captured` on this node's own clock; the echo (if
+    `echo_peer` is set) is `origin` saying when its camera caught a frame of `echo_peer`.
+    """
+
+    origin: str
+    shown: float
+    captured: float
+    echo_peer: str | None = None
+    echo_shown: float = 0.0
+    echo_captured: float = 0.0
+    layout: int = 0  # which layout of the ladder the frame was in
+
+
+class ScheduleKnown(Message):
+    """The step schedule (on the server's clock, as this node's Clock maps it) and the server's
+    state: step 0 starts at `t0`; `epoch` is the server's incarnation, `applied` its update count
+    when it announced; `join_step` is the first step this node takes part in."""
+
+    control: ClassVar[bool] = True
+    t0: float
+    phases: tuple[tuple[str, float], ...]
+    steps: int
+    epoch: int
+    applied: int
+    join_step: int
+    layout: int = 0  # the layout (of the ladder) every frame uses from now on
 
 
 class TensorReceived(Message):
@@ -74,6 +116,15 @@ class TensorReceived(Message):
     stream: StreamKind
     payload: bytes
     frames: int = Field(ge=1)
+    epoch: int = 0
+    base: int = 0
+
+
+class Snapshot(Message):
+    """The server's training state (protocols.snapshot bytes) for the worker on its own node."""
+
+    control: ClassVar[bool] = True
+    payload: bytes
 
 
 class LocalGradient(Message):
@@ -81,6 +132,8 @@ class LocalGradient(Message):
 
     payload: bytes
     loss: float
+    epoch: int = 0
+    base: int = 0
 
 
 class AveragedGradient(Message):
@@ -88,6 +141,8 @@ class AveragedGradient(Message):
 
     payload: bytes
     contributors: tuple[str, ...]
+    epoch: int = 0
+    base: int = 0
 
 
 ALL_MESSAGES: tuple[type[Message], ...] = (
@@ -95,7 +150,10 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     ScheduleDone,
     Capture,
     Show,
+    FrameTiming,
+    ScheduleKnown,
     TensorReceived,
+    Snapshot,
     LocalGradient,
     AveragedGradient,
 )

@@ -35,6 +35,8 @@ def make_config(**sections: Any) -> WcclConfig:
     """The shipped config with sections overridden, e.g. make_config(training={"steps": 3})."""
     data = deep_update(shipped_config_dict(), sections)
     data.setdefault("logging", {})["format"] = "json"
+    if "dashboard" not in sections:  # the shipped dashboard listens on a fixed port: tests ask for it
+        data.setdefault("dashboard", {})["enabled"] = False
     return parse_config(data, "test-config", ROOT)
 
 

@@ -42,38 +42,36 @@ def _reference_sha(cfg) -> str:
 def test_optical_run_is_bit_exact_with_in_process_reference():
     cfg = make_config(training={"steps": 6, "eval_every": 0})
     result = run_room(cfg)
-    shas = {n: r["worker"]["params_sha256"] for n, r in result["nodes"].items()}
-    assert result["applied"] == 6 and result["replicas_identical"]
+    shas = {n: (r.get("worker") or r["observer"])["params_sha256"] for n, r in result["nodes"].items()}
+    assert len(shas) == 3 and result["applied"] == 6 and result["replicas_identical"]  # and carol, the observer
     assert set(shas.values()) == {_reference_sha(cfg)}
-    # Everything that crossed between the nodes came through the cameras.
-    for node in ("alice", "bob"):
-        assert result["link"][node]["tensors"] == 6
-        # A 3 s window shows 3 distinct fountain frames (2 would do for 1,340 bytes); each is read once.
-        assert result["link"][node]["frames_ok"] == 18
+    # Everything that crossed between the nodes came through the cameras: bob's gradients, alice's averages,
+    # and their clocks (bob's clock is off by seconds, and runs at its own rate).
+    assert result["link"]["alice"]["tensors_grad"] == 6 and result["link"]["bob"]["tensors_avg"] == 6
+    assert result["link"]["bob"]["tensors_sync"] > 0 and result["link"]["alice"]["tensors_sync"] > 0
+    bob_clock = result["nodes"]["bob"]["clock"]
+    assert abs(bob_clock["offset_s"]) > 1.0 and bob_clock["residual_max_ms"] < 15
 
 
-def test_camera_swapped_for_a_fake_through_the_registry():
-    # Bob's camera has its lens cap on: he never sees the average, so he never applies one,
-    # while Alice (who sees Bob's screen) keeps training. No other path exists between them.
-    cfg = make_config(training={"steps": 3, "eval_every": 0},
-                      room={"nodes": [{"name": "alice", "roles": ["server", "worker"]},
-                                      {"name": "bob", "roles": ["worker"], "camera": "fake"}]})
-    result = run_room(cfg)
-    bob, alice = result["nodes"]["bob"]["worker"], result["nodes"]["alice"]["worker"]
-    assert bob["applied"] == 0 and bob["average_missing"] == 3
-    assert alice["applied"] == 3 and result["nodes"]["alice"]["server"]["gradient_missing"] == 0
-    assert result["link"]["bob"].get("codes_seen", 0) == 0
-    assert result["replicas_identical"] is False
-
-
-def test_blind_server_averages_nothing_and_says_so():
-    cfg = make_config(training={"steps": 2, "eval_every": 0},
-                      room={"nodes": [{"name": "alice", "roles": ["server", "worker"], "camera": "fake"},
-                                      {"name": "bob", "roles": ["worker"]}]})
-    result = run_room(cfg)
-    server = result["nodes"]["alice"]["server"]
-    assert server == {"reduced": 0, "gradient_missing": 2, "skipped": 2}
-    assert result["applied"] == 0
+@pytest.mark.parametrize("blind", ["bob", "alice"])
+def test_camera_swapped_for_a_fake_through_the_registry(blind, _quiet_logs):
+    # One camera has its lens cap on. Bob then never reads alice's frames (or alice never reads bob's, so
+    # she never echoes them): his clock cannot sync with the server's, and he says so and stops, instead of
+    # training out of step. No other path exists between them.
+    nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]
+    nodes[0 if blind == "alice" else 1]["camera"] = "fake"
+    # (a restart cannot fix that: the node fails at once, whatever its restart policy)
+    cfg = make_config(training={"steps": 3, "eval_every": 0}, sync={"timeout_s": 4.0}, room={"nodes": nodes})
+    with pytest.raises(BaseExceptionGroup) as eg:
+        run_room(cfg)
+    failed = eg.value.subgroup(NodeFailed).exceptions
+    assert len(failed) == 1 and "node bob: clock: no clock sync with the server 'alice'" in str(failed[0])
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
+    timeout = [e for e in events if e["event"] == "sync_timeout"]
+    assert len(timeout) == 1 and timeout[0]["node"] == "bob"
+    assert not any(e["event"] == "actor_restarted" for e in events)
+    assert timeout[0]["server_frames" if blind == "bob" else "echoes"] == 0
+    assert not any(e["event"] == "step_applied" for e in events)
 
 
 def test_fake_camera_frames_decode_to_the_tensor_they_show():
@@ -155,7 +153,7 @@ def test_nodes_share_no_state_but_the_room():
     from wccl.node import RoomRun
 
     async def go():
-        run = RoomRun(make_config(training={"steps": 1}))
+        run = RoomRun(make_config(training={"steps": 1}, dashboard={"enabled": True, "port": 0}))
         for sup in run.supervisors:
             sup.build()
         return run
@@ -177,6 +175,8 @@ def test_nodes_share_no_state_but_the_room():
                 continue
             if obj is run.stop or obj is run:  # the room run's stop button is the laptop's power switch
                 continue
+            if obj is run.monitor:  # the dashboard's tap: every node writes to it, it never answers one
+                continue
             seen[id(obj)] = obj
             todo.extend(gc.get_referents(obj))
             if isinstance(obj, torch.Tensor):
@@ -184,18 +184,21 @@ def test_nodes_share_no_state_but_the_room():
         return seen
 
     room = reachable(medium)  # the room and everything in it: the light between the laptops
-    a, b = (reachable(s, room) for s in run.supervisors)
-    shared = [a[i] for i in a.keys() & b.keys()]
-    mutable = [o for o in shared if not isinstance(o, immutable + (enum.Enum, np.dtype, torch.dtype, torch.device))]
-    # Room parts (screens/cameras) are views of the medium: each node has its own.
-    assert not mutable, [type(o).__name__ for o in mutable][:20]
-    arrays_a = [id(o) for o in a.values() if isinstance(o, (np.ndarray, torch.Tensor))]
-    assert arrays_a  # the walk really went through the node's data and model
+    assert len(run.supervisors) == 3 and run.monitor is not None  # trainers, the observer, the dashboard
+    graphs = [reachable(s, room) for s in run.supervisors]
+    for i, a in enumerate(graphs):
+        for b in graphs[i + 1:]:
+            shared = [a[k] for k in a.keys() & b.keys()]
+            mutable = [o for o in shared
+                       if not isinstance(o, immutable + (enum.Enum, np.dtype, torch.dtype, torch.device))]
+            # Room parts (screens/cameras) are views of the medium: each node has its own.
+            assert not mutable, [type(o).__name__ for o in mutable][:20]
+        assert [o for o in a.values() if isinstance(o, (np.ndarray, torch.Tensor))]  # it went through data, models
     # ...and it would see a back channel: a queue both nodes hold.
     back_channel = asyncio.Queue()
     for sup in run.supervisors:
         sup.deps["worker"]["side_door"] = back_channel
-    a, b = (reachable(s, room) for s in run.supervisors)
+    a, b = (reachable(s, room) for s in run.supervisors[:2])
     assert id(back_channel) in a.keys() & b.keys()
 
 
@@ -222,7 +225,7 @@ def test_sigint_shuts_down_cleanly():
     events = [json.loads(x)["event"] for x in (lines + out.splitlines()) if x.startswith("{")]
     assert p.returncode == 130, err
     assert "Traceback" not in err
-    assert events.count("node_finished") == 2 and "run_interrupted" in events
+    assert events.count("node_finished") == 3 and "run_interrupted" in events  # alice, bob, carol (observer)
     assert "run_finished" not in events
 
 

@@ -44,13 +44,17 @@ frame_args = st.fixed_dictionaries(
     {
         "session": st.integers(0, 0xFFFF),
         "sender": st.integers(0, 255),
-        "stream": st.sampled_from(["grad", "avg"]),
+        "stream": st.sampled_from(["grad", "avg", "params", "sync"]),
         "step": st.integers(0, 2**32 - 1),
+        "epoch": st.integers(0, 0xFFFF),
+        "base": st.integers(0, 2**32 - 1),
+        "timing": st.builds(frames.Timing, st.integers(-2**63, 2**63 - 1), st.integers(0, 255),
+                            st.integers(-2**63, 2**63 - 1), st.integers(-2**63, 2**63 - 1)),
     }
 )
 
 
-@given(data=st.binary(min_size=1, max_size=5000), meta=frame_args, message_bytes=st.integers(100, 1500),
+@given(data=st.binary(min_size=1, max_size=5000), meta=frame_args, message_bytes=st.integers(131, 1500),
        drop=st.integers(0, 5), seed=st.integers(0, 1000))
 @settings(max_examples=60, deadline=None)
 def test_fountain_frames_round_trip_whatever_frames_are_lost(data, meta, message_bytes, drop, seed):
@@ -62,7 +66,8 @@ def test_fountain_frames_round_trip_whatever_frames_are_lost(data, meta, message
     out = None
     for i in keep:
         p = frames.parse_message(msgs[i])
-        assert (p.session, p.sender, p.stream, p.step) == (meta["session"], meta["sender"], meta["stream"], meta["step"])
+        assert (p.session, p.sender, p.stream, p.step, p.epoch, p.base, p.timing) == (
+            meta["session"], meta["sender"], meta["stream"], meta["step"], meta["epoch"], meta["base"], meta["timing"])
         out = r.add(p) or out
     assert out == data
 
@@ -113,7 +118,7 @@ def test_reassembler_counts_duplicates_conflicts_and_digest_mismatch():
 
 
 def test_frame_errors_have_reasons():
-    good = frames.encode_tensor(b"hello", message_bytes=100, count=1, session=1, sender=1, stream="grad", step=0)[0]
+    good = frames.encode_tensor(b"hello", message_bytes=140, count=1, session=1, sender=1, stream="grad", step=0)[0]
     with pytest.raises(frames.FrameError) as e:
         frames.parse_message(b"\x00" + good[1:])
     assert e.value.reason == "bad_magic"
@@ -154,7 +159,7 @@ def test_reed_solomon_corrects_below_capacity_and_never_miscorrects_silently(rat
 
 def test_link_codec_detects_what_it_cannot_correct():
     """Far above capacity: RS fails or the check catches a miscorrection; never a wrong packet."""
-    g = layout.GridLayout(20, 30, 4, 4)
+    g = layout.GridLayout(24, 30, 4, 4)
     codec = link.LinkCodec(g, 0.8)
     data = bytes(range(60))
     assert codec.frames_needed(len(data)) == 1

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from actors.clock import Clock
-from protocols.messages import Capture, ScheduleDone, Tick
+from protocols import sync
+from protocols.messages import Capture, ScheduleDone, Show, Tick
 from wccl.actor import Mailbox, MailboxClosed, Overflow
 from wccl.harness import ActorHarness
 from wccl.schedule import Schedule
@@ -131,11 +132,22 @@ def test_schedule_windows_are_absolute():
         Schedule(t0=0, phases=(("a", 0.0),))
 
 
+def clock_deps(schedule: Schedule, steps: int, **over):
+    """A parameter server's Clock with a fixed schedule starting at `schedule.t0`."""
+    from wccl.config import SyncConfig
+
+    deps = dict(role="server", node_names=["alice", "bob"], server="alice", steps=steps, preset="custom",
+                phases=list(schedule.phases), start_s=schedule.t0, hold_s=0.1, frames_needed={"grad": 1, "avg": 1},
+                margin_frames=2, work_s=0.1, min_guard_s=0.05, sync_cfg=SyncConfig())
+    deps.update(over)
+    return deps
+
+
 def test_clock_actor_ticks_on_deadlines_under_virtual_time():
     schedule = Schedule(t0=1.0, phases=(("compute", 0.5), ("uplink", 3.0), ("reduce", 0.5), ("downlink", 3.0), ("apply", 1.0)))
 
     async def go():
-        async with ActorHarness(Clock, node="alice", schedule=schedule, steps=3) as h:
+        async with ActorHarness(Clock, node="alice", **clock_deps(schedule, steps=3)) as h:
             await h.task  # the clock ends by itself
             loop_end = asyncio.get_running_loop().time()
         return h.outputs, loop_end
@@ -148,4 +160,7 @@ def test_clock_actor_ticks_on_deadlines_under_virtual_time():
         assert m.time == pytest.approx(w.start, abs=1e-9) and (m.start, m.end) == (w.start, w.end)
     assert [m.phase for m in ticks[:5]] == ["compute", "uplink", "reduce", "downlink", "apply"]
     assert isinstance(outs[-1], ScheduleDone) and outs[-1].steps == 3
+    # Before step 0 the server shows its announcement of the schedule (sync frames).
+    shows = [m for m in outs if isinstance(m, Show) and m.stream == "sync"]
+    assert shows and shows[0].start == pytest.approx(0.0) and sync.decode(shows[0].payload).t0_us == 1_000_000
     assert loop_end == pytest.approx(25.0)

@@ -35,6 +35,11 @@ class Overflow(enum.StrEnum):
     DROP_NEWEST = "drop_newest"  # the new message is dropped and counted
 
 
+class GiveUp(Exception):
+    """An actor's failure that no restart can fix (e.g. its node cannot sync with the server): the
+    supervisor fails the node at once, with this message, instead of restarting the actor."""
+
+
 class MailboxClosed(Exception):
     """The mailbox was closed: no more messages will come (or be accepted)."""
 

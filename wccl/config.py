@@ -17,8 +17,8 @@ from protocols.layout import GridLayout
 from protocols.link import LinkCodec
 
 NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
-Role = Literal["server", "worker"]
-PhaseName = Literal["compute", "uplink", "reduce", "downlink", "apply"]
+Role = Literal["server", "worker", "observer"]
+PhaseName = Literal["compute", "uplink", "reduce", "downlink", "apply", "guard"]
 PHASE_ORDER: tuple[str, ...] = ("compute", "uplink", "reduce", "downlink", "apply")
 ACTOR_NAMES: tuple[str, ...] = (
     "clock",
@@ -27,6 +27,7 @@ ACTOR_NAMES: tuple[str, ...] = (
     "screen_writer",
     "worker",
     "parameter_server",
+    "observer",
 )
 
 
@@ -38,6 +39,46 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class WebcamOptions(_Strict):
+    """A real webcam (camera = "webcam", wccl/media/webcam.py): `webcam = {device = 0, ...}` on a node."""
+
+    device: int | str = 0  # camera index (0: the first) or device path (/dev/video2)
+    backend: Literal["auto", "v4l2", "avfoundation", "dshow", "msmf", "any"] = "auto"  # auto: by platform
+    width: int = Field(default=1280, ge=16, le=7680)
+    height: int = Field(default=720, ge=16, le=4320)
+    fps: float | None = Field(default=None, gt=0, le=240)  # default: [camera] fps
+    mjpeg: bool = True  # ask for MJPEG (USB cameras reach 720p/30 only compressed)
+    lock_exposure: bool = True  # after settle_s on auto, fix the exposure auto chose (or `exposure`)
+    exposure: float | None = None  # a manual exposure, in the driver's units
+    lock_white_balance: bool = True  # likewise for white balance (or `white_balance_k`)
+    white_balance_k: int | None = Field(default=None, ge=1000, le=15000)
+    lock_focus: bool = True  # autofocus off (focus hunting blurs the cells)
+    settle_s: float = Field(default=2.0, ge=0, le=60)
+    buffer: int = Field(default=4, ge=1, le=64)  # captures kept for the decoder; older ones are dropped
+
+
+class WindowOptions(_Strict):
+    """The window frames are shown in (screen = "window", wccl/media/window.py): `window = {...}` on a node."""
+
+    fullscreen: bool = True  # fullscreen on the monitor containing (x, y); False: a window at (x, y)
+    x: int = 0
+    y: int = 0
+
+
+class DesktopOptions(_Strict):
+    """The desktop loopback (room.medium = "desktop"): windows side by side on one X display, filmed by x11grab."""
+
+    display: str | None = None  # X display (default: $DISPLAY)
+    x: int = Field(default=0, ge=0)  # the first window's top-left corner; the others follow to its right
+    y: int = Field(default=0, ge=0)
+    gap_px: int = Field(default=32, ge=0)  # between windows
+    margin_px: int = Field(default=8, ge=0)  # captured around the other windows
+
+
+CAMERAS_OF_MEDIUM = {"room": "simulated", "webcam": "hardware", "x11grab": "desktop"}
+SCREENS_OF_MEDIUM = {"room": ("simulated",), "window": ("hardware", "desktop")}
+
+
 class NodeSpec(_Strict):
     name: NodeName
     roles: list[Role] = Field(min_length=1)
@@ -47,13 +88,26 @@ class NodeSpec(_Strict):
     record_to: str | None = None  # record this node's camera stream to this file (.nut or .mkv)
     actors: dict[str, str] = Field(default_factory=dict)
     channel: dict[str, Any] = Field(default_factory=dict)
+    # The simulated room's clock of this laptop against the room's true time (drawn from the room's
+    # seed within room.clock_offset_max_s / clock_drift_max_ppm when not given).
+    clock_offset_s: float | None = Field(default=None, ge=-86400, le=86400)
+    clock_drift_ppm: float | None = Field(default=None, ge=-10000, le=10000)
+    webcam: WebcamOptions | None = None  # camera "webcam": device, resolution, fps, MJPEG, locks
+    window: WindowOptions | None = None  # screen "window": fullscreen or placed
 
     @model_validator(mode="after")
     def _unique_roles(self) -> NodeSpec:
         if len(set(self.roles)) != len(self.roles):
             raise ValueError(f"node {self.name!r} lists a role twice")
+        if "observer" in self.roles and len(self.roles) > 1:
+            raise ValueError(f"node {self.name!r}: an observer only watches; it cannot also be "
+                             f"{' or '.join(r for r in self.roles if r != 'observer')}")
         if self.camera == "file" and not self.camera_file:
             raise ValueError(f"node {self.name!r}: camera 'file' needs camera_file (a recording)")
+        if self.webcam is not None and self.camera != "webcam":
+            raise ValueError(f"node {self.name!r}: webcam options need camera = 'webcam' (it is {self.camera!r})")
+        if self.window is not None and self.screen != "window":
+            raise ValueError(f"node {self.name!r}: window options need screen = 'window' (it is {self.screen!r})")
         unknown = sorted(set(self.actors) - set(ACTOR_NAMES))
         if unknown:
             raise ValueError(f"unknown actor(s) {', '.join(unknown)}; actors are {', '.join(ACTOR_NAMES)}")
@@ -64,16 +118,29 @@ class NodeSpec(_Strict):
 
 
 class RoomConfig(_Strict):
-    medium: Literal["simulated"] = "simulated"
+    medium: Literal["simulated", "hardware", "desktop"] = "simulated"
     profile: str = "exact"
     channel: dict[str, Any] = Field(default_factory=dict)
     clock: Literal["virtual", "realtime"] = "virtual"
     seed: int = 0
     session: int = Field(default=1, ge=0, le=0xFFFF)
+    clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
+    clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this
     nodes: list[NodeSpec] = Field(min_length=2, max_length=255)
+    desktop: DesktopOptions = DesktopOptions()  # medium "desktop" only
 
     @model_validator(mode="after")
     def _roles_work(self) -> RoomConfig:
+        for n in self.nodes:
+            want = CAMERAS_OF_MEDIUM.get(n.camera)
+            if want is not None and want != self.medium:
+                raise ValueError(f"node {n.name!r}: camera {n.camera!r} needs medium {want!r} (medium is {self.medium!r})")
+            media = SCREENS_OF_MEDIUM.get(n.screen)
+            if media is not None and self.medium not in media:
+                raise ValueError(f"node {n.name!r}: screen {n.screen!r} needs medium {' or '.join(map(repr, media))} "
+                                 f"(medium is {self.medium!r})")
+        if self.medium != "simulated" and self.clock != "realtime":
+            raise ValueError(f"medium {self.medium!r} runs real devices: set clock = \"realtime\"")
         names = [n.name for n in self.nodes]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -102,6 +169,10 @@ class RoomConfig(_Strict):
     def workers(self) -> list[str]:
         return [n.name for n in self.nodes if "worker" in n.roles]
 
+    @property
+    def observers(self) -> list[str]:
+        return [n.name for n in self.nodes if "observer" in n.roles]
+
     def index(self, name: str) -> int:
         """The node's number on the wire (its position in the room)."""
         return [n.name for n in self.nodes].index(name)
@@ -116,6 +187,26 @@ class CameraConfig(_Strict):
     fps: float = Field(default=30.0, gt=0, le=240)
 
 
+class LadderStep(_Strict):
+    """One candidate layout for `choose = "auto"` (border and pilots as in [link])."""
+
+    rows: int = Field(ge=6, le=512)
+    cols: int = Field(ge=22, le=512)
+    colours: Literal[2, 4, 8]
+    cell_px: int = Field(ge=1, le=256)
+    hold_s: float = Field(gt=0, le=60)
+    code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
+
+
+# Densest first: the layouts the link lab measured best under `webcam` (60x110, 10 px, 8 colours) and
+# with a margin (52x98, 12 px), and the one that still works under `harsh` (40x70, 16 px, 4 colours).
+DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
+    dict(rows=60, cols=110, colours=8, cell_px=10, hold_s=0.083, code_rate=0.8),
+    dict(rows=52, cols=98, colours=8, cell_px=12, hold_s=0.1, code_rate=0.8),
+    dict(rows=40, cols=70, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
+)
+
+
 class LinkConfig(_Strict):
     rows: int = Field(default=40, ge=6, le=512)
     cols: int = Field(default=70, ge=22, le=512)
@@ -126,11 +217,29 @@ class LinkConfig(_Strict):
     hold_s: float = Field(default=1.0, gt=0, le=60)
     code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
 
+    # "pinned": the layout above. "auto": at start-up every node shows its frames in each layout of the
+    # ladder in turn; the server picks the densest one that got through both ways (`min_frames_ok`).
+    choose: Literal["pinned", "auto"] = "pinned"
+    ladder: list[LadderStep] | None = None  # auto: candidate layouts, densest first (default DEFAULT_LADDER)
+    min_frames_ok: float = Field(default=0.5, gt=0, le=1)
+
     def layout(self) -> GridLayout:
         return GridLayout(self.rows, self.cols, self.colours, self.cell_px, self.border_cells, self.pilot_spacing)
 
     def codec(self) -> LinkCodec:
         return LinkCodec(self.layout(), self.code_rate)
+
+    def steps(self) -> list[LadderStep]:
+        """The layouts a node may use: the pinned one, or the ladder."""
+        if self.choose == "pinned":
+            return [LadderStep(rows=self.rows, cols=self.cols, colours=self.colours, cell_px=self.cell_px,
+                               hold_s=self.hold_s, code_rate=self.code_rate)]
+        return list(self.ladder) if self.ladder else [LadderStep(**d) for d in DEFAULT_LADDER]
+
+    def ladder_codecs(self) -> list[tuple[LinkCodec, float]]:
+        """(codec, hold_s) of each layout a node may use (one when pinned)."""
+        return [(LinkCodec(GridLayout(s.rows, s.cols, s.colours, s.cell_px, self.border_cells, self.pilot_spacing),
+                           s.code_rate), s.hold_s) for s in self.steps()]
 
 
 class Phase(_Strict):
@@ -148,24 +257,51 @@ HACKATHON_PHASES: tuple[tuple[str, float], ...] = (
 
 
 class ScheduleConfig(_Strict):
-    preset: Literal["hackathon", "custom"] = "hackathon"
+    preset: Literal["auto", "hackathon", "custom"] = "auto"
     phases: list[Phase] | None = None
-    start_s: float = Field(default=1.0, ge=0)
+    start_s: float = Field(default=6.0, ge=0)  # start-up (clock sync, link measurement) before step 0
+    # auto: data phases hold the frames a tensor needs, divided by the share of frames that got
+    # through at start-up, plus this many spare frames; compute, reduce and apply last `work_s`.
+    margin_frames: int = Field(default=2, ge=0, le=100)
+    work_s: float = Field(default=0.1, gt=0, le=60)
+    min_guard_s: float = Field(default=0.05, ge=0, le=60)
 
     @model_validator(mode="after")
     def _phases(self) -> ScheduleConfig:
         if self.preset == "custom" and self.phases is None:
             raise ValueError("preset 'custom' needs a 'phases' list")
-        if self.preset == "hackathon" and self.phases is not None:
+        if self.preset != "custom" and self.phases is not None:
             raise ValueError("'phases' is only read with preset = 'custom'")
-        if self.phases is not None and tuple(p.name for p in self.phases) != PHASE_ORDER:
-            raise ValueError(f"phases must be exactly {', '.join(PHASE_ORDER)}, in that order")
+        if self.phases is not None:
+            names = tuple(p.name for p in self.phases)
+            if names not in (PHASE_ORDER, PHASE_ORDER + ("guard",)):
+                raise ValueError(f"phases must be exactly {', '.join(PHASE_ORDER)} (and optionally guard), in that order")
         return self
 
     def resolved(self) -> list[tuple[str, float]]:
+        """The phases of a fixed schedule (auto: the server sizes them at start-up, see wccl.sync)."""
         if self.phases is None:
             return list(HACKATHON_PHASES)
         return [(p.name, p.seconds) for p in self.phases]
+
+
+class SyncConfig(_Strict):
+    """Optical clock sync (wccl/clocksync.py, actors/clock.py)."""
+
+    min_samples: int = Field(default=6, ge=2, le=1000)  # samples each way before a node counts as synced
+    window_s: float = Field(default=90.0, gt=1)  # samples older than this are forgotten (drift moves them)
+    bin_s: float = Field(default=3.0, gt=0)  # the minimum-delay envelope takes one sample per bin
+    timeout_s: float = Field(default=120.0, gt=0)  # a worker that cannot sync in this long fails
+    log_every: int = Field(default=10, ge=1)  # log `clock_synced` every N steps
+
+
+class RecoveryConfig(_Strict):
+    """Snapshots over the light (rejoining nodes) and checkpoints on the server's disk."""
+
+    snapshot_every: int = Field(default=10, ge=1)  # the server shows its state every N steps (and on request)
+    checkpoint_every: int = Field(default=10, ge=0)  # the server writes a checkpoint every N steps (0: never)
+    checkpoint_dir: str = "checkpoints"  # relative to the config file's folder
+    resume: bool = False  # the server resumes from its checkpoint (`python -m wccl.node --resume`)
 
 
 class TrainingConfig(_Strict):
@@ -209,6 +345,17 @@ class SupervisionConfig(_Strict):
         return self.actors.get(actor, self.default)
 
 
+class DashboardConfig(_Strict):
+    """The live web page (wccl/dashboard): served from the run's own event loop."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)  # 0: any free port (the URL is logged)
+    linger_s: float = Field(default=0.0, ge=0)  # wall seconds to keep serving after the run (Ctrl-C ends it)
+    wait_for_page_s: float = Field(default=0.0, ge=0)  # hold the run (wall seconds at most) until a page watches
+    thumbs_per_s: float = Field(default=2.0, gt=0, le=30)  # camera thumbnails per second per camera
+
+
 class WcclConfig(_Strict):
     room: RoomConfig
     screen: ScreenConfig = ScreenConfig()
@@ -218,12 +365,17 @@ class WcclConfig(_Strict):
     training: TrainingConfig = TrainingConfig()
     logging: LoggingConfig = LoggingConfig()
     supervision: SupervisionConfig = SupervisionConfig()
+    sync: SyncConfig = SyncConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
+    dashboard: DashboardConfig = DashboardConfig()
 
     @model_validator(mode="after")
     def _fits(self) -> WcclConfig:
         try:
             self.link.layout().check_fits(self.screen.width, self.screen.height)
             self.link.codec()
+            for codec, _ in self.link.ladder_codecs():
+                codec.layout.check_fits(self.screen.width, self.screen.height)
         except ValueError as e:
             raise ValueError(f"link: {e}") from None
         q = self.training.quorum
@@ -266,6 +418,9 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
         if not folder.is_dir():
             raise ConfigError(f"{source}: training.dataset: no such folder: {folder}")
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"dataset": str(folder)})})
+    ckpt = Path(cfg.recovery.checkpoint_dir)
+    if not ckpt.is_absolute() and base_dir is not None:
+        cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"checkpoint_dir": str(base_dir / ckpt)})})
     for i, node in enumerate(cfg.room.nodes):
         if node.camera_file is not None:
             path = Path(node.camera_file)

@@ -16,7 +16,7 @@ from typing import Any
 
 from protocols.messages import Message
 from wccl.actor import Actor, ActorContext, Mailbox, Overflow
-from wccl.timebase import NodeClock
+from wccl.timebase import NodeClock, SyncedClock
 
 
 class ActorHarness:
@@ -35,7 +35,7 @@ class ActorHarness:
         self.outputs.append(msg)
 
     async def __aenter__(self) -> ActorHarness:
-        self.clock = self.clock or NodeClock(origin=0.0)
+        self.clock = self.clock or SyncedClock(NodeClock(origin=0.0))
         self.inbox = Mailbox(f"{self.node}.harness", self.capacity, self.overflow)
         self.ctx = ActorContext(node=self.node, actor=self.actor_cls.__name__, clock=self.clock,
                                 inbox=self.inbox, emit=self._emit, results=self.results)

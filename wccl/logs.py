@@ -4,6 +4,8 @@ Events are constant snake_case names with key=value fields. `node`, `actor`
 and `step` come from contextvars (bound by the supervisor and the actors), and
 `t` is the room's time (virtual or real seconds) when an event loop runs.
 Console renderer on a terminal, JSON lines otherwise (or when asked).
+Taps (`add_tap`) are shown a copy of every event that passes the level
+filter: the live dashboard reads the run's events this way.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import structlog
@@ -26,6 +29,25 @@ def _add_room_time(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
+_TAPS: list[Callable[[dict[str, Any]], None]] = []
+
+
+def add_tap(tap: Callable[[dict[str, Any]], None]) -> None:
+    """Show `tap` every event from now on (it must not block and must not log)."""
+    _TAPS.append(tap)
+
+
+def remove_tap(tap: Callable[[dict[str, Any]], None]) -> None:
+    if tap in _TAPS:
+        _TAPS.remove(tap)
+
+
+def _feed_taps(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    for tap in list(_TAPS):
+        tap(dict(event))
+    return event
+
+
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
     """Configure structlog for this process. `fmt`: auto | console | json."""
     stream = stream or sys.stdout
@@ -35,6 +57,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         _add_room_time,
+        _feed_taps,
     ]
     if fmt == "json":
         processors += [

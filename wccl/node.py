@@ -4,7 +4,8 @@ The composition root: the one module of `wccl` that imports `actors` (which
 register themselves), builds the medium named in config, runs one
 NodeSupervisor per node on one event loop (virtual or real time), and ends
 with a `run_finished` event. Exit status: 0 done, 1 a node failed,
-2 bad config or bad arguments, 130 interrupted (Ctrl-C / SIGTERM).
+2 bad config or bad arguments, 3 no display (a window was asked for),
+4 no camera, 130 interrupted (Ctrl-C / SIGTERM, or Esc in a node's window).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +23,29 @@ import structlog
 
 from wccl.config import ConfigError, WcclConfig, load_config
 from wccl.logs import configure_logging
+from wccl.media.display import DeviceError
 from wccl.registry import REGISTRY, UnknownPart
 from wccl.timebase import new_loop
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+@dataclass(frozen=True)
+class Fault:
+    """Kill `node` (as if its laptop crashed) `at_s` seconds into the room's run; with `down_s` set,
+    start it again that much later: a fresh process that knows nothing (the server: `resume` reads
+    its checkpoint). For tests and demonstrations of recovery."""
+
+    node: str
+    at_s: float
+    down_s: float | None = None
+    resume: bool = True
+
+
 class RoomRun:
     """Runs the nodes of a room in this process; `result` holds what they reported."""
 
-    def __init__(self, config: WcclConfig, only: str | None = None) -> None:
+    def __init__(self, config: WcclConfig, only: str | None = None, faults: tuple[Fault, ...] = ()) -> None:
         import actors  # noqa: F401  (registers the standard actors)
         from wccl.supervisor import NodeSupervisor
 
@@ -41,31 +56,103 @@ class RoomRun:
         self.names = [only] if only else names
         self.stop = asyncio.Event()
         self.medium = REGISTRY.create("medium", config.room.medium, config=config)
+        bind_stop = getattr(self.medium, "bind_stop", None)  # real windows: Esc stops the run
+        if bind_stop is not None:
+            bind_stop(self.stop.set)
         origin = asyncio.get_running_loop().time()
+        # The dashboard's hub watches every node (a one-way tap: it never answers them).
+        self.monitor = None
+        if config.dashboard.enabled:
+            from wccl.dashboard import Hub
+
+            self.monitor = Hub(config)
         # Each node gets its own copy of the config, as each laptop reads its own file.
-        self.supervisors = [NodeSupervisor(config.model_copy(deep=True), n, self.medium, self.stop, origin)
+        self.supervisors = [NodeSupervisor(config.model_copy(deep=True), n, self.medium, self.stop, origin,
+                                           monitor=self.monitor)
                             for n in self.names]
         self.result: dict[str, Any] = {}
+        self.faults = {f.node: f for f in faults}
+        for f in faults:
+            if f.node not in self.names:
+                raise ConfigError(f"fault: {f.node!r} is not a node of this run")
+
+    async def _node(self, sup: Any) -> Any:
+        """Run one node; with a fault planned for it, kill it and start a fresh one as planned."""
+        from wccl.supervisor import NodeSupervisor
+
+        fault = self.faults.get(sup.node)
+        if fault is None:
+            return await sup.run()
+        loop = asyncio.get_running_loop()
+        log = structlog.get_logger("wccl")
+        try:
+            async with asyncio.timeout_at(sup.clock_origin + fault.at_s):
+                return await sup.run()
+        except TimeoutError:
+            log.warning("node_killed", node=sup.node, at_s=fault.at_s)
+        if fault.down_s is None:
+            return None
+        await asyncio.sleep(max(0.0, sup.clock_origin + fault.at_s + fault.down_s - loop.time()))
+        cfg = self.config.model_copy(deep=True)
+        if fault.resume:
+            cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
+        fresh = NodeSupervisor(cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor)
+        self.supervisors[self.supervisors.index(sup)] = fresh
+        log.warning("node_restarted", node=sup.node, down_s=fault.down_s)
+        fresh.build()
+        return await fresh.run()
 
     async def run(self) -> dict[str, Any]:
+        dashboard = None
+        if self.monitor is not None:
+            from wccl.dashboard import DashboardServer
+
+            dash = self.config.dashboard
+            dashboard = DashboardServer(self.monitor, dash.host, dash.port)
+            await dashboard.start()
+            if dash.wait_for_page_s > 0:
+                await dashboard.wait_for_page(self.stop, dash.wait_for_page_s)
+                origin = asyncio.get_running_loop().time()  # the room starts now, not before the wait
+                for sup in self.supervisors:
+                    sup.clock_origin = origin
+        try:
+            result = await self._run()
+            if dashboard is not None:
+                await dashboard.linger(self.stop, self.config.dashboard.linger_s)
+            return result
+        finally:
+            if dashboard is not None:
+                await dashboard.close()
+
+    async def _run(self) -> dict[str, Any]:
         log = structlog.get_logger("wccl")
         wall0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         log.info("run_started", nodes=self.names, clock=self.config.room.clock, medium=self.config.room.medium,
                  profile=self.config.room.profile, steps=self.config.training.steps,
-                 step_period_s=sum(s for _, s in self.config.schedule.resolved()))
+                 schedule=self.config.schedule.preset)
         for sup in self.supervisors:
             sup.build()
         async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(sup.run(), name=sup.node) for sup in self.supervisors]
-        results = {t.get_name(): t.result() for t in tasks}
+            tasks = [tg.create_task(self._node(sup), name=sup.node) for sup in self.supervisors]
+            trainers = [t for t, s in zip(tasks, self.supervisors) if "observer" not in s.spec.roles]
+            if trainers and len(trainers) < len(tasks):
+                # Observers have no schedule: the run is over for them when every trainer here is done.
+                await asyncio.wait(trainers)
+                for sup in self.supervisors:
+                    if "observer" in sup.spec.roles:
+                        sup.end()
+        results = {t.get_name(): t.result() for t in tasks if t.result() is not None}  # None: killed for good
         server = self.config.room.server
         acc_node = server if server in results and "worker" in self.config.room.node(server).roles else \
             next((n for n in results if "worker" in results[n].results), None)
         worker = results[acc_node].results.get("worker", {}) if acc_node else {}
         digests = {n: r.results.get("worker", {}).get("params_sha256") for n, r in results.items()}
         digests = {n: d for n, d in digests.items() if d}
+        observed = {n: r.results["observer"] for n, r in results.items() if "observer" in r.results}
+        if not worker and observed:  # only observers ran here (`--node carol`): theirs is the model we have
+            worker = next(iter(observed.values()))
         self.result = dict(
             test_accuracy=round(worker.get("test_accuracy", float("nan")), 4),
             steps=self.config.training.steps,
@@ -73,6 +160,11 @@ class RoomRun:
             sim_seconds=round(loop.time() - t0, 3),
             wall_seconds=round(time.perf_counter() - wall0, 2),
             replicas_identical=len(set(digests.values())) == 1 if len(digests) > 1 else None,
+            # The observers' models, rebuilt from light alone: equal to the server's, bit for bit?
+            observer_identical=(all(o.get("params_sha256") == digests[server] for o in observed.values())
+                                if observed and server in digests else None),
+            observer_accuracy={n: round(o.get("test_accuracy", float("nan")), 4) for n, o in observed.items()},
+            observer_applied={n: o.get("applied", 0) for n, o in observed.items()},
             stopped=any(r.stopped for r in results.values()),
             restarts={n: r.restarts for n, r in results.items() if r.restarts},
             link={n: r.results.get("link", {}) for n, r in results.items()},
@@ -95,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock", choices=["virtual", "realtime"], help="override [room] clock")
     p.add_argument("--steps", type=int, help="override [training] steps")
     p.add_argument("--seed", type=int, help="override [training] seed (model initialisation)")
+    p.add_argument("--resume", action="store_true",
+                   help="the parameter server resumes from its checkpoint ([recovery] checkpoint_dir)")
     return p
 
 
@@ -105,6 +199,8 @@ def _override(cfg: WcclConfig, args: argparse.Namespace) -> WcclConfig:
         if args.steps < 1:
             raise ConfigError("--steps: must be >= 1")
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": args.steps})})
+    if args.resume:
+        cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
     if args.seed is not None:
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"seed": args.seed})})
     if args.log_format or args.log_level:
@@ -153,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, UnknownPart) as e:
         print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    except DeviceError as e:  # no display (3), no camera (4): say what to do, no traceback
+        print(f"wccl: {e}", file=sys.stderr)
+        return e.exit_status
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 

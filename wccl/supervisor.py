@@ -22,12 +22,12 @@ import structlog
 
 from protocols.frames import Reassembler
 from protocols.messages import Message
-from wccl.actor import Actor, ActorContext, Mailbox, MailboxClosed, Overflow
+from wccl.actor import Actor, ActorContext, GiveUp, Mailbox, MailboxClosed, Overflow
 from wccl.config import WcclConfig
 from wccl.media import parts as _parts  # noqa: F401  (registers media, cameras, screens)
 from wccl.registry import REGISTRY
-from wccl.schedule import Schedule
-from wccl.timebase import NodeClock
+from wccl.config import ConfigError
+from wccl.timebase import NodeClock, SyncedClock
 
 # Mailbox sizes and overflow policies, per actor.
 MAILBOXES: dict[str, tuple[int, Overflow]] = {
@@ -37,14 +37,28 @@ MAILBOXES: dict[str, tuple[int, Overflow]] = {
     "screen_writer": (8, Overflow.BLOCK),
     "worker": (64, Overflow.BLOCK),
     "parameter_server": (256, Overflow.BLOCK),
+    "observer": (64, Overflow.BLOCK),
 }
 SOURCES = ("camera_reader",)  # actors that loop on a source, not on their inbox: cancelled at the end
 
 
 class ActorFailed(Exception):
-    def __init__(self, actor: str, restarts: int) -> None:
-        super().__init__(f"actor {actor} failed {restarts + 1} times within its restart window")
+    def __init__(self, actor: str, restarts: int, reason: str | None = None) -> None:
+        super().__init__(reason or f"actor {actor} failed {restarts + 1} times within its restart window")
         self.actor = actor
+        self.reason = reason
+
+
+def _gave_up(e: BaseException) -> GiveUp | None:
+    """The GiveUp in `e` (an actor's own task group may have wrapped it), if any."""
+    if isinstance(e, GiveUp):
+        return e
+    if isinstance(e, BaseExceptionGroup):
+        for sub in e.exceptions:
+            found = _gave_up(sub)
+            if found is not None:
+                return found
+    return None
 
 
 class NodeFailed(Exception):
@@ -61,7 +75,7 @@ class NodeResult:
 
 class NodeSupervisor:
     def __init__(self, config: WcclConfig, node: str, medium: Any, stop: asyncio.Event | None = None,
-                 clock_origin: float = 0.0) -> None:
+                 clock_origin: float = 0.0, monitor: Any = None) -> None:
         self.config = config
         self.spec = config.room.node(node)
         self.node = node
@@ -78,9 +92,14 @@ class NodeSupervisor:
         self.camera: Any = None
         self._schedule_done = asyncio.Event()
         self._built = False
+        # A one-way tap for the dashboard (wccl.dashboard.Hub): it is shown every message, never answers.
+        self.monitor = monitor
 
     # ------------------------------------------------------------------ build
     def actor_names(self) -> list[str]:
+        if "observer" in self.spec.roles:
+            # An observer only watches: no schedule, nothing on its screen; its run ends with the Observer's.
+            return ["camera_reader", "frame_decoder", "observer"]
         names = ["clock", "camera_reader", "frame_decoder", "screen_writer"]
         if "worker" in self.spec.roles:
             names.append("worker")
@@ -94,11 +113,20 @@ class NodeSupervisor:
         from wccl.training.replica import Replica, average_gradients
 
         cfg, room, tr = self.config, self.config.room, self.config.training
-        # Until optical clock sync lands, every node's clock starts at the room's start (synced once).
-        self.clock = NodeClock(origin=self.clock_origin)
-        schedule = Schedule(t0=cfg.schedule.start_s, phases=tuple(cfg.schedule.resolved()))
+        # The node's own clock (in the simulated room: its laptop's offset and drift, which it does not
+        # know), and the schedule's clock: the server's, as the Clock actor estimates it over the light.
+        clock_for = getattr(self.medium, "clock_for", None)
+        self.local_clock = clock_for(self.node, self.clock_origin) if clock_for else NodeClock(origin=self.clock_origin)
+        self.clock = SyncedClock(self.local_clock)
+        truth = None
+        reading = getattr(self.medium, "true_reading", None)
+        if reading is not None and "server" not in self.spec.roles:
+            # For logs only: what the server's clock truly reads when this node's clock reads t.
+            server_reading = reading(room.server, self.clock_origin)
+            mine = self.local_clock
+            truth = lambda t: server_reading(mine.to_loop_time(t))  # noqa: E731
         codec = cfg.link.codec()
-        kw = dict(medium=self.medium, node=self.node, clock=self.clock, config=cfg)
+        kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=cfg)
         self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
         if self.spec.record_to:
             from wccl.room.record import RecordingCamera
@@ -107,25 +135,72 @@ class NodeSupervisor:
         screen = REGISTRY.create("screen", self.spec.screen, **kw)
         names = [n.name for n in room.nodes]
         replica = None
-        if "worker" in self.spec.roles:
+        if "worker" in self.spec.roles or "observer" in self.spec.roles:
             # Each node loads its own copy of the data: nodes share nothing but the room.
             dataset = load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size)
             replica = Replica(
                 model_name=tr.model, init=tr.init, seed=tr.seed, optimizer=tr.optimizer, lr=tr.lr,
                 momentum=tr.momentum, dataset=dataset,
-                rank=room.workers.index(self.node), world=len(room.workers),
+                rank=room.workers.index(self.node) if "worker" in self.spec.roles else 0,
+                world=len(room.workers),
                 batch_size=tr.batch_size, data_seed=tr.data_seed,
             )
         numel = replica.numel if replica is not None else None
+        resume, ckpt_path, server_replica = None, None, None
+        if "server" in self.spec.roles:
+            from wccl.recovery import CheckpointError, checkpoint_path, load_checkpoint
+
+            ckpt_path = checkpoint_path(cfg.recovery.checkpoint_dir, room.session, self.node)
+            if cfg.recovery.resume:
+                try:
+                    resume = load_checkpoint(ckpt_path, room.session)
+                except CheckpointError as e:
+                    raise ConfigError(f"recovery.resume: {e}") from None
+            # The server's own copy of the training state (snapshots, checkpoints): no data shard needed.
+            server_replica = Replica(
+                model_name=tr.model, init=tr.init, seed=tr.seed, optimizer=tr.optimizer, lr=tr.lr,
+                momentum=tr.momentum, dataset=replica.dataset if replica is not None else
+                load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size),
+                rank=0, world=len(room.workers), batch_size=tr.batch_size, data_seed=tr.data_seed)
+        numel = numel or _param_count(tr)
+        from protocols import snapshot as snap
+
+        role = "server" if "server" in self.spec.roles else "worker"
+        state_bytes = len(snap.encode_snapshot(snap.Snapshot(0, 0, (replica or server_replica).export_state()))) \
+            if (replica or server_replica) is not None else 0
+        # The layouts this node may use: the pinned one, or the ladder start-up chooses from (densest first).
+        ladder = cfg.link.ladder_codecs()
+        codec, hold_s = ladder[0]
+
+        def needs(c) -> dict[str, int]:
+            return {"grad": c.frames_needed(2 * numel), "avg": c.frames_needed(2 * numel)}
+
+        frames_needed = needs(codec)
+        sched = cfg.schedule
         self.deps = {
-            "clock": dict(schedule=schedule, steps=tr.steps),
+            "clock": dict(role=role, node_names=names, server=room.server, steps=tr.steps, preset=sched.preset,
+                          phases=sched.resolved(), start_s=sched.start_s, hold_s=hold_s,
+                          frames_needed=frames_needed, margin_frames=sched.margin_frames, work_s=sched.work_s,
+                          min_guard_s=sched.min_guard_s, sync_cfg=cfg.sync,
+                          resume=dict(resume[0], epoch=resume[1].epoch, applied=resume[1].applied) if resume else None,
+                          truth=truth, ladder=[(h, needs(c), c.payload_per_frame) for c, h in ladder],
+                          min_frames_ok=cfg.link.min_frames_ok),
             "camera_reader": dict(camera=self.camera),
-            "frame_decoder": dict(codec=codec, session=room.session, node_names=names, reassembler=Reassembler()),
+            "frame_decoder": dict(codec=codec, session=room.session, node_names=names, reassembler=Reassembler(),
+                                  ladder=[c for c, _ in ladder],
+                                  **({"ticks": False} if "observer" in self.spec.roles else {})),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
-                                  hold_s=cfg.link.hold_s, session=room.session, sender_id=names.index(self.node)),
-            "worker": dict(replica=replica, schedule=schedule, server=room.server, eval_every=tr.eval_every),
-            "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, schedule=schedule,
-                                     numel=numel or _param_count(tr), average=average_gradients),
+                                  hold_s=hold_s, session=room.session, sender_id=names.index(self.node),
+                                  node_names=names, ladder=ladder),
+            "worker": dict(replica=replica, server=room.server, eval_every=tr.eval_every),
+            "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, numel=numel, average=average_gradients,
+                                     replica=server_replica, hold_s=hold_s,
+                                     snapshot_frames=codec.frames_needed(state_bytes),
+                                     ladder=[(h, c.frames_needed(state_bytes)) for c, h in ladder],
+                                     snapshot_every=cfg.recovery.snapshot_every,
+                                     checkpoint_every=cfg.recovery.checkpoint_every, checkpoint=ckpt_path,
+                                     session=room.session, resume=resume),
+            "observer": dict(replica=replica, server=room.server, steps=tr.steps),
         }
         for name in self.actor_names():
             cls = REGISTRY.get(f"actor.{name}", self.spec.actor_impl(name))
@@ -138,6 +213,8 @@ class NodeSupervisor:
         self._built = True
 
     async def _emit(self, msg: Message) -> None:
+        if self.monitor is not None:
+            self.monitor.on_message(self.node, msg)
         for box in self.routes.get(type(msg), ()):
             try:
                 await box.put(msg)
@@ -167,16 +244,21 @@ class NodeSupervisor:
                 stop_wait.cancel()
                 if stopped:
                     log.warning("node_stopping", reason="stop_requested")
-                    tasks["clock"].cancel()
+                    if "clock" in tasks:
+                        tasks["clock"].cancel()
                 for name in SOURCES:
                     if name in tasks:
                         tasks[name].cancel()
                 for box in self.mailboxes.values():
                     await box.close()
         except* ActorFailed as eg:
-            failed = [e.actor for e in eg.exceptions if isinstance(e, ActorFailed)]
-            log.error("node_failed", actors=failed)
-            raise NodeFailed(f"node {self.node}: actor(s) {', '.join(failed)} exhausted their restart policy") from None
+            failed = [e for e in eg.exceptions if isinstance(e, ActorFailed)]
+            log.error("node_failed", actors=[e.actor for e in failed])
+            reasons = [f"{e.actor}: {e.reason}" for e in failed if e.reason]
+            if reasons:
+                raise NodeFailed(f"node {self.node}: " + "; ".join(reasons)) from None
+            raise NodeFailed(f"node {self.node}: actor(s) {', '.join(e.actor for e in failed)} exhausted their "
+                             "restart policy") from None
         finally:
             close = getattr(self.camera, "close", None)
             if close is not None:
@@ -198,6 +280,10 @@ class NodeSupervisor:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # an actor's failure is the supervisor's business
+                gave_up = _gave_up(e)
+                if gave_up is not None:
+                    log.error("actor_gave_up", error=str(gave_up))
+                    raise ActorFailed(name, self.restarts[name], str(gave_up)) from e
                 now = self.clock.now()
                 crashes.append(now)
                 while crashes and crashes[0] < now - policy.window_s:
@@ -210,9 +296,13 @@ class NodeSupervisor:
                 log.warning("actor_restarted", error=repr(e), restarts=self.restarts[name],
                             max_restarts=policy.max_restarts, window_s=policy.window_s)
                 continue
-            if name == "clock":
+            if name in ("clock", "observer"):
                 self._schedule_done.set()
             return
+
+    def end(self) -> None:
+        """End the node's run as finished, not stopped (an observer, once the room's trainers are done)."""
+        self._schedule_done.set()
 
 
 def _param_count(training: Any) -> int:

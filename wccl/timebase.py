@@ -115,3 +115,45 @@ class NodeClock:
             if delay <= 0:
                 return
             await asyncio.sleep(delay)
+
+
+class SyncedClock:
+    """The schedule's time on a node: the reference node's clock (the parameter server's), as this
+    node estimates it from its own clock.
+
+    `reference = local + offset + skew * (local - pivot)`. The Clock actor sets the estimate
+    (`set_estimate`) as the optical clock sync refines it; until then the mapping is the
+    identity and `synced` is False. On the reference node it stays the identity. `local` is the
+    node's own clock: cameras stamp captures and screens stamp frames with it.
+    """
+
+    def __init__(self, local: NodeClock) -> None:
+        self.local = local
+        self.offset = 0.0
+        self.skew = 0.0
+        self.pivot = 0.0
+        self.synced = False
+
+    def set_estimate(self, offset: float, skew: float = 0.0, pivot: float | None = None) -> None:
+        self.offset, self.skew = offset, skew
+        self.pivot = self.local.now() if pivot is None else pivot
+        self.synced = True
+
+    def to_reference(self, t_local: float) -> float:
+        return t_local + self.offset + self.skew * (t_local - self.pivot)
+
+    def to_local(self, t_ref: float) -> float:
+        return (t_ref - self.offset + self.skew * self.pivot) / (1.0 + self.skew)
+
+    def now(self) -> float:
+        return self.to_reference(self.local.now())
+
+    async def sleep_until(self, t: float) -> None:
+        """Return once the reference time (as estimated) reads at least `t`.
+
+        The estimate may move while waiting: the deadline is checked again on waking.
+        """
+        while True:
+            if self.now() >= t:
+                return
+            await self.local.sleep_until(max(self.to_local(t), self.local.now() + 1e-6))

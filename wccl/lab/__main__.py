@@ -1,4 +1,5 @@
-"""`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`; `python -m wccl.lab sweep --out DIR`."""
+"""`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`; `python -m wccl.lab sweep --out DIR`;
+`python -m wccl.lab sync --config FILE --steps N --json` (clock sync and lockstep over a long run)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,15 @@ def main(argv: list[str] | None = None) -> int:
 
     s = sub.add_parser("sweep", help="run the bench over a grid of layouts; CSV, plots, summary, best [link]")
     sweep_arguments(s)
+    y = sub.add_parser("sync", help="run the room for N steps; clock residuals against the truth, lockstep figures")
+    y.add_argument("--config", default="config.toml")
+    y.add_argument("--profile", help="room channel profile (default: the config's)")
+    y.add_argument("--steps", type=int, default=1000)
+    y.add_argument("--seed", type=int, help="room seed (the laptops' clock offsets and drifts are drawn from it)")
+    y.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    if args.cmd == "sync":
+        return _sync(args)
     if args.cmd == "sweep":
         from wccl.lab.sweep import main as sweep_main
 
@@ -56,6 +65,31 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"wccl.lab: {e}", file=sys.stderr)
         return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>22}: {v}")
+    return 0
+
+
+def _sync(args: argparse.Namespace) -> int:
+    import torch
+
+    from wccl.lab.bench import with_overrides
+    from wccl.lab.syncbench import run_sync_bench
+    from wccl.logs import configure_logging
+
+    configure_logging("json", "warning", stream=sys.stderr)
+    torch.set_num_threads(1)
+    try:
+        cfg = with_overrides(load_config(args.config), args.profile, {})
+        if args.seed is not None:
+            cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"seed": args.seed})})
+    except (ConfigError, ValueError) as e:
+        print(f"wccl.lab: config error: {e}", file=sys.stderr)
+        return 2
+    result = run_sync_bench(cfg, args.steps)
     if args.json:
         print(json.dumps(result))
     else:

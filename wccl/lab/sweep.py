@@ -102,6 +102,17 @@ def grid_for(cell_px: int, screen_w: int, screen_h: int, border: int, margin: in
     return min(rows, MAX_CELLS), min(cols, MAX_CELLS)
 
 
+def _holds_a_packet(rows: int, cols: int, colours: int, cell_px: int, border: int, code_rate: float) -> bool:
+    from protocols.layout import GridLayout
+    from protocols.link import LinkCodec
+
+    try:
+        LinkCodec(GridLayout(rows, cols, colours, cell_px, border), code_rate)
+    except ValueError:
+        return False
+    return True
+
+
 def make_points(profiles: list[str], cell_px: list[int], colours: list[int], holds: list[float],
                 code_rates: list[float], *, screen_w: int, screen_h: int, border: int, margin: int | list[int],
                 nbytes: int, tensor_bytes: int, repair: float, extra: int, seed: int,
@@ -114,6 +125,8 @@ def make_points(profiles: list[str], cell_px: list[int], colours: list[int], hol
         margins = [margin] if isinstance(margin, int) else list(margin)
         for m, c, k, h, r in itertools.product(margins, cell_px, colours, holds, code_rates):
             rows, cols = grid_for(c, screen_w, screen_h, border, m)
+            if not _holds_a_packet(rows, cols, k, c, border, r):
+                continue  # too few cells for one frame header and packet: not a link at all
             pts.append(Point(profile=prof, cell_px=c, rows=rows, cols=cols, colours=k, hold_s=h, code_rate=r,
                              hackathon=False, **common))
     seen: set[str] = set()

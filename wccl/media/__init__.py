@@ -16,8 +16,14 @@ import numpy as np
 
 
 class Screen(Protocol):
-    def show(self, image: np.ndarray) -> None:
-        """Put `image` (H x W x 3 uint8 BGR) on the screen, now."""
+    def show(self, image: np.ndarray) -> float | None:
+        """Put `image` (H x W x 3 uint8 BGR) on the screen, now.
+
+        A real screen (wccl.media.window) returns the node-clock time the frame was presented,
+        so the ScreenWriter can measure its lag; simulated and fake screens return None. A screen
+        may also have `set_overlay(lines: list[str] | None)`: instructions shown during start-up,
+        never over the code's cells.
+        """
 
 
 class Camera(Protocol):

@@ -7,6 +7,7 @@ screen gets `medium`, `node` (its name), `clock` and `config`.
 from __future__ import annotations
 
 from wccl.media.fake import FakeCamera, RecordingScreen
+from wccl.media import desktop as _desktop, hardware as _hardware
 from wccl.registry import REGISTRY
 from wccl.room import SimulatedRoom
 
@@ -47,3 +48,11 @@ REGISTRY.register("camera", "fake", _fake_camera, replace=True)
 REGISTRY.register("camera", "file", _file_camera, replace=True)
 REGISTRY.register("screen", "room", _room_screen, replace=True)
 REGISTRY.register("screen", "recording", _recording_screen, replace=True)
+
+# Real devices (issue 8): fullscreen windows and webcams, or real windows filmed on one X display.
+# These modules import OpenCV and PyAV only when a part is created.
+REGISTRY.register("medium", "hardware", _hardware.HardwareMedium.from_config, replace=True)
+REGISTRY.register("medium", "desktop", _desktop.DesktopMedium.from_config, replace=True)
+REGISTRY.register("camera", "webcam", _hardware.webcam_camera, replace=True)
+REGISTRY.register("camera", "x11grab", _desktop.x11grab_camera, replace=True)
+REGISTRY.register("screen", "window", _hardware.window_screen, replace=True)

@@ -29,6 +29,9 @@ from wccl.room.timing import CaptureSchedule, Exposure, capture_rng
 from wccl.timebase import NodeClock
 
 
+POSE_KEYS = frozenset({"distance_m", "position_m", "yaw_deg", "pitch_deg", "roll_deg", "camera_offset_m"})
+
+
 class SimulatedRoom:
     HISTORY = 8  # screen images kept per node: enough for any exposure window
 
@@ -54,9 +57,12 @@ class SimulatedRoom:
                 raise ValueError("room.channel: the 'exact' profile takes no channel parameters "
                                  "(choose profile 'ideal', 'webcam' or 'harsh')")
             for i, table in enumerate(node_channels):
-                if table:
+                # Where a laptop stands means nothing to the perfect camera (screens side by side): a room's
+                # poses may stay when its profile is switched to `exact`; any other parameter is an error.
+                if set(table) - POSE_KEYS:
                     check_overrides(table, f"room.nodes[{i}].channel")
-                    raise ValueError(f"room.nodes[{i}].channel: the 'exact' profile takes no channel parameters")
+                    raise ValueError(f"room.nodes[{i}].channel: the 'exact' profile takes no channel parameters "
+                                     f"but a pose ({', '.join(sorted(POSE_KEYS))})")
         black = blank(screen_w, screen_h)
         black.setflags(write=False)
         # Per node: times (ascending) and the images shown from those times on.
@@ -133,9 +139,37 @@ class SimulatedRoom:
     @classmethod
     def from_config(cls, config) -> SimulatedRoom:
         """The room a `WcclConfig` describes; ValueError names a bad profile or override."""
-        return cls([n.name for n in config.room.nodes], config.screen.width, config.screen.height,
+        room = cls([n.name for n in config.room.nodes], config.screen.width, config.screen.height,
                    config.camera.fps, profile=config.room.profile, seed=config.room.seed,
                    channel=dict(config.room.channel), node_channels=[dict(n.channel) for n in config.room.nodes])
+        room.set_clocks(config.room.clock_offset_max_s, config.room.clock_drift_max_ppm,
+                        {n.name: (n.clock_offset_s, n.clock_drift_ppm) for n in config.room.nodes})
+        return room
+
+    # ---- the laptops' clocks -------------------------------------------------------------------
+
+    def set_clocks(self, offset_max_s: float, drift_max_ppm: float,
+                   given: dict[str, tuple[float | None, float | None]] | None = None) -> None:
+        """Give each laptop its own clock: an offset within +-offset_max_s and a drift within
+        +-drift_max_ppm against the room's true time, drawn from the room's seed (or as given)."""
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0xC10C])
+        given = given or {}
+        self.clocks = {}
+        for n in self.nodes:
+            off, ppm = rng.uniform(-1, 1) * offset_max_s, rng.uniform(-1, 1) * drift_max_ppm
+            g_off, g_ppm = given.get(n, (None, None))
+            self.clocks[n] = (off if g_off is None else g_off, ppm if g_ppm is None else g_ppm)
+
+    def clock_for(self, node: str, origin: float) -> NodeClock:
+        """`node`'s own clock (the room's true time is `loop.time() - origin`)."""
+        self._check(node)
+        off, ppm = getattr(self, "clocks", {}).get(node, (0.0, 0.0))
+        return NodeClock(offset=off, drift_ppm=ppm, origin=origin)
+
+    def true_reading(self, node: str, origin: float):
+        """A function: `node`'s clock reading at a given true loop time (the room's truth, for logs)."""
+        off, ppm = getattr(self, "clocks", {}).get(node, (0.0, 0.0))
+        return lambda loop_t: (loop_t - origin) * (1 + ppm * 1e-6) + off
 
     # ---- the public surface --------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import contextlib
 import copy
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -164,6 +165,54 @@ class Replica:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
         })
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """The training state as named flat float32 arrays (protocols.snapshot): the parameters,
+        and each optimiser state entry (e.g. Adam's `exp_avg`, `exp_avg_sq`, `step`) over all
+        parameters in order. Exact: `import_state` of it continues bit for bit."""
+        params = list(self.model.parameters())
+        arrays = {"params": flatten_params(self.model).numpy().astype(np.float32, copy=True)}
+        state = self.optimizer.state
+        keys = sorted({k for p in params for k in state.get(p, {})})
+        for k in keys:
+            parts = []
+            for p in params:
+                v = state.get(p, {}).get(k)
+                if v is None:
+                    raise RuntimeError(f"optimiser state {k!r} missing for a parameter")
+                parts.append(torch.as_tensor(v, dtype=torch.float32).reshape(-1))
+            arrays[f"opt.{k}"] = torch.cat(parts).numpy().astype(np.float32, copy=True)
+        return arrays
+
+    def import_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Adopt a state made by `export_state` (on a replica of the same model and optimiser)."""
+        params = list(self.model.parameters())
+        flat = torch.from_numpy(np.asarray(arrays["params"], np.float32).copy())
+        if flat.numel() != self.numel:
+            raise ValueError(f"state has {flat.numel()} parameters, model has {self.numel}")
+        sd = self.optimizer.state_dict()
+        opt_state: dict[int, dict[str, torch.Tensor]] = {}
+        for name, a in arrays.items():
+            if not name.startswith("opt."):
+                continue
+            k = name[4:]
+            t = torch.from_numpy(np.asarray(a, np.float32).copy())
+            per_param = t.numel() == len(params) and k == "step"
+            off = 0
+            for i, p in enumerate(params):
+                if per_param:
+                    v = t[i].clone()
+                else:
+                    v = t[off:off + p.numel()].reshape(p.shape).clone()
+                    off += p.numel()
+                opt_state.setdefault(i, {})[k] = v
+        with torch.no_grad():
+            off = 0
+            for p in params:
+                p.copy_(flat[off:off + p.numel()].reshape(p.shape))
+                off += p.numel()
+        sd["state"] = opt_state
+        self.optimizer.load_state_dict(sd)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a ``state_dict()`` snapshot.  The input is copied, so two

@@ -1,0 +1,177 @@
+"""Observer: rebuilds the model from what its camera reads off the parameter server's screen.
+
+Consumes: `TensorReceived` (from the server only: stream `avg`, one step's
+averaged gradient; stream `params`, a snapshot of the server's training
+state, protocols.snapshot).
+Emits: nothing; it logs `observer_step` after every update it applies (test
+accuracy and loss on its own copy of the held-out digits, and its
+predictions for the first few of them), `observer_missed_step`,
+`observer_recovered`, `observer_snapshot_checked` and, at the end,
+`observer_finished`.
+
+Its replica starts from the same seed and init as the trainers' (the state of
+0 updates, epoch 0) and applies the averages in order, exactly as a worker
+does: when every average was read, its parameters equal the server's bit for
+bit. It has no other channel: light only. Every average names the state it
+applies to (the server's `epoch`, and `base`: how many updates that state
+had seen). When one arrives for a later state than the replica's, an update
+went by unread: applying more would drift silently, so the observer says so
+and stops applying until a snapshot lets it start again from the server's
+state (then it applies the averages it kept since). A snapshot of the state
+it is in is checked against its own (`observer_snapshot_checked`).
+
+It has no schedule of its own: its run ends once it has applied the last
+step's average (`steps` from config), or when its node is ended (the room's
+run is over) or stopped. A stalled observer waits for a snapshot until then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import structlog
+import torch
+
+from protocols import snapshot as snap
+from protocols.messages import TensorReceived
+from protocols.tensors import bytes_to_bf16
+from wccl.actor import Actor, ActorContext
+
+KEEP_AVERAGES = 64  # averages kept while stalled, to catch up after a snapshot
+KEEP_DIGESTS = 64  # digests of the replica's recent states, to check the server's snapshots against
+
+
+class Observer(Actor):
+    consumes = (TensorReceived,)
+
+    def __init__(self, ctx: ActorContext, replica: Any, server: str, steps: int, show_digits: int = 8) -> None:
+        super().__init__(ctx)
+        self.replica = replica
+        self.server = server
+        self.steps = steps
+        self.show_digits = show_digits
+        # Progress lives in the node's results, so a restarted observer carries on where it was.
+        self.results = ctx.results.setdefault("observer", {
+            "applied": 0, "epoch": 0, "stalled": False, "updates": 0, "missed": 0, "recovered": 0,
+            "snapshots_checked": 0, "last_step": -1})
+        self._averages: dict[tuple[int, int], tuple[int, bytes]] = {}  # (epoch, base) -> (step, payload)
+        self._digests: dict[tuple[int, int], str] = {}  # (epoch, applied) -> digest of the replica's state then
+
+    @property
+    def done(self) -> bool:
+        """The last step's average is applied: nothing more will come."""
+        r = self.results
+        return not r["stalled"] and r["last_step"] >= self.steps - 1
+
+    async def run(self) -> None:
+        async for msg in self.ctx.inbox:
+            await self.handle(msg)
+            if self.done:
+                break
+        self._final()
+
+    async def handle(self, msg: TensorReceived) -> None:
+        if msg.origin != self.server:
+            return  # a worker's gradient: not an update of the model
+        structlog.contextvars.bind_contextvars(step=msg.step)
+        if msg.stream == "avg":
+            self._average(msg)
+        elif msg.stream == "params":
+            self._snapshot(msg.payload)
+
+    # ------------------------------------------------------------------ averages
+    def _average(self, msg: TensorReceived) -> None:
+        r = self.results
+        key = (msg.epoch, msg.base)
+        if msg.epoch == r["epoch"] and msg.base < r["applied"]:
+            return  # an update this replica already has
+        self._averages[key] = (msg.step, msg.payload)
+        if len(self._averages) > KEEP_AVERAGES:
+            del self._averages[min(self._averages)]
+        if r["stalled"]:
+            return
+        if key != (r["epoch"], r["applied"]):
+            r["stalled"] = True
+            r["missed"] += 1
+            self.log.warning("observer_missed_step", applied=r["applied"], epoch=r["epoch"],
+                             average_base=msg.base, average_epoch=msg.epoch,
+                             missing=max(0, msg.base - r["applied"]) if msg.epoch == r["epoch"] else None)
+            return
+        self._apply_kept()
+
+    def _apply_kept(self) -> None:
+        """Apply every kept average that follows on from the replica's state, in order."""
+        r = self.results
+        while (kept := self._averages.pop((r["epoch"], r["applied"]), None)) is not None:
+            step, payload = kept
+            structlog.contextvars.bind_contextvars(step=step)
+            self.replica.apply(bytes_to_bf16(payload, self.replica.numel))
+            r["applied"] += 1
+            r["updates"] += 1
+            r["last_step"] = max(r["last_step"], step)
+            self._remember()
+            acc, loss = self.replica.evaluate()
+            self.log.info("observer_step", applied=r["applied"], test_accuracy=round(acc, 4),
+                          test_loss=round(loss, 4), predictions=self._predictions())
+        for old in [k for k in self._averages if k[0] < r["epoch"] or (k[0] == r["epoch"] and k[1] < r["applied"])]:
+            del self._averages[old]
+
+    @torch.no_grad()
+    def _predictions(self) -> list[int]:
+        """The current model's classes for the first held-out digits (the dashboard shows them)."""
+        model = self.replica.model
+        model.eval()
+        return model(self.replica.dataset.test_x[: self.show_digits]).argmax(dim=1).tolist()
+
+    # ------------------------------------------------------------------ snapshots
+    def _snapshot(self, payload: bytes) -> None:
+        """The server's state: recover from it when stalled or behind; otherwise check ours against it."""
+        r = self.results
+        try:
+            s = snap.decode_snapshot(payload)
+        except snap.SnapshotError as e:
+            self.log.warning("observer_snapshot_unreadable", error=str(e))
+            return
+        if s.epoch < r["epoch"]:
+            return
+        if r["stalled"] and s.epoch == r["epoch"] and s.applied < r["applied"]:
+            return  # stalled: only the state it is in, or a later one, helps
+        if not r["stalled"] and s.epoch == r["epoch"] and s.applied <= r["applied"]:
+            # A state this replica went through (a snapshot takes longer to show than an average): check it.
+            if s.applied == r["applied"]:
+                self._remember()
+            mine = self._digests.get((s.epoch, s.applied))
+            if mine is None:
+                return  # too old to check
+            identical = mine == s.digest()
+            r["snapshots_checked"] += 1
+            self.log.info("observer_snapshot_checked", applied=s.applied, identical=identical)
+            if identical:
+                return
+            if s.applied < r["applied"]:
+                r["stalled"] = True  # drifted since then: wait for a snapshot of a state not yet applied
+                return
+        was = r["applied"]
+        self.replica.import_state(s.arrays)
+        r.update(epoch=s.epoch, applied=s.applied, stalled=False)
+        r["recovered"] += 1
+        self._digests = {(s.epoch, s.applied): s.digest()}
+        self.log.info("observer_recovered", applied=s.applied, epoch=s.epoch, from_applied=was)
+        self._apply_kept()
+
+    def _remember(self) -> None:
+        r = self.results
+        self._digests[(r["epoch"], r["applied"])] = snap.state_digest(self.replica.export_state())
+        for old in sorted(self._digests)[:-KEEP_DIGESTS]:
+            del self._digests[old]
+
+    # ------------------------------------------------------------------ end
+    def _final(self) -> None:
+        r = self.results
+        acc, loss = self.replica.evaluate()
+        params = self.replica.parameters_flat()
+        r.update(test_accuracy=acc, test_loss=loss,
+                 params_sha256=hashlib.sha256(params.numpy().tobytes()).hexdigest())
+        self.log.info("observer_finished", test_accuracy=round(acc, 4), applied=r["applied"], epoch=r["epoch"],
+                      missed=r["missed"], recovered=r["recovered"], stalled=r["stalled"])

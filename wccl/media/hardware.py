@@ -1,0 +1,80 @@
+"""The real-hardware medium: each laptop's screen is a fullscreen window, its camera a webcam.
+
+Consumes: the room config (room.medium = "hardware"; per node `window` and
+`webcam` options). Emits: the parts a node needs, through the registry:
+screen "window" (wccl.media.window) and camera "webcam" (wccl.media.webcam).
+Light travels through the air; this process only runs the nodes given with
+`--node`, usually one per laptop.
+
+The medium also carries the node's stop hook: a window's Esc calls
+`request_stop()`, which sets the run's stop event (`bind_stop`), so the
+node ends as it does on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from wccl.config import ConfigError
+from wccl.media.display import probe_display
+
+
+class StopHook:
+    """What a window calls on Esc: every bound callback (RoomRun binds its stop event)."""
+
+    def __init__(self) -> None:
+        self._callbacks: list[Callable[[], None]] = []
+        self.stop_requested = False
+
+    def bind_stop(self, callback: Callable[[], None]) -> None:
+        self._callbacks.append(callback)
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+        for cb in self._callbacks:
+            cb()
+
+
+def require_realtime(config, medium: str) -> None:
+    if config.room.clock != "realtime":
+        raise ConfigError(f"room.clock: medium {medium!r} runs real devices on the wall clock: "
+                          f"set clock = \"realtime\" (it is {config.room.clock!r})")
+
+
+class HardwareMedium(StopHook):
+    def __init__(self, config) -> None:
+        super().__init__()
+        require_realtime(config, "hardware")
+        self.config = config
+        self.display = None
+        if any(n.screen == "window" for n in config.room.nodes):
+            self.display = probe_display()  # NoDisplay (exit 3) before anything else is built
+
+    @classmethod
+    def from_config(cls, *, config) -> HardwareMedium:
+        return cls(config)
+
+
+def window_screen(*, medium, node, clock, config):
+    """Screen "window": fullscreen (or placed) per the node's `window` options; on the desktop medium, placed."""
+    from wccl.media.window import WindowScreen
+
+    on_quit = getattr(medium, "request_stop", None)
+    place = getattr(medium, "window_rect", None)
+    if place is not None:  # the desktop loopback: windows side by side on one display
+        x, y, _, _ = place(node)
+        return WindowScreen(clock, f"wccl {node}", config.screen.width, config.screen.height, fullscreen=False,
+                            x=x, y=y, on_quit=on_quit, display=medium.display_name, node=node)
+    opts = config.room.node(node).window
+    fullscreen, x, y = (opts.fullscreen, opts.x, opts.y) if opts is not None else (True, 0, 0)
+    return WindowScreen(clock, f"wccl {node}", config.screen.width, config.screen.height, fullscreen=fullscreen,
+                        x=x, y=y, on_quit=on_quit, node=node)
+
+
+def webcam_camera(*, medium, node, clock, config):
+    """Camera "webcam": the node's `webcam` options (defaults: device 0, 1280x720, MJPEG, locks on)."""
+    from wccl.config import WebcamOptions
+    from wccl.media.webcam import WebcamCamera
+
+    opts = config.room.node(node).webcam or WebcamOptions()
+    return WebcamCamera(clock, opts, fps=config.camera.fps, node=node)

@@ -1,0 +1,327 @@
+"""A real screen: frames shown in an OpenCV window, fullscreen on a laptop or placed on a desktop.
+
+Consumes: images (`show(image)`, H x W x 3 uint8 BGR, the screen's size) and
+instruction lines (`set_overlay(lines)`, during start-up). Emits: light; and
+from `show()` the node-clock time at which the frame was presented (after
+`imshow` and one turn of the GUI's event loop returned), which the
+ScreenWriter uses to measure and compensate the screen's lag. Esc (or closing
+the window) calls `on_quit` once: the node stops cleanly.
+
+Why OpenCV's highgui (opencv-python): it is already a dependency (the
+reader uses OpenCV), it shows a numpy image with one call, and it does
+fullscreen and window placement on Linux (Qt), macOS (Cocoa) and Windows
+(Win32). Its limits, and what we do about them:
+- Without a reachable X server its Qt backend aborts the process, so the
+  display is probed first (wccl.media.display) and a missing one raises
+  NoDisplay: a message and exit status 3, never an abort.
+- It has no vsync or presentation feedback: `show()` returns when the frame
+  has been handed to the window system. A compositor may add a refresh or
+  two (8-33 ms) that we cannot see; the clock sync measures the whole path
+  end to end anyway (the frames' timestamps against the captures').
+- On a loaded machine (seen under Xvfb) Qt sometimes maps a new window where
+  asked but never paints into it. On X11 the window first shows a test grey
+  and reads it back off the display (Xlib's XGetImage); a window that does
+  not show it is closed and opened again (`window_not_painted`).
+- Its event loop only runs inside `waitKey`/`pollKey`: `show()` turns it once,
+  and a timer on the asyncio loop polls it every 50 ms between frames, so the
+  window repaints and Esc is seen even while nothing new is shown.
+
+Fullscreen, frames are padded with black to the monitor's shape before the
+window scales them up, so no toolkit-coloured bars appear beside the code
+(a bright bar would pull a camera's exposure).
+
+The instructions overlay is drawn in the black band above and below the
+code's locator ring (the grid is centred on a black screen), a few pixels
+clear of the ring and in a dim colour, so the reader's locator never merges
+the text with the ring and no cell is covered. With too little room for
+legible text it is left out (and logged once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+import numpy as np
+import structlog
+
+from wccl.media.display import DisplayInfo, monitor_at, probe_display, read_pixels
+
+ESC = 27
+POLL_S = 0.05
+OVERLAY_COLOUR = (60, 120, 135)  # BGR: dim amber, far below the ring's white (the locator's threshold)
+MIN_TEXT_PX = 9  # a band lower than this (plus gaps) gets no text
+RING_GAP_PX = 6  # clear space between the text and the ring
+PROBE_GREY = 24  # shown once at start and read back off the display: is the window really painted?
+PAINT_TRIES = 5
+PAINT_WAIT_S = 1.0
+
+
+def _prepare_qt() -> None:
+    """Quiet Qt's complaint that opencv-python ships no fonts (point it at the system's, if any)."""
+    if "QT_QPA_FONTDIR" not in os.environ:
+        for d in ("/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/truetype", "/usr/share/fonts"):
+            if os.path.isdir(d):
+                os.environ["QT_QPA_FONTDIR"] = d
+                break
+
+
+def free_bands(image: np.ndarray) -> tuple[int, int]:
+    """Heights of the all-black bands above and below what is drawn on `image`."""
+    lit = np.flatnonzero(image.reshape(image.shape[0], -1).any(axis=1))
+    if len(lit) == 0:
+        return image.shape[0] // 2, image.shape[0] - image.shape[0] // 2
+    return int(lit[0]), int(image.shape[0] - 1 - lit[-1])
+
+
+def draw_overlay(image: np.ndarray, lines: list[str]) -> tuple[np.ndarray, bool]:
+    """`image` with `lines` written in its black bands: the first line above the code, the rest below.
+
+    Returns (image, drawn); `drawn` is False when a band is too small for legible text (nothing drawn).
+    """
+    import cv2
+
+    if not lines:
+        return image, True
+    h, w = image.shape[:2]
+    top, bottom = free_bands(image)
+    groups = [(lines[:1], 0, top), (lines[1:], h - bottom, bottom)]
+    out = image.copy()
+    drawn = True
+    font = cv2.FONT_HERSHEY_SIMPLEX
+    for group, y0, band in groups:
+        if not group:
+            continue
+        room = band - 2 * RING_GAP_PX
+        line_h = room // len(group)
+        if line_h < MIN_TEXT_PX:
+            drawn = False
+            continue
+        (tw, th), base = cv2.getTextSize(max(group, key=len), font, 1.0, 1)
+        scale = min((line_h * 0.8) / (th + base), 1.2)
+        thick = 2 if scale >= 0.9 else 1
+        while scale > 0.2:  # shrink until the widest line fits (text size is not linear in the scale)
+            widest = max(cv2.getTextSize(t, font, scale, thick)[0][0] for t in group)
+            if widest <= w - 2 * RING_GAP_PX:
+                break
+            scale *= 0.95
+            thick = 2 if scale >= 0.9 else 1
+        for i, text in enumerate(group):
+            (tw, th), base = cv2.getTextSize(text, font, scale, thick)
+            x = max(RING_GAP_PX, (w - tw) // 2)
+            # centre the line in its slot
+            slot_top = y0 + RING_GAP_PX + i * line_h
+            y = slot_top + (line_h + th) // 2 - base // 2
+            cv2.putText(out, text, (x, y), font, scale, OVERLAY_COLOUR, thick, cv2.LINE_AA)
+    # Text must stay inside the bands: nothing of the code is covered.
+    out[top : h - bottom] = image[top : h - bottom]
+    return out, drawn
+
+
+def _canvas_for(w: int, h: int, mw: int, mh: int) -> tuple[int, int]:
+    """The smallest canvas around a w x h frame with the monitor's shape (mw x mh)."""
+    if mw * h >= mh * w:
+        return max(w, round(h * mw / mh)), h
+    return w, max(h, round(w * mh / mw))
+
+
+def _pad(image: np.ndarray, cw: int, ch: int) -> np.ndarray:
+    """`image` centred on a black cw x ch canvas."""
+    h, w = image.shape[:2]
+    out = np.zeros((ch, cw, 3), np.uint8)
+    y0, x0 = (ch - h) // 2, (cw - w) // 2
+    out[y0 : y0 + h, x0 : x0 + w] = image
+    return out
+
+
+class WindowScreen:
+    """A window showing frames. Create it on the event loop's thread (highgui is not thread-safe)."""
+
+    def __init__(self, clock, title: str, width: int, height: int, *, fullscreen: bool = True, x: int = 0,
+                 y: int = 0, on_quit: Callable[[], None] | None = None, display: str | None = None,
+                 node: str | None = None) -> None:
+        self.info: DisplayInfo = probe_display(display)  # raises NoDisplay before highgui is touched
+        if display:
+            os.environ["DISPLAY"] = display
+        _prepare_qt()
+        import cv2
+
+        self._cv2 = cv2
+        self._clock = clock
+        self.title = title
+        self.width, self.height = width, height
+        self.fullscreen = fullscreen
+        self.on_quit = on_quit
+        self.quit_requested = False
+        self.closed = False
+        self._overlay: list[str] | None = None
+        self._overlay_warned = False
+        self._last: np.ndarray | None = None
+        self.shown = 0
+        self.log = structlog.get_logger("wccl").bind(**({"node": node} if node else {}), actor="screen")
+        self._canvas: tuple[int, int] | None = None  # (w, h): frames padded with black to the monitor's shape
+        self._x, self._y = x, y
+        rect = None
+        for attempt in range(1, PAINT_TRIES + 1):
+            want = self._create()
+            rect = self._settle(want) if want is not None else None
+            painted = self._paint_check()
+            if painted is not False:
+                break
+            # Seen under Xvfb on a loaded machine: the window is mapped where it should be but the
+            # toolkit never paints into it, whatever is shown later. A new window cures it.
+            self.log.warning("window_not_painted", attempt=attempt, image_rect=list(rect) if rect else None)
+            cv2.destroyWindow(title)
+            cv2.waitKey(20)
+        else:
+            self.log.error("window_not_painted_giving_up", tries=PAINT_TRIES)
+        self.show(np.zeros((height, width, 3), np.uint8))
+        self.log.info("window_opened", display=self.info.name, display_size=list(self.info.size), title=title,
+                      fullscreen=fullscreen, x=x, y=y, width=width, height=height,
+                      image_rect=list(rect) if rect else None, painted=painted)
+        self._loop = asyncio.get_running_loop()
+        self._poll_handle = self._loop.call_later(POLL_S, self._poll)
+
+    def _create(self) -> tuple[int, int, int, int] | None:
+        """Open the window; return where its image must end up (x, y, w, h), if known."""
+        cv2, title = self._cv2, self.title
+        if self.fullscreen:
+            cv2.namedWindow(title, cv2.WINDOW_NORMAL | cv2.WINDOW_KEEPRATIO | cv2.WINDOW_GUI_NORMAL)
+            monitor = monitor_at(self.info, self._x, self._y)
+            want = None
+            if monitor is not None:
+                # Placed and sized by hand too: without a window manager (a kiosk session, Xvfb) the
+                # fullscreen request alone leaves a small window.
+                mx, my, mw, mh = monitor
+                cv2.moveWindow(title, mx, my)
+                cv2.resizeWindow(title, mw, mh)
+                self._canvas = _canvas_for(self.width, self.height, mw, mh)
+                want = monitor
+            else:
+                cv2.moveWindow(title, self._x, self._y)  # fullscreen on the monitor this point is on
+            cv2.setWindowProperty(title, cv2.WND_PROP_FULLSCREEN, cv2.WINDOW_FULLSCREEN)
+            return want
+        # 1:1 pixels, no toolbar: what is captured is exactly what was drawn.
+        cv2.namedWindow(title, cv2.WINDOW_NORMAL | cv2.WINDOW_GUI_NORMAL | cv2.WINDOW_KEEPRATIO)
+        cv2.moveWindow(title, self._x, self._y)
+        cv2.resizeWindow(title, self.width, self.height)
+        return self._x, self._y, self.width, self.height
+
+    def _paint_check(self) -> bool | None:
+        """Show a test grey and read it back off the X display: is the window really painted?
+
+        None where it cannot be checked (not X11, or the window's place is unknown).
+        """
+        import time
+
+        if not self.info.screens:
+            return None
+        probe = np.full((self.height, self.width, 3), PROBE_GREY, np.uint8)
+        deadline = time.monotonic() + PAINT_WAIT_S
+        while True:  # a new window may take a moment to be mapped and painted
+            self._present(probe)
+            self._cv2.waitKey(20)
+            x, y, w, h = (int(v) for v in self._cv2.getWindowImageRect(self.title))
+            if w < 4 or h < 4:
+                return None
+            points = [(x + w * i // 4, y + h * j // 4) for i in (1, 2, 3) for j in (1, 2, 3)]
+            pixels = read_pixels(self.info.name, points)
+            if pixels is None:
+                return None
+            if all(max(abs(int(c) - PROBE_GREY) for c in px) <= 2 for px in pixels):
+                return True
+            if time.monotonic() > deadline:
+                return False
+
+    def _settle(self, want: tuple[int, int, int, int], timeout_s: float = 3.0) -> tuple[int, ...]:
+        """Place and size the window until its image sits at `want` (x, y, w, h) on the display.
+
+        A busy machine can leave a new window at the toolkit's default size, so this checks and asks again.
+        """
+        import time
+
+        cv2 = self._cv2
+        x, y, w, h = want
+        probe = np.full((self.height, self.width, 3), PROBE_GREY, np.uint8)
+        self._present(probe)
+        deadline = time.monotonic() + timeout_s
+        rect = tuple(cv2.getWindowImageRect(self.title))
+        while rect != want and time.monotonic() < deadline:
+            cv2.moveWindow(self.title, x, y)
+            cv2.resizeWindow(self.title, w, h)
+            self._present(probe)
+            cv2.waitKey(20)
+            rect = tuple(cv2.getWindowImageRect(self.title))
+        if rect != want:
+            self.log.warning("window_misplaced", want=list(want), image_rect=list(rect),
+                             hint="the window manager moved or resized the window")
+        return rect
+
+    # -- keys and window events ------------------------------------------------------------------
+    def _key(self, key: int) -> None:
+        if key & 0xFF == ESC and key != -1:
+            self._quit("escape_pressed")
+            return
+        try:
+            visible = self._cv2.getWindowProperty(self.title, self._cv2.WND_PROP_VISIBLE)
+        except self._cv2.error:
+            visible = 0
+        if visible < 1:
+            self._quit("window_closed")
+
+    def _quit(self, why: str) -> None:
+        if self.quit_requested:
+            return
+        self.quit_requested = True
+        self.log.warning("quit_requested", reason=why)
+        if self.on_quit is not None:
+            self.on_quit()
+
+    def _poll(self) -> None:
+        if self.closed:
+            return
+        self._key(self._cv2.pollKey())
+        self._poll_handle = self._loop.call_later(POLL_S, self._poll)
+
+    # -- the screen interface --------------------------------------------------------------------
+    def set_overlay(self, lines: list[str] | None) -> None:
+        """Show these instruction lines around the code (None: no overlay) from the next frame on."""
+        self._overlay = list(lines) if lines else None
+        if self._last is not None and not self.closed:
+            self._present(self._last)
+
+    def show(self, image: np.ndarray) -> float | None:
+        if self.closed:
+            return None
+        if image.shape[:2] != (self.height, self.width):
+            raise ValueError(f"window is {self.width}x{self.height}, image is {image.shape[1]}x{image.shape[0]}")
+        self._last = image
+        return self._present(image)
+
+    def _present(self, image: np.ndarray) -> float:
+        if self._canvas is not None and self._canvas != (image.shape[1], image.shape[0]):
+            image = _pad(image, *self._canvas)
+        if self._overlay:
+            image, drawn = draw_overlay(image, self._overlay)
+            if not drawn and not self._overlay_warned:
+                self._overlay_warned = True
+                self.log.warning("overlay_no_room", lines=self._overlay,
+                                 hint="the code leaves too little black band for text; instructions only here")
+        self._cv2.imshow(self.title, image)
+        key = self._cv2.waitKey(1)  # runs the GUI's event loop once: the frame is painted and flushed
+        presented = self._clock.now()
+        self.shown += 1
+        self._key(key)
+        return presented
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._poll_handle.cancel()
+        try:
+            self._cv2.destroyWindow(self.title)
+            self._cv2.waitKey(1)
+        except self._cv2.error:
+            pass
