@@ -1,0 +1,176 @@
+"""The observer: a third laptop that rebuilds the model from what its camera reads off the server's screen."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+import torch
+from conftest import (
+    deep_update,
+    make_config,
+    run_room,
+    run_virtual,
+    shipped_config_dict,
+)
+
+from actors.observer import Observer
+from protocols import snapshot as snap
+from protocols.messages import TensorReceived
+from protocols.tensors import bf16_to_bytes
+from wccl.config import ConfigError, parse_config
+from wccl.harness import ActorHarness
+from wccl.training.data import load_dataset
+from wccl.training.replica import Replica, average_gradients
+
+TRIO = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]},
+        {"name": "carol", "roles": ["observer"]}]
+# A short room: the dense layout and 1.3 s steps, so a test run costs seconds.
+FAST = {
+    "room": {"profile": "exact", "nodes": TRIO},
+    "link": {"rows": 60, "cols": 110, "cell_px": 10, "hold_s": 0.1},
+    "schedule": {"preset": "custom", "phases": [{"name": "compute", "seconds": 0.1}, {"name": "uplink", "seconds": 0.5},
+                                             {"name": "reduce", "seconds": 0.1}, {"name": "downlink", "seconds": 0.5},
+                                             {"name": "apply", "seconds": 0.1}]},
+}
+
+
+def _events(buf, name: str) -> list[dict]:
+    return [e for e in map(json.loads, buf.getvalue().splitlines()) if e["event"] == name]
+
+
+def test_observer_rebuilds_the_servers_model_bit_for_bit_from_light(_quiet_logs):
+    cfg = make_config(**FAST, training={"steps": 4})
+    result = run_room(cfg)
+    nodes, link = result["nodes"], result["link"]
+    # No frame the observer needed was lost: every tensor it saw was rebuilt, none went missing.
+    assert link["carol"]["tensors_avg"] == 4 and link["carol"]["tensors_grad"] == 4  # both screens in its view
+    assert not [k for k in link["carol"] if k.startswith("loss_")], link["carol"]
+    assert result["applied"] == 4 and result["observer_identical"] is True
+    assert nodes["carol"]["observer"]["params_sha256"] == nodes["alice"]["worker"]["params_sha256"]
+    assert nodes["carol"]["observer"]["applied"] == 4 and nodes["carol"]["observer"]["missed"] == 0
+    # It evaluated every step, on its own copy of the held-out digits, and saw what the server's replica saw.
+    seen = {e["step"]: e["test_accuracy"] for e in _events(_quiet_logs, "observer_step")}
+    server = {e["step"]: e["test_accuracy"] for e in _events(_quiet_logs, "step_applied") if e["node"] == "alice"}
+    assert sorted(seen) == [0, 1, 2, 3] and seen == server
+    assert not _events(_quiet_logs, "observer_missed_step")
+    # The observer showed nothing: a laptop that only watches has no screen writer and no schedule.
+    assert "screen" not in nodes["carol"] and "worker" not in nodes["carol"]
+
+
+def test_a_blind_observer_applies_nothing_and_ends_with_the_room():
+    # Lens cap on: nothing reaches the observer any other way, and the run still ends when the trainers do.
+    nodes = [dict(n) for n in TRIO]
+    nodes[2]["camera"] = "fake"
+    result = run_room(make_config(**deep_update(FAST, {"room": {"nodes": nodes}}), training={"steps": 2}))
+    carol = result["nodes"]["carol"]["observer"]
+    assert carol["applied"] == 0 and result["observer_identical"] is False
+    assert result["applied"] == 2 and not result["stopped"]
+
+
+# ---------------------------------------------------------------------------------- the actor alone
+
+def _trained(cfg, steps: int) -> tuple[list[bytes], Replica]:
+    """The averages of a reference run (two workers), and the server's replica after them."""
+    tr = cfg.training
+    ds = load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size)
+    reps = [Replica(tr.model, tr.init, tr.seed, tr.optimizer, tr.lr, tr.momentum, ds, r, 2, tr.batch_size,
+                    tr.data_seed) for r in range(2)]
+    avgs = []
+    for step in range(steps):
+        avg = average_gradients({w: r.compute_gradient(step)[0] for w, r in zip("ab", reps)})
+        for r in reps:
+            r.apply(avg)
+        avgs.append(bf16_to_bytes(avg))
+    return avgs, reps[0]
+
+
+def _fresh(cfg) -> Replica:
+    tr = cfg.training
+    ds = load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size)
+    return Replica(tr.model, tr.init, tr.seed, tr.optimizer, tr.lr, tr.momentum, ds, 0, 2, tr.batch_size, tr.data_seed)
+
+
+def _avg(step: int, payload: bytes, base: int | None = None, origin: str = "alice") -> TensorReceived:
+    return TensorReceived(sender="carol", step=step, time=0.0, origin=origin, stream="avg", payload=payload,
+                          frames=2, epoch=0, base=step if base is None else base)
+
+
+def _params(applied: int, replica: Replica) -> TensorReceived:
+    data = snap.encode_snapshot(snap.Snapshot(applied=applied, epoch=0, arrays=replica.export_state()))
+    return TensorReceived(sender="carol", step=applied - 1, time=0.0, origin="alice", stream="params", payload=data,
+                          frames=3, epoch=0, base=applied)
+
+
+def test_a_missed_step_stops_the_observer_until_a_snapshot_brings_it_back(_quiet_logs):
+    cfg = make_config(training={"steps": 6})
+    avgs, server = _trained(cfg, 6)
+    _, at4 = _trained(cfg, 4)
+    observer = _fresh(cfg)
+
+    async def go():
+        async with ActorHarness(Observer, node="carol", replica=observer, server="alice", steps=6) as h:
+            await h.send(_avg(0, avgs[0]))
+            await h.send(_avg(1, avgs[1], origin="bob"))  # a worker's tensor on the avg stream: not an update
+            await h.send(_avg(2, avgs[2]))  # step 1's average never arrived
+            await h.send(_avg(3, avgs[3]))
+            await h.settle()
+            stalled = dict(h.results["observer"])
+            await h.send(_params(4, at4))  # the server's state after 4 updates
+            await h.send(_avg(4, avgs[4]))
+            await h.send(_avg(5, avgs[5]))
+            await asyncio.wait_for(h.task, 5)  # the last step applied: its run ends by itself
+            return stalled, h.results["observer"]
+
+    stalled, final = run_virtual(go)
+    assert stalled["applied"] == 1 and stalled["stalled"] and stalled["missed"] == 1
+    missed = _events(_quiet_logs, "observer_missed_step")
+    assert len(missed) == 1 and missed[0]["step"] == 2 and missed[0]["missing"] == 1
+    # Recovered from the snapshot, then applied the rest: the same parameters as the server, bit for bit.
+    assert final["recovered"] == 1 and not final["stalled"] and final["applied"] == 6
+    assert torch.equal(observer.parameters_flat(), server.parameters_flat())
+    assert final["params_sha256"] and [e["step"] for e in _events(_quiet_logs, "observer_step")] == [0, 4, 5]
+
+
+def test_snapshots_of_states_the_observer_went_through_are_checked_not_adopted(_quiet_logs):
+    cfg = make_config(training={"steps": 4})
+    avgs, server = _trained(cfg, 2)
+    _, at1 = _trained(cfg, 1)
+    observer = _fresh(cfg)
+
+    async def go():
+        async with ActorHarness(Observer, node="carol", replica=observer, server="alice", steps=4) as h:
+            for s in range(2):
+                await h.send(_avg(s, avgs[s]))
+            await h.send(_params(1, at1))  # a snapshot takes longer to show than an average: it comes late
+            await h.send(_params(2, server))
+            await h.settle()
+            checked = dict(h.results["observer"])
+            await h.send(_params(1, server))  # the state after 2 updates, claiming to be the one after 1
+            await h.settle()
+            return checked, dict(h.results["observer"])
+
+    checked, drifted = run_virtual(go)
+    events = _events(_quiet_logs, "observer_snapshot_checked")
+    assert [(c["applied"], c["identical"]) for c in events] == [(1, True), (2, True), (1, False)]
+    assert checked["recovered"] == 0 and checked["applied"] == 2 and not checked["stalled"]
+    assert drifted["stalled"]  # a mismatch: it stops applying until a newer snapshot
+
+
+# ---------------------------------------------------------------------------------- config
+
+@pytest.mark.parametrize("roles", [["observer", "worker"], ["server", "observer"]])
+def test_an_observer_only_watches(roles):
+    data = shipped_config_dict()
+    data["room"]["nodes"] = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "carol", "roles": roles}]
+    with pytest.raises(ConfigError) as e:
+        parse_config(data, "room.toml")
+    msg = str(e.value)
+    assert "room.toml" in msg and "room.nodes[1]" in msg and "an observer only watches" in msg
+
+
+def test_the_shipped_room_has_an_observer_and_a_dashboard():
+    cfg = parse_config(shipped_config_dict(), "config.toml")
+    assert cfg.room.observers == ["carol"] and cfg.room.workers == ["alice", "bob"]
+    assert cfg.dashboard.enabled and cfg.dashboard.port > 0
