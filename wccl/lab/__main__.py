@@ -65,12 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"wccl.lab: {e}", file=sys.stderr)
         return 2
-    if args.json:
+    _print(result, args.json)
+    return 0
+
+
+def _print(result: dict, as_json: bool) -> None:
+    if as_json:
         print(json.dumps(result))
     else:
         for k, v in result.items():
             print(f"{k:>22}: {v}")
-    return 0
 
 
 def _sync(args: argparse.Namespace) -> int:
@@ -90,11 +94,7 @@ def _sync(args: argparse.Namespace) -> int:
         print(f"wccl.lab: config error: {e}", file=sys.stderr)
         return 2
     result = run_sync_bench(cfg, args.steps)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>22}: {v}")
+    _print(result, args.json)
     return 0
 
 

@@ -56,8 +56,8 @@ def _uses_x11() -> bool:
     return sys.platform.startswith(("linux", "freebsd", "openbsd", "netbsd"))
 
 
-def _open_x(name: str) -> tuple[tuple[int, int], ...] | None:
-    """Screen sizes of X display `name`, or None if it cannot be opened (or libX11 is missing)."""
+def _libx11():
+    """libX11 through ctypes, with XOpenDisplay typed; None if it is not there."""
     path = ctypes.util.find_library("X11")
     if path is None:
         return None
@@ -67,6 +67,14 @@ def _open_x(name: str) -> tuple[tuple[int, int], ...] | None:
         return None
     x11.XOpenDisplay.restype = ctypes.c_void_p
     x11.XOpenDisplay.argtypes = [ctypes.c_char_p]
+    return x11
+
+
+def _open_x(name: str) -> tuple[tuple[int, int], ...] | None:
+    """Screen sizes of X display `name`, or None if it cannot be opened (or libX11 is missing)."""
+    x11 = _libx11()
+    if x11 is None:
+        return None
     for fn in ("XScreenCount",):
         getattr(x11, fn).argtypes = [ctypes.c_void_p]
     for fn in ("XDisplayWidth", "XDisplayHeight"):
@@ -87,15 +95,9 @@ def read_pixels(name: str, points: list[tuple[int, int]]) -> list[tuple[int, int
     they cannot be read (not X11, no libX11, a point off the screen, a display depth other than 24/32)."""
     if not _uses_x11() or not points:
         return None
-    path = ctypes.util.find_library("X11")
-    if path is None:
+    x11 = _libx11()
+    if x11 is None:
         return None
-    try:
-        x11 = ctypes.CDLL(path)
-    except OSError:
-        return None
-    x11.XOpenDisplay.restype = ctypes.c_void_p
-    x11.XOpenDisplay.argtypes = [ctypes.c_char_p]
     x11.XDefaultRootWindow.restype = ctypes.c_ulong
     x11.XDefaultRootWindow.argtypes = [ctypes.c_void_p]
     x11.XDefaultDepth.argtypes = [ctypes.c_void_p, ctypes.c_int]
