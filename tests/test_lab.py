@@ -36,3 +36,13 @@ def test_bench_rejects_a_bad_override():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "bench", "--set", "colours=5"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "link.colours" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_sync_bench_reports_clock_residuals_and_lockstep():
+    from wccl.lab.syncbench import run_sync_bench
+
+    r = run_sync_bench(make_config(), steps=3)
+    # one residual per step for bob (alice is the reference), measured against the room's truth
+    assert r["residual_samples"] == 3 and 0 <= r["residual_p50_ms"] <= r["residual_p95_ms"] <= r["residual_max_ms"] < 15
+    assert r["applied"] == {"alice": 3, "bob": 3} and r["replicas_identical"]
+    assert r["step_period_s"] <= 2.0 and abs(r["estimated_clocks"]["bob"]["offset_s"]) > 1.0

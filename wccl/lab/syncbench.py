@@ -1,7 +1,7 @@
 """`python -m wccl.lab sync`: how well the nodes keep time and lockstep over a long run.
 
-Runs the config's room (dashboard off, the training as configured, `--steps`
-steps) and reports, from the nodes' own results: the residual clock error of
+Runs the config's room as it is (every node, observers included: they are
+part of the room's geometry; dashboard off; `--steps` steps) and reports, from the nodes' own results: the residual clock error of
 every node against the server's true clock at each step (the simulated room
 knows the truth; the nodes never see it), the auto schedule's step period,
 and lockstep figures: updates each replica applied, averages and gradients
@@ -27,7 +27,6 @@ def run_sync_bench(cfg: WcclConfig, steps: int) -> dict[str, Any]:
     cfg = cfg.model_copy(update={
         "training": cfg.training.model_copy(update={"steps": steps}),
         "dashboard": cfg.dashboard.model_copy(update={"enabled": False}),
-        "room": cfg.room.model_copy(update={"nodes": [n for n in cfg.room.nodes if "observer" not in n.roles]}),
     })
     wall = time.perf_counter()
 
