@@ -92,6 +92,7 @@ class Clock(Actor):
         self._measured: dict[int, tuple[float, float]] = {}  # layout -> frames ok (up, down), from the probe
         self.cycle_s = sum(h for h, _, _ in self.ladder)  # one frame in each layout, while probing
         self.rx: dict[tuple[str, int], _Rx] = {}
+        self._measuring = True
         self.hellos: dict[str, sync.Hello] = {}
         self.announce: sync.Announce | None = None
         self._announced = asyncio.Event()
@@ -104,7 +105,8 @@ class Clock(Actor):
     # ------------------------------------------------------------------ inbox
     async def handle(self, msg: FrameTiming | TensorReceived) -> None:
         if isinstance(msg, FrameTiming):
-            self.rx.setdefault((msg.origin, msg.layout), _Rx()).add(msg.shown)
+            if self._measuring:  # the link is measured at start-up only (the rates size the schedule)
+                self.rx.setdefault((msg.origin, msg.layout), _Rx()).add(msg.shown)
             if not self.is_server and msg.origin == self.server:
                 self.estimator.add_down(msg.shown, msg.captured)
                 if msg.echo_peer == self.ctx.node:
@@ -337,6 +339,7 @@ class Clock(Actor):
             self.log.info("clock_synced", **fields)
 
     async def _tick(self, schedule: Schedule, join: int) -> None:
+        self._measuring = False
         now = self.clock.now()
         first = max(join, schedule.step_at(now))
         a = self.announce

@@ -46,9 +46,7 @@ class FrameDecoder(Actor):
         # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
         self.current: int | None = 0 if len(self.ladder) == 1 else None
         self._order = list(range(len(self.ladder)))  # candidates to try, the last that worked first
-        self.codec = codec
-        self.grid = codec.layout
-        self.model = reader.ColourModel(codec.layout)
+        self._use(0)  # sets codec, grid, model and the layout being read
         self.tracker = reader.QuadTracker(self.ladder[0].layout)
         self.session = session
         self.node_names = node_names
@@ -56,7 +54,6 @@ class FrameDecoder(Actor):
         self.reassembler = reassembler
         self.last: dict[int | None, np.ndarray] = {}  # per sender strip: symbols of the last decoded frame
         self.previous: list[tuple[np.ndarray, int, np.ndarray]] = []  # (quad centre, layout, cell samples) last capture
-        self._layout = 0  # the layout of the frame being read
         self.stats: Counter = Counter()
         self.totals: Counter = Counter()
         self.ticks = ticks

@@ -76,7 +76,8 @@ class ParameterServer(Actor):
         self.applied = 0
         self._grads: dict[int, dict[str, bytes]] = {}
         self._snapshot_due: str | None = None
-        self._showing: tuple[bytes, int, int] | None = None  # (payload, frames shown so far, windows left)
+        # The snapshot being shown: (payload, its update count, its epoch, packets shown so far, windows left).
+        self._showing: tuple[bytes, int, int, int, int] | None = None
         self.results = ctx.results.setdefault("server", {"reduced": 0, "gradient_missing": 0, "skipped": 0,
                                                          "gradient_stale": 0, "snapshots_shown": 0,
                                                          "checkpoints": 0})
@@ -149,7 +150,7 @@ class ParameterServer(Actor):
             payload = self._state_bytes()
             # Show it over enough windows for about twice the frames it needs (frames get lost).
             windows = max(1, math.ceil(2 * (self.snapshot_frames + 1) / slots))
-            self._showing = (payload, 0, windows)
+            self._showing = (payload, self.applied, self.epoch, 0, windows)
             self.results["snapshots_shown"] += 1
             self.log.info("snapshot_shown", reason=self._snapshot_due, applied=self.applied, epoch=self.epoch,
                           bytes=len(payload), windows=windows)
@@ -158,11 +159,10 @@ class ParameterServer(Actor):
                 await self.emit(Snapshot(**self.message_fields(step), payload=payload))
         if self._showing is None or slots <= 0:
             return
-        payload, offset, left = self._showing
-        s = snap.decode_snapshot(payload)
-        await self.emit(Show(**self.message_fields(s.applied), stream="params", payload=payload, start=start,
-                             end=w.end, epoch=s.epoch, base=s.applied, packet_offset=offset))
-        self._showing = (payload, offset + slots, left - 1) if left > 1 else None
+        payload, applied, epoch, offset, left = self._showing
+        await self.emit(Show(**self.message_fields(applied), stream="params", payload=payload, start=start,
+                             end=w.end, epoch=epoch, base=applied, packet_offset=offset))
+        self._showing = (payload, applied, epoch, offset + slots, left - 1) if left > 1 else None
 
     async def _reduce(self, step: int) -> None:
         got = self._grads.pop(step, {})

@@ -23,6 +23,7 @@ def test_startup_picks_the_densest_layout_that_gets_through(profile, want, _quie
     chosen = _events(_quiet_logs, "layout_chosen")
     assert len(chosen) == 1 and chosen[0]["layout"] == want
     table = chosen[0]["candidates"]
+    print(profile, [(t["uplink_frames_ok"], t["downlink_frames_ok"]) for t in table])  # BENCHMARKS.md (-s)
     assert len(table) == 3
     if profile == "harsh":  # the 10 and 12 px cells do not survive the harsh camera; 16 px in 4 colours does
         assert table[0]["uplink_frames_ok"] == table[1]["uplink_frames_ok"] == 0.0

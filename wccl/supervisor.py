@@ -125,7 +125,6 @@ class NodeSupervisor:
             server_reading = reading(room.server, self.clock_origin)
             mine = self.local_clock
             truth = lambda t: server_reading(mine.to_loop_time(t))  # noqa: E731
-        codec = cfg.link.codec()
         kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=cfg)
         self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
         if self.spec.record_to:
