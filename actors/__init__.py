@@ -6,10 +6,12 @@ the supervisor (wccl.supervisor).
 
 from actors.camera_reader import CameraReader
 from actors.clock import Clock
+from actors.collectives import Collectives
 from actors.frame_decoder import FrameDecoder
 from actors.observer import Observer
 from actors.parameter_server import ParameterServer
 from actors.screen_writer import ScreenWriter
+from actors.transfer_writer import TransferWriter
 from actors.worker import Worker
 from wccl.registry import REGISTRY
 
@@ -21,9 +23,12 @@ STANDARD = {
     "worker": Worker,
     "parameter_server": ParameterServer,
     "observer": Observer,
+    "collectives": Collectives,
 }
 
 for _role, _cls in STANDARD.items():
     REGISTRY.register(f"actor.{_role}", "standard", _cls, replace=True)
+# A rank of the torch.distributed backend shows transfers until they are acknowledged.
+REGISTRY.register("actor.screen_writer", "transfers", TransferWriter, replace=True)
 
-__all__ = ["CameraReader", "Clock", "FrameDecoder", "Observer", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]
+__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "TransferWriter", "Observer", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]

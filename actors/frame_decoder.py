@@ -5,7 +5,7 @@ behind), `Tick` and `ScheduleDone` (to report and reset the link figures
 each step). A node without a schedule (an observer, `ticks=False`) gets no
 ticks: it reports a step's figures when frames of a later step arrive, and
 the last step's when it finishes.
-Emits: `TensorReceived` for every tensor rebuilt from frames whose checks
+Emits: `TensorReceived` (or `TransferArrived`, `PeerAcks`, `AcksChanged`) for every tensor rebuilt from frames whose checks
 passed and whose bytes match the tensor's digest, and `FrameTiming` for
 every trusted frame from a peer (its timestamps, for the clock sync; the
 capture time is the camera's, on this node's own clock).
@@ -14,7 +14,11 @@ Per capture: find every code (wccl.imaging.reader; tracked near where it
 was, the whole image searched again when one is lost), reject captures that mix
 two frames (parity marks), skip frames identical to one already decoded from
 the same screen, then error-correct, check and reassemble (protocols.link,
-protocols.frames). Frames from another session, from this node itself or
+protocols.frames). Transfer frames (frame version 4, the collectives of
+wccl.distributed, with `transfers` set) are rebuilt into `TransferArrived`,
+and their acknowledgements passed on: `PeerAcks` (what a peer has of this
+rank's transfers) and `AcksChanged` (what this rank has of theirs). Frames
+from another session, from this node itself or
 from an unknown sender are ignored and counted; frames that fail are counted
 by reason, never delivered.
 """
@@ -26,9 +30,10 @@ from collections import Counter
 import numpy as np
 import structlog
 
-from protocols import fec, frames
+from protocols import fec, frames, transfer
 from protocols.link import LinkCodec
-from protocols.messages import Capture, FrameTiming, ScheduleDone, ScheduleKnown, TensorReceived, Tick
+from protocols.messages import (AcksChanged, Capture, FrameTiming, PeerAcks, ScheduleDone, ScheduleKnown,
+                                TensorReceived, Tick, TransferArrived)
 from wccl.actor import Actor, ActorContext
 from wccl.imaging import reader
 
@@ -39,7 +44,8 @@ class FrameDecoder(Actor):
     consumes = (Capture, Tick, ScheduleDone, ScheduleKnown)
 
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
-                 reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None) -> None:
+                 reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None,
+                 transfers: transfer.TransferAssembler | None = None) -> None:
         super().__init__(ctx)
         self.ladder = ladder or [codec]
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
@@ -59,6 +65,9 @@ class FrameDecoder(Actor):
         self.ticks = ticks
         self._frame_step = -1  # without ticks: the latest step seen in a frame
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
+        # Collectives (a rank of wccl.distributed): transfer frames are rebuilt here and acknowledged.
+        self.transfers = transfers
+        self._peer_acks: dict[int, transfer.Ack] = {}
 
     async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
         if isinstance(msg, ScheduleKnown):
@@ -119,7 +128,7 @@ class FrameDecoder(Actor):
         if code.mixed:
             self.stats["captures_mixed"] += 1
             return self.current is not None  # in a wrong layout the parity marks are noise: try the others
-        delivered = self._accept(code, msg.time)
+        delivered = await self._accept(code, msg.time)
         if delivered is not False:
             self.previous.append((centre, k, sampled[0]))
         for timing in self._timings:
@@ -129,7 +138,7 @@ class FrameDecoder(Actor):
             await self.emit(delivered)
         return delivered is not False
 
-    def _accept(self, code: reader.ReadCode, captured: float) -> TensorReceived | None | bool:
+    async def _accept(self, code: reader.ReadCode, captured: float) -> TensorReceived | None | bool:
         """The tensor this frame completes, None if none (frame used or ignored), False if it failed."""
         last = self.last.get(code.sender)
         if (last is not None and last.shape == code.symbols.shape
@@ -137,7 +146,10 @@ class FrameDecoder(Actor):
             self.stats["frames_repeated"] += 1
             return None
         try:
-            packet, corrected = self.codec.decode(code.symbols, code.confidence)
+            message, corrected = self.codec.decode_message(code.symbols, code.confidence)
+            if self.transfers is not None and transfer.is_transfer_message(message):
+                return await self._accept_transfer(transfer.parse_message(message), code, corrected)
+            packet = frames.parse_message(message)
         except fec.UncorrectableFrame:
             self.stats["frames_rejected_uncorrectable"] += 1
             return False
@@ -147,9 +159,7 @@ class FrameDecoder(Actor):
         if (not self.ticks and packet.session == self.session and packet.stream in ("grad", "avg")
                 and packet.step > self._frame_step):
             self._step_from_frames(packet.step)
-        self.stats["cells_wrong"] += corrected
-        self.stats["cells_doubtful"] += int((code.confidence < 0.15).sum())
-        self.stats["cells_read"] += code.symbols.size
+        self._count_cells(code, corrected)
         self.last[code.sender] = code.symbols
         if packet.session != self.session:
             self.stats["frames_foreign_session"] += 1
@@ -174,6 +184,52 @@ class FrameDecoder(Actor):
                               origin=self.node_names[packet.sender], stream=packet.stream,
                               payload=data, frames=self.reassembler.last_packets, epoch=packet.epoch,
                               base=packet.base)
+
+    async def _accept_transfer(self, f: transfer.TransferFrame, code: reader.ReadCode,
+                               corrected: int) -> TransferArrived | None:
+        """A trusted transfer frame (collectives): pass on its sender's acknowledgements of this rank,
+        and the transfer once rebuilt. Never False: the frame was read."""
+        self._count_cells(code, corrected)
+        self.last[code.sender] = code.symbols
+        if f.session != self.session:
+            self.stats["frames_foreign_session"] += 1
+            return None
+        if f.sender >= len(self.node_names) or f.sender == self.me:
+            self.stats["frames_unknown_sender"] += 1
+            return None
+        self.stats["frames_ok"] += 1
+        ack = f.acks[self.me]
+        if self._peer_acks.get(f.sender) != ack:
+            self._peer_acks[f.sender] = ack
+            await self.emit(PeerAcks(sender=self.ctx.node, time=self.clock.now(), origin=f.sender,
+                                     ack=(ack.cum, ack.mask)))
+        if f.header is None:
+            self.stats["status_frames"] += 1
+            return None
+        data = self.transfers.add(f)
+        if data is transfer.DUPLICATE:
+            # The sender still shows a transfer this rank has: it has not seen the acknowledgement yet.
+            await self.emit(self._acks_message(repeat=True))
+            return None
+        if data is None:
+            return None
+        h = f.header
+        self.stats["tensors"] += 1
+        self.stats["tensor_bytes"] += len(data)
+        await self.emit(self._acks_message())
+        return TransferArrived(sender=self.ctx.node, time=self.clock.now(), origin=h.sender, tid=h.tid,
+                               seq=h.seq, op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=data,
+                               frames=self.transfers.last_packets)
+
+    def _acks_message(self, repeat: bool = False) -> AcksChanged:
+        acks = self.transfers.acks(len(self.node_names))
+        return AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=tuple((a.cum, a.mask) for a in acks),
+                           repeat=repeat)
+
+    def _count_cells(self, code: reader.ReadCode, corrected: int) -> None:
+        self.stats["cells_wrong"] += corrected
+        self.stats["cells_doubtful"] += int((code.confidence < 0.15).sum())
+        self.stats["cells_read"] += code.symbols.size
 
     def _report(self, step: int) -> None:
         """Log the link figures since the last report: of `step`, or of the start-up (step -1)."""

@@ -127,11 +127,14 @@ class Transfer:
     packets: tuple[bytes, ...]
 
 
-def fountain(data: bytes, *, message_bytes: int, count: int) -> Transfer:
-    """`count` fountain packets for `data` (fewer if `count` < K: then it cannot be rebuilt)."""
+def fountain(data: bytes, *, message_bytes: int, count: int, packet_size: int | None = None) -> Transfer:
+    """`count` fountain packets for `data` (fewer if `count` < K: then it cannot be rebuilt).
+
+    `packet_size` (payload id + symbol): default, the largest a version-3 frame of `message_bytes` holds.
+    """
     if not data:
         raise ValueError("cannot send an empty tensor")
-    psize = packet_size_for(message_bytes)
+    psize = packet_size_for(message_bytes) if packet_size is None else packet_size
     k = source_packets(len(data), psize)
     enc = raptorq.Encoder.with_defaults(data, psize)
     packets = [bytes(p) for p in enc.get_encoded_packets(max(0, count - k))][:count]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols import cells, fec, frames
+from protocols import cells, fec, frames, transfer
 from protocols.layout import GridLayout
 from protocols.messages import StreamKind
 
@@ -71,11 +71,39 @@ class LinkCodec:
         msg = frames.frame_message(transfer, index, message_bytes=self.message_bytes, **header)
         return self._scramble(self.code.encode(msg))
 
+    # ---- transfer frames (frame version 4, protocols.transfer): the collectives' format ----------
+
+    @property
+    def transfer_packet_size(self) -> int:
+        return transfer.packet_size_for(self.message_bytes)
+
+    def transfer_frames_needed(self, nbytes: int) -> int:
+        return frames.source_packets(nbytes, self.transfer_packet_size)
+
+    def transfer_fountain(self, data: bytes, count: int) -> frames.Transfer:
+        """A transfer's `count` fountain packets (source first, then repair), sized for transfer frames."""
+        return frames.fountain(data, message_bytes=self.message_bytes, count=count,
+                               packet_size=self.transfer_packet_size)
+
+    def seal(self, message: bytes) -> bytes:
+        """Frame bytes (what `layout.render` draws) for a message of `message_bytes` bytes."""
+        return self._scramble(self.code.encode(message))
+
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                erase_below: float = 0.15) -> tuple[frames.Packet, int]:
         """One frame's data-cell symbols -> (trusted packet, cells that were wrong).
 
         Raises fec.UncorrectableFrame or frames.FrameError; never returns an unchecked packet.
+        """
+        message, wrong = self.decode_message(symbols, confidence, erase_below)
+        return frames.parse_message(message), wrong
+
+    def decode_message(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
+                       erase_below: float = 0.15) -> tuple[bytes, int]:
+        """One frame's data-cell symbols -> (error-corrected message, cells that were wrong).
+
+        The message is not checked yet: parse it with frames.parse_message or transfer.parse_message
+        (by its version byte). Raises fec.UncorrectableFrame.
         """
         raw = cells.symbols_to_bytes(symbols, self.layout.colours, self.layout.frame_bytes)
         erasures = None
@@ -101,11 +129,10 @@ class LinkCodec:
                         pos = pos[np.argsort(byte_conf[pos], kind="stable")[:cap]]
                     erasures[pos] = True
         message, corrected = self.code.decode(self._scramble(raw), erasures)
-        packet = frames.parse_message(message)
         wrong = 0
         if corrected:
             # What the cells should have been, now that the frame is known: the raw cell error count.
             truth = cells.bytes_to_symbols(self._scramble(self.code.encode(message)), self.layout.colours,
                                            self.layout.n_data)
             wrong = int(np.count_nonzero(truth != np.asarray(symbols)))
-        return packet, wrong
+        return message, wrong

@@ -145,6 +145,92 @@ class AveragedGradient(Message):
     base: int = 0
 
 
+# ---- collectives (the torch.distributed backend, wccl.distributed; frames of protocols.transfer) ----
+
+AckPair = tuple[int, int]
+"""protocols.transfer.Ack as (cum, mask): every tid <= cum received, and cum + 2 + i for each bit i."""
+
+
+class CollectiveRequest(Message):
+    """A collective issued by the rank's program (wccl.distributed): the k-th of its group (`seq`).
+
+    `inputs` are the tensor bytes this rank contributes, one per part (little endian, C order);
+    `ready_at` is when, on the node's own clock, the rank's program issued it (its compute charged).
+    `handle` is the backend's key to hand the result back by (`CollectiveDone`).
+    """
+
+    control: ClassVar[bool] = True
+    seq: int = Field(ge=0)
+    op: str
+    dtype: str
+    numel: int = Field(ge=0)
+    inputs: tuple[bytes, ...]
+    root: int = 0
+    ready_at: float
+    handle: int
+
+
+class CollectiveDone(Message):
+    """A collective's outcome for the backend: every rank's parts (`parts[rank]`, in rank order) or
+    an `error` saying why it failed (timeout, mismatch)."""
+
+    seq: int
+    handle: int
+    parts: tuple[tuple[bytes, ...], ...] = ()
+    error: str | None = None
+
+
+class PostTransfer(Message):
+    """Show a transfer (protocols.transfer) until every rank in `dest` acknowledges it."""
+
+    tid: int = Field(ge=1)
+    seq: int = Field(ge=0)
+    op: str
+    dtype: str
+    numel: int = Field(ge=0)
+    part: int = Field(default=0, ge=0)
+    dest: int = Field(ge=1, le=0xFF)
+    payload: bytes
+
+
+class TransferArrived(Message):
+    """A transfer rebuilt from frames whose checks passed and whose bytes match its digest."""
+
+    origin: int
+    tid: int
+    seq: int
+    op: str
+    dtype: str
+    numel: int
+    part: int
+    payload: bytes
+    frames: int
+
+
+class AcksChanged(Message):
+    """This node's acknowledgements (one pair per rank) changed: every frame shows them from now on.
+    `repeat`: a peer still shows a transfer this node has (it missed the acknowledgement): show it again."""
+
+    control: ClassVar[bool] = True
+    acks: tuple[AckPair, ...]
+    repeat: bool = False
+
+
+class PeerAcks(Message):
+    """Rank `origin`'s frames acknowledge these transfers of this node (what it has rebuilt)."""
+
+    control: ClassVar[bool] = True
+    origin: int
+    ack: AckPair
+
+
+class Drain(Message):
+    """The rank's program is done: show until every posted transfer is acknowledged, linger, stop."""
+
+    control: ClassVar[bool] = True
+    timeout_s: float
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     Tick,
     ScheduleDone,
@@ -156,4 +242,11 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     Snapshot,
     LocalGradient,
     AveragedGradient,
+    CollectiveRequest,
+    CollectiveDone,
+    PostTransfer,
+    TransferArrived,
+    AcksChanged,
+    PeerAcks,
+    Drain,
 )

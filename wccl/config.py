@@ -177,6 +177,11 @@ class RoomConfig(_Strict):
         """The node's number on the wire (its position in the room)."""
         return [n.name for n in self.nodes].index(name)
 
+    @property
+    def ranks(self) -> list[str]:
+        """The training nodes in room order: rank r of a torch.distributed group is `ranks[r]`."""
+        return [n.name for n in self.nodes if "observer" not in n.roles]
+
 
 class ScreenConfig(_Strict):
     width: int = Field(default=1280, ge=64, le=7680)
@@ -356,6 +361,17 @@ class DashboardConfig(_Strict):
     thumbs_per_s: float = Field(default=2.0, gt=0, le=30)  # camera thumbnails per second per camera
 
 
+class CollectivesConfig(_Strict):
+    """The torch.distributed backend (wccl.distributed): how a rank's collectives use the link."""
+
+    # Virtual time charges a rank's program this many seconds per CPU second it computes between
+    # collectives (1.0: what it really cost here; 0: compute is free, only the link's time counts).
+    compute_scale: float = Field(default=1.0, ge=0, le=1000)
+    loss: float = Field(default=0.1, ge=0, lt=0.9)  # first guess of the share of frames cameras lose
+    margin_frames: int = Field(default=1, ge=0, le=100)  # spare frames booked per transfer
+    drain_s: float = Field(default=10.0, gt=0, le=3600)  # at exit: wait this long for peers to acknowledge
+
+
 class WcclConfig(_Strict):
     room: RoomConfig
     screen: ScreenConfig = ScreenConfig()
@@ -368,6 +384,7 @@ class WcclConfig(_Strict):
     sync: SyncConfig = SyncConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     dashboard: DashboardConfig = DashboardConfig()
+    collectives: CollectivesConfig = CollectivesConfig()
 
     @model_validator(mode="after")
     def _fits(self) -> WcclConfig:

@@ -38,6 +38,7 @@ MAILBOXES: dict[str, tuple[int, Overflow]] = {
     "worker": (64, Overflow.BLOCK),
     "parameter_server": (256, Overflow.BLOCK),
     "observer": (64, Overflow.BLOCK),
+    "collectives": (256, Overflow.BLOCK),
 }
 SOURCES = ("camera_reader",)  # actors that loop on a source, not on their inbox: cancelled at the end
 

@@ -1,0 +1,211 @@
+"""Collectives: a rank's collectives, carried out as transfers over the light.
+
+Consumes: `CollectiveRequest` (from the rank's program, through
+wccl.distributed), `TransferArrived` (a peer's transfer, rebuilt and
+checked), `PeerAcks` (what each peer has of this rank's transfers), `Drain`
+(the program is done). Emits: `PostTransfer` (to the screen), and
+`CollectiveDone` with every rank's parts in rank order, or an error.
+
+Every rank issues the same collectives in the same order (torch's rule), so
+the k-th request of every rank is collective `seq` k. Each request is
+posted when its rank's program issued it (`ready_at`: the program's compute
+is charged to the node's clock), as transfers this rank shows: its input for
+all_reduce, all_gather, reduce_scatter and barrier; the root's tensor for
+broadcast. Every camera reads every screen (all-see-all): a collective is
+done on a rank when it has every part it needs, and every rank reduces the
+same parts in rank order, so results agree bit for bit. A peer's transfer
+that disagrees with this rank's own call (another op, dtype or size) fails
+the collective with a message naming both; one that does not arrive within
+`timeout_s` fails it with what was and was not received. Nothing partial is
+ever handed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass, field
+
+import structlog
+
+from protocols import transfer
+from protocols.messages import CollectiveDone, CollectiveRequest, Drain, PeerAcks, PostTransfer, TransferArrived
+from wccl.actor import Actor, ActorContext
+
+SENDS_ALL = ("allreduce", "allgather", "reduce_scatter", "barrier")
+LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
+
+
+@dataclass
+class _Pending:
+    req: CollectiveRequest
+    deadline: float
+    needed: set[tuple[int, int]]  # (rank, part) still missing
+    parts: dict[tuple[int, int], bytes] = field(default_factory=dict)
+
+
+class Collectives(Actor):
+    consumes = (CollectiveRequest, TransferArrived, PeerAcks, Drain)
+
+    def __init__(self, ctx: ActorContext, rank: int, world: int, timeout_s: float,
+                 names: list[str] | None = None, on_drained=None) -> None:
+        super().__init__(ctx)
+        self.rank, self.world = rank, world
+        self.timeout_s = timeout_s
+        self.names = names or [f"rank{r}" for r in range(world)]
+        self.on_drained = on_drained
+        self._queue: deque[CollectiveRequest] = deque()
+        self._wake = asyncio.Event()
+        self._pending: dict[int, _Pending] = {}
+        self._early: dict[int, list[TransferArrived]] = {}
+        self._next_tid = 1
+        self._acks: dict[int, transfer.Ack] = {}
+        self._heard: dict[int, float] = {}  # rank -> node-clock time of its last transfer
+        self._drain: Drain | None = None
+        self._last_seq = -1  # the latest collective started here
+        self._drained = asyncio.Event()
+        self.results = ctx.results.setdefault("collectives", {"done": 0, "failed": 0, "transfers_posted": 0,
+                                                              "bytes_posted": 0, "bytes_received": 0})
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self._post_when_ready()), tg.create_task(self._watchdog())]
+            try:
+                await super().run()
+            finally:
+                for t in tasks:
+                    t.cancel()
+
+    async def handle(self, msg) -> None:
+        if isinstance(msg, CollectiveRequest):
+            self._queue.append(msg)
+            self._wake.set()
+        elif isinstance(msg, TransferArrived):
+            self._heard[msg.origin] = self.clock.now()
+            self.results["bytes_received"] += len(msg.payload)
+            if msg.seq in self._pending:
+                await self._arrived(self._pending[msg.seq], msg)
+            elif msg.seq > self._last_seq:
+                self._early.setdefault(msg.seq, []).append(msg)  # a peer is ahead of this rank
+        elif isinstance(msg, PeerAcks):
+            self._acks[msg.origin] = transfer.Ack(*msg.ack)
+            self._check_drained()
+        elif isinstance(msg, Drain):
+            self._drain = msg
+            self._wake.set()
+
+    async def _post_when_ready(self) -> None:
+        while True:
+            if not self._queue:
+                if self._drain is not None:
+                    await self._finish_drain()
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            req = self._queue[0]
+            await self.clock.sleep_until(req.ready_at)
+            self._queue.popleft()
+            await self._start(req)
+
+    async def _start(self, req: CollectiveRequest) -> None:
+        self._last_seq = max(self._last_seq, req.seq)
+        if self.world == 1 or req.numel == 0:
+            await self._done(req, tuple(req.inputs for _ in range(self.world)))
+            return
+        others = [r for r in range(self.world) if r != self.rank]
+        if req.op == "broadcast":
+            needed = set() if self.rank == req.root else {(req.root, 0)}
+            shows = self.rank == req.root
+        else:
+            needed = {(r, p) for r in others for p in range(len(req.inputs))}
+            shows = True
+        dest = sum(1 << r for r in others)
+        if shows:
+            for part, payload in enumerate(req.inputs):
+                await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=self._next_tid,
+                                             seq=req.seq, op=req.op, dtype=req.dtype, numel=req.numel, part=part,
+                                             dest=dest, payload=payload))
+                self._next_tid += 1
+                self.results["transfers_posted"] += 1
+                self.results["bytes_posted"] += len(payload)
+        pend = _Pending(req, self.clock.now() + self.timeout_s, needed)
+        for part, payload in enumerate(req.inputs):
+            pend.parts[(self.rank, part)] = payload
+        self._pending[req.seq] = pend
+        for early in self._early.pop(req.seq, []):
+            await self._arrived(pend, early)
+        if not pend.needed and req.seq in self._pending:
+            await self._complete(pend)
+
+    async def _arrived(self, pend: _Pending, msg: TransferArrived) -> None:
+        req = pend.req
+        want = (req.op, req.dtype, req.numel)
+        if (msg.op, msg.dtype, msg.numel) != want:
+            await self._fail(pend, f"collective #{req.seq}: rank {msg.origin} ({self.names[msg.origin]}) called "
+                                   f"{msg.op}({msg.dtype}, {msg.numel} elements) where this rank called "
+                                   f"{req.op}({req.dtype}, {req.numel} elements): every rank must issue the same "
+                                   "collectives in the same order")
+            return
+        key = (msg.origin, msg.part)
+        if key not in pend.needed:
+            return
+        pend.needed.discard(key)
+        pend.parts[key] = msg.payload
+        if not pend.needed:
+            await self._complete(pend)
+
+    async def _complete(self, pend: _Pending) -> None:
+        req = pend.req
+        if req.op == "broadcast":
+            root = pend.parts[(req.root, 0)]
+            parts = tuple((root,) for _ in range(self.world))
+        else:
+            nparts = len(req.inputs)
+            parts = tuple(tuple(pend.parts[(r, p)] for p in range(nparts)) for r in range(self.world))
+        del self._pending[req.seq]
+        await self._done(req, parts)
+
+    async def _done(self, req: CollectiveRequest, parts) -> None:
+        self.results["done"] += 1
+        await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=req.seq,
+                                       handle=req.handle, parts=parts))
+
+    async def _fail(self, pend: _Pending, error: str) -> None:
+        self._pending.pop(pend.req.seq, None)
+        self.results["failed"] += 1
+        self.log.error("collective_failed", seq=pend.req.seq, op=pend.req.op, error=error)
+        await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=pend.req.seq,
+                                       handle=pend.req.handle, error=error))
+
+    async def _watchdog(self) -> None:
+        period = max(0.05, min(1.0, self.timeout_s / 10))
+        while True:
+            await self.clock.sleep_until(self.clock.now() + period)
+            now = self.clock.now()
+            for pend in [p for p in self._pending.values() if p.deadline <= now]:
+                missing = sorted({r for r, _ in pend.needed})
+                who = ", ".join(f"rank {r} ({self.names[r]}): "
+                                + (f"last transfer {now - self._heard[r]:.1f} s ago" if r in self._heard
+                                   else "nothing received yet")
+                                for r in missing)
+                await self._fail(pend, f"collective #{pend.req.seq} ({pend.req.op}) timed out after "
+                                       f"{self.timeout_s:g} s waiting for {who}")
+
+    def _check_drained(self) -> None:
+        last = self._next_tid - 1
+        others = [r for r in range(self.world) if r != self.rank]
+        if all(self._acks.get(r, transfer.Ack()).has(t) for r in others for t in range(1, last + 1)):
+            self._drained.set()
+
+    async def _finish_drain(self) -> None:
+        self._check_drained()
+        log = structlog.get_logger("wccl")
+        try:
+            async with asyncio.timeout(self._drain.timeout_s):
+                await self._drained.wait()
+        except TimeoutError:
+            log.warning("drain_incomplete", unacknowledged_after_s=self._drain.timeout_s)
+        await self.clock.sleep_until(self.clock.now() + LINGER_S)
+        if self.on_drained is not None:
+            self.on_drained()

@@ -1,0 +1,123 @@
+"""TransferWriter: the ScreenWriter of a rank (collectives): shows transfers until they are acknowledged.
+
+Consumes: `PostTransfer` (a tensor's bytes to show, with the collective it
+belongs to and the ranks that must read it), `AcksChanged` (this node's own
+acknowledgements, shown in every frame from then on), `PeerAcks` (what each
+peer has rebuilt of this node's transfers). Emits: nothing; it drives the
+injected screen.
+
+Every `hold_s` (on the node's clock) the pure screen planner
+(protocols.planner) says which transfer and packet goes up next; each frame
+is framed just before it is shown (protocols.transfer: header, packet, this
+node's acknowledgements) and drawn with alternating parity marks, so a
+capture that mixes two frames is recognised. A transfer stays booked until
+every reader acknowledges it; when nothing is left to show but this node's
+acknowledgements changed, it shows a few status frames (acknowledgements
+only), and again whenever a peer still shows a transfer this node already
+has (that peer missed them). Otherwise the last frame stays up: readers skip
+an unchanged frame cheaply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocols import layout, transfer
+from protocols.link import LinkCodec
+from protocols.messages import AcksChanged, PeerAcks, PostTransfer
+from protocols.planner import ScreenPlan
+from wccl.actor import Actor, ActorContext
+from wccl.media import Screen
+
+STATUS_REPEATS = 3  # status frames shown after the acknowledgements change
+REPAIR_SHARE = 0.25  # repair packets made up front, as a share of the source packets (then they repeat)
+
+
+class TransferWriter(Actor):
+    consumes = (PostTransfer, AcksChanged, PeerAcks)
+
+    def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
+                 hold_s: float, session: int, rank: int, world: int, loss: float = 0.1,
+                 margin_frames: int = 1) -> None:
+        super().__init__(ctx)
+        self.screen = screen
+        self.codec = codec
+        self.screen_w, self.screen_h = screen_w, screen_h
+        self.hold_s = hold_s
+        self.session = session
+        self.rank, self.world = rank, world
+        self.plan = ScreenPlan(loss=loss, margin=margin_frames)
+        self._out: dict[int, tuple[transfer.TransferHeader, object]] = {}
+        self._acks: tuple[transfer.Ack, ...] = transfer.NO_ACKS[:world]
+        self._status_due = 0
+        self._wake = asyncio.Event()
+        self._parity = 0
+        self._blank = layout.blank(screen_w, screen_h)
+        self.results = ctx.results.setdefault("screen", {"frames_shown": 0, "status_frames": 0,
+                                                         "transfers_acked": 0})
+
+    async def run(self) -> None:
+        self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
+        async with asyncio.TaskGroup() as tg:
+            presenter = tg.create_task(self._present())
+            try:
+                await super().run()
+            finally:
+                presenter.cancel()
+
+    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks) -> None:
+        if isinstance(msg, AcksChanged):
+            self._acks = tuple(transfer.Ack(c, m) for c, m in msg.acks)
+            self._status_due = STATUS_REPEATS
+        elif isinstance(msg, PeerAcks):
+            for b in self.plan.acknowledge(msg.origin, transfer.Ack(*msg.ack)):
+                self._out.pop(b.tid, None)
+                self.results["transfers_acked"] += 1
+        else:
+            k = self.codec.transfer_frames_needed(len(msg.payload))
+            fountain = self.codec.transfer_fountain(msg.payload, k + max(4, int(k * REPAIR_SHARE)))
+            header = transfer.TransferHeader(self.session, self.rank, msg.tid, msg.seq, msg.op, msg.dtype,
+                                             msg.numel, fountain.length, fountain.digest, msg.part, msg.dest)
+            self._out[msg.tid] = (header, fountain)
+            self.plan.book(msg.tid, msg.dest, k)
+        self._wake.set()
+
+    def _next_message(self, shown_us: int) -> bytes | None:
+        nxt = self.plan.next()
+        if nxt is not None:
+            tid, index = nxt
+            header, fountain = self._out[tid]
+            return transfer.frame_message(header, fountain, index % len(fountain.packets),
+                                          message_bytes=self.codec.message_bytes, acks=self._acks,
+                                          shown_us=shown_us)
+        if self._status_due > 0:
+            self._status_due -= 1
+            self.results["status_frames"] += 1
+            return transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
+                                           message_bytes=self.codec.message_bytes, shown_us=shown_us)
+        return None
+
+    async def _present(self) -> None:
+        t_next: float | None = None
+        while True:
+            if self.plan.pending == 0 and self._status_due == 0:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = self.clock.now()
+            if t_next is None or t_next < now - self.hold_s:
+                t_next = now  # the screen was quiet: the next frame goes up at once
+            await self.clock.sleep_until(t_next)
+            message = self._next_message(round(self.clock.now() * 1e6))
+            if message is None:
+                t_next = None
+                continue
+            image = layout.render(self.codec.seal(message), self.codec.layout, self.screen_w, self.screen_h,
+                                  sender=self.rank, parity=self._parity)
+            self._parity ^= 1
+            self.screen.show(image)
+            self.results["frames_shown"] += 1
+            t_next += self.hold_s
+
+    async def finish(self) -> None:
+        self.screen.show(self._blank)

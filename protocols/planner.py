@@ -1,0 +1,103 @@
+"""Screen time: which transfer a node shows in its next frame.
+
+Consumes: the transfers a node has to show (their number, the ranks that
+must read them, how many packets rebuild them), the acknowledgements its
+peers show back, and how many frames the cameras lose. Emits: for each frame
+slot, which transfer and which of its packets goes up (or nothing).
+
+Collectives are booked on demand: a transfer is booked when its collective is
+issued, with a budget of `ceil(K / (1 - loss)) + margin` frames (K source
+packets; `loss` the share of frames the cameras lost, measured from how many
+frames earlier transfers took until they were acknowledged). Transfers are
+shown oldest first, each up to its budget; once every transfer has used its
+budget, the ones still unacknowledged take turns with fresh repair packets
+until their readers acknowledge them. So a small tensor goes up at once
+(its first frame in the next slot), a large one streams at the link's full
+rate, and a lost frame costs one more frame, not a missed schedule.
+
+Pure: no clocks, no I/O. The ScreenWriter (actors/transfer_writer.py) asks
+`next()` once per frame slot, every `hold_s` on its clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from protocols.transfer import Ack
+
+ACK_LATENCY_FRAMES = 2  # frames a transfer is typically shown after its reader has it, until the ack is seen
+
+
+@dataclass
+class Booking:
+    tid: int
+    dest: int  # bitmask of the ranks that must acknowledge it
+    source: int  # K: packets that rebuild it
+    budget: int  # frames booked for it
+    shown: int = 0
+    acked: int = 0  # bitmask of the ranks that acknowledged it
+
+    @property
+    def done(self) -> bool:
+        return self.acked & self.dest == self.dest
+
+
+@dataclass
+class ScreenPlan:
+    """One node's screen: its booked transfers, in the order they were booked."""
+
+    loss: float = 0.1  # share of frames lost on the way (estimate; updated from acknowledgements)
+    margin: int = 1  # spare frames booked per transfer
+    alpha: float = 0.25  # weight of a new loss sample
+    bookings: list[Booking] = field(default_factory=list)
+    _turn: int = 0
+
+    def book(self, tid: int, dest: int, source: int) -> Booking:
+        """Book a transfer of `source` packets for the ranks in `dest`; returns its booking."""
+        if dest <= 0:
+            raise ValueError("a transfer needs at least one reader")
+        if self.bookings and tid <= self.bookings[-1].tid:
+            raise ValueError(f"transfer {tid} booked after {self.bookings[-1].tid}")
+        budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
+        b = Booking(tid, dest, source, budget)
+        self.bookings.append(b)
+        return b
+
+    def next(self) -> tuple[int, int] | None:
+        """(tid, packet index) of the next frame to show, or None when every transfer is acknowledged."""
+        open_ = [b for b in self.bookings if not b.done]
+        if not open_:
+            return None
+        for b in open_:
+            if b.shown < b.budget:
+                b.shown += 1
+                return b.tid, b.shown - 1
+        # Every booking used its budget: the unacknowledged ones take turns with fresh repair packets.
+        self._turn = (self._turn + 1) % len(open_)
+        b = open_[self._turn]
+        b.shown += 1
+        return b.tid, b.shown - 1
+
+    def acknowledge(self, rank: int, ack: Ack) -> list[Booking]:
+        """Rank `rank` shows `ack`: returns the bookings this completes (and forgets them)."""
+        bit = 1 << rank
+        finished = []
+        for b in self.bookings:
+            if b.dest & bit and not b.acked & bit and ack.has(b.tid):
+                b.acked |= bit
+                if b.done:
+                    finished.append(b)
+                    self._learn(b)
+        if finished:
+            self.bookings = [b for b in self.bookings if not b.done]
+        return finished
+
+    def _learn(self, b: Booking) -> None:
+        took = max(b.source, b.shown - ACK_LATENCY_FRAMES)
+        sample = 1.0 - b.source / took
+        self.loss = min(0.9, max(0.0, (1 - self.alpha) * self.loss + self.alpha * sample))
+
+    @property
+    def pending(self) -> int:
+        return sum(1 for b in self.bookings if not b.done)

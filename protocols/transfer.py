@@ -1,0 +1,284 @@
+"""Transfer frames: the frame format of collectives (frame version 4).
+
+A collective (all_reduce, broadcast, ...) moves tensors between ranks as
+*transfers*: one tensor's bytes from one sender, fountain coded over as many
+frames as it takes (protocols.frames.fountain). Each sender numbers its
+transfers 1, 2, 3, ... (`tid`); every frame also names the collective the
+transfer belongs to (`seq`, the group's collective sequence number, which
+every rank counts the same way because every rank issues the same collectives
+in the same order), its op, the tensor's dtype and element count, and which
+part of the sender's contribution it is. Nothing else gives a frame meaning:
+no step number, no fixed stream names.
+
+Every frame also carries the sender's *acknowledgements*: for each peer rank,
+which of that peer's transfers it has rebuilt (`Ack`: all tids up to `cum`,
+plus a bitmap of the 32 after `cum + 1`). A sender keeps showing a transfer
+(source packets, then fresh repair packets) until every rank it is meant for
+acknowledges it, so no schedule has to guess how many frames a camera will
+lose. A *status* frame (tid 0, no packet) carries acknowledgements alone.
+
+    header (big endian)
+      magic 0xC7 | version 4 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the tensor bytes, frames.digest) |
+      packet_size u16 | shown_us i64 | acks: 8 x (cum u32, mask u32)
+    packet (packet_size bytes: RaptorQ payload id + symbol; none in a status frame)
+    check (8 bytes: BLAKE2b-64 of header + packet)
+    zero padding up to the message size
+
+Pure functions and frozen dataclasses: no I/O, no asyncio, no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+
+import raptorq
+
+from protocols.frames import CHECK_BYTES, MAGIC, MIN_SYMBOL, PAYLOAD_ID_BYTES, SYMBOL_ALIGN, FrameError, Transfer
+from protocols.frames import digest as frame_digest
+
+VERSION = 4
+MAX_RANKS = 8
+_HEAD = struct.Struct(">BBHBBIIBBHBII8sHq")
+_ACK = struct.Struct(">II")
+HEADER_BYTES = _HEAD.size + MAX_RANKS * _ACK.size
+OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
+ACK_WINDOW = 32
+
+FLAG_STATUS = 0x01  # acknowledgements only: no packet
+
+OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5}
+OP_NAMES = {v: k for k, v in OPS.items()}
+DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,
+          "int8": 8, "int16": 9, "bool": 10}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+def _check(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=CHECK_BYTES, person=b"wccl-xfer").digest()
+
+
+def packet_size_for(message_bytes: int) -> int:
+    """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds."""
+    symbol = (message_bytes - OVERHEAD_BYTES - PAYLOAD_ID_BYTES) // SYMBOL_ALIGN * SYMBOL_ALIGN
+    if symbol < MIN_SYMBOL:
+        raise ValueError(f"a frame message of {message_bytes} bytes is too small for a transfer packet "
+                         f"(at least {OVERHEAD_BYTES + PAYLOAD_ID_BYTES + MIN_SYMBOL} bytes)")
+    return min(symbol + PAYLOAD_ID_BYTES, 0xFFFF)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Which of one peer's transfers a rank has rebuilt: every tid <= `cum`, and tid `cum + 2 + i`
+    for each bit i of `mask` (tid `cum + 1` is by definition still missing)."""
+
+    cum: int = 0
+    mask: int = 0
+
+    def has(self, tid: int) -> bool:
+        if tid <= self.cum:
+            return True
+        i = tid - self.cum - 2
+        return 0 <= i < ACK_WINDOW and bool(self.mask >> i & 1)
+
+    @staticmethod
+    def of(received: set[int] | frozenset[int], floor: int = 0) -> Ack:
+        """The acknowledgement of a set of received tids (`floor`: every tid up to it was received)."""
+        cum = floor
+        while cum + 1 in received:
+            cum += 1
+        mask = 0
+        for i in range(ACK_WINDOW):
+            if cum + 2 + i in received:
+                mask |= 1 << i
+        return Ack(cum, mask)
+
+
+NO_ACKS: tuple[Ack, ...] = (Ack(),) * MAX_RANKS
+
+
+@dataclass(frozen=True, slots=True)
+class TransferHeader:
+    """What a transfer is: who sends it (`sender`, a rank), its number (`tid`), the collective (`seq`,
+    `op`), the tensor (`dtype`, `numel`, `length` bytes, `digest`), which part of the sender's
+    contribution (`part`), and the ranks that must read it (`dest`, a bitmask)."""
+
+    session: int
+    sender: int
+    tid: int
+    seq: int
+    op: str
+    dtype: str
+    numel: int
+    length: int
+    digest: bytes
+    part: int = 0
+    dest: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TransferFrame:
+    """One trusted frame: its transfer's header (None for a status frame), its packet, the sender's
+    acknowledgements (one per rank), and when the sender showed it (its own clock, microseconds)."""
+
+    session: int
+    sender: int
+    header: TransferHeader | None
+    packet: bytes
+    acks: tuple[Ack, ...]
+    shown_us: int = 0
+
+    @property
+    def packet_id(self) -> int:
+        return int.from_bytes(self.packet[:PAYLOAD_ID_BYTES], "big")
+
+
+def _pack_acks(acks: tuple[Ack, ...]) -> bytes:
+    if len(acks) > MAX_RANKS:
+        raise ValueError(f"at most {MAX_RANKS} ranks")
+    acks = tuple(acks) + NO_ACKS[len(acks):]
+    return b"".join(_ACK.pack(a.cum, a.mask) for a in acks)
+
+
+def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
+                  acks: tuple[Ack, ...], shown_us: int = 0) -> bytes:
+    """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
+    if header.length != transfer.length or header.digest != transfer.digest:
+        raise ValueError("header and transfer disagree")
+    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, 0, header.tid, header.seq, OPS[header.op],
+                      DTYPES[header.dtype], header.part, header.dest, header.length, header.numel, header.digest,
+                      transfer.packet_size, shown_us)
+    body = head + _pack_acks(acks) + transfer.packets[index]
+    msg = body + _check(body)
+    if len(msg) > message_bytes:
+        raise ValueError(f"frame message of {len(msg)} bytes exceeds {message_bytes}")
+    return msg + bytes(message_bytes - len(msg))
+
+
+def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
+                   shown_us: int = 0) -> bytes:
+    """A status frame's message: acknowledgements only."""
+    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, 0, 0, OPS["status"], 0, 0, 0, 0, 0,
+                      bytes(8), 0, shown_us)
+    body = head + _pack_acks(acks)
+    return body + _check(body) + bytes(message_bytes - len(body) - CHECK_BYTES)
+
+
+def is_transfer_message(msg: bytes) -> bool:
+    """Does this (corrected) frame message claim to be a transfer frame? (Only the check can vouch.)"""
+    return len(msg) >= 2 and msg[0] == MAGIC and msg[1] == VERSION
+
+
+def parse_message(msg: bytes) -> TransferFrame:
+    """Check and decode one transfer frame message; raises FrameError for anything untrustworthy."""
+    if len(msg) < OVERHEAD_BYTES:
+        raise FrameError("short_frame", f"{len(msg)} bytes")
+    (magic, version, session, sender, flags, tid, seq, op, dtype, part, dest, length, numel, dig, psize,
+     shown) = _HEAD.unpack_from(msg)
+    if magic != MAGIC:
+        raise FrameError("bad_magic")
+    status = bool(flags & FLAG_STATUS)
+    end = HEADER_BYTES + (0 if status else psize)
+    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES):
+        raise FrameError("bad_length", f"packet_size {psize}")
+    if _check(msg[:end]) != msg[end:end + CHECK_BYTES]:
+        raise FrameError("check_mismatch")
+    # Fields below are only meaningful once the check vouched for them.
+    if version != VERSION:
+        raise FrameError("bad_version", str(version))
+    if flags & ~FLAG_STATUS:
+        raise FrameError("bad_flags", str(flags))
+    if sender >= MAX_RANKS:
+        raise FrameError("unknown_sender", str(sender))
+    acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(MAX_RANKS))
+    if status:
+        return TransferFrame(session, sender, None, b"", acks, shown)
+    if op not in OP_NAMES or op == OPS["status"]:
+        raise FrameError("unknown_op", str(op))
+    if dtype not in DTYPE_NAMES:
+        raise FrameError("unknown_dtype", str(dtype))
+    if tid == 0 or length == 0:
+        raise FrameError("bad_length", "empty transfer")
+    header = TransferHeader(session, sender, tid, seq, OP_NAMES[op], DTYPE_NAMES[dtype], numel, length, dig,
+                            part, dest)
+    return TransferFrame(session, sender, header, bytes(msg[HEADER_BYTES:end]), acks, shown)
+
+
+@dataclass
+class TransferAssembler:
+    """Rebuilds transfers from trusted transfer frames and keeps this rank's acknowledgements.
+
+    `add` returns the transfer's bytes once any sufficient set of its packets arrived and the bytes
+    match the digest (else None); a frame of a transfer already rebuilt is counted in `duplicates`
+    and flagged by `add` returning `DUPLICATE`, so the caller can show its acknowledgement again.
+    `acks()` is this rank's acknowledgement of every sender. Losses are counted by reason.
+    """
+
+    max_pending: int = 64
+    _decoders: dict = field(default_factory=dict)
+    _received: dict = field(default_factory=dict)  # sender -> (floor, set of tids above it)
+    losses: Counter = field(default_factory=Counter)
+    duplicates: int = 0
+    last_packets: int = 0
+
+    def has(self, sender: int, tid: int) -> bool:
+        floor, above = self._received.get(sender, (0, set()))
+        return tid <= floor or tid in above
+
+    def add(self, f: TransferFrame) -> bytes | None | object:
+        h = f.header
+        if h is None:
+            return None
+        if self.has(h.sender, h.tid):
+            self.duplicates += 1
+            return DUPLICATE
+        key = (h.sender, h.tid)
+        meta = (h.length, h.digest, len(f.packet), h.seq, h.op, h.dtype, h.numel, h.part)
+        entry = self._decoders.get(key)
+        if entry is not None and entry[0] != meta:
+            self.losses["conflicting_frames"] += 1  # two different transfers claim one number: trust neither
+            del self._decoders[key]
+            return None
+        if entry is None:
+            entry = (meta, raptorq.Decoder.with_defaults(h.length, len(f.packet)), set())
+            self._decoders[key] = entry
+            while len(self._decoders) > self.max_pending:
+                del self._decoders[min(self._decoders, key=lambda k: k[1])]
+                self.losses["evicted_incomplete"] += 1
+        _, decoder, seen = entry
+        if f.packet_id in seen:
+            self.duplicates += 1
+            return None
+        seen.add(f.packet_id)
+        data = decoder.decode(f.packet)
+        if data is None:
+            return None
+        del self._decoders[key]
+        self.last_packets = len(seen)
+        data = bytes(data)
+        self._mark(h.sender, h.tid)
+        if len(data) != h.length or frame_digest(data) != h.digest:
+            self.losses["tensor_digest_mismatch"] += 1
+            return None
+        return data
+
+    def _mark(self, sender: int, tid: int) -> None:
+        floor, above = self._received.get(sender, (0, set()))
+        above = set(above) | {tid}
+        while floor + 1 in above:
+            floor += 1
+            above.discard(floor)
+        self._received[sender] = (floor, above)
+
+    def ack_of(self, sender: int) -> Ack:
+        floor, above = self._received.get(sender, (0, set()))
+        return Ack.of(frozenset(above), floor)
+
+    def acks(self, world: int) -> tuple[Ack, ...]:
+        return tuple(self.ack_of(r) for r in range(world))
+
+
+DUPLICATE = object()  # TransferAssembler.add: a frame of a transfer already rebuilt

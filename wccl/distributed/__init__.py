@@ -1,0 +1,134 @@
+"""`import wccl.distributed` registers the `wccl` backend of torch.distributed.
+
+    import torch.distributed as dist
+    import wccl.distributed
+    dist.init_process_group("wccl")        # rank, world size and room from `python -m wccl.launch`
+    # or, without the launcher:
+    dist.init_process_group("wccl", init_method="wccl://rooms/two-laptops-sim.toml?node=alice")
+
+Rank order is the room file's node order (observers excluded). No network is
+used, for rendezvous or anything else: the launcher's environment (RANK,
+WORLD_SIZE, WCCL_CONFIG, WCCL_NODE, and WCCL_ROOM: the simulated room's
+socket) says everything; `env://` gets a process-local store when WCCL_CONFIG
+is set and MASTER_ADDR is not, and `wccl://` always does. The store is never
+used to talk to other ranks.
+
+Each rank runs its node (camera, screen, decoder, collectives) on a thread of
+its own process (wccl.distributed.runtime); the process group
+(wccl.distributed.backend) hands it every collective.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import urllib.parse
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from wccl.config import ConfigError, WcclConfig, load_config
+
+_rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (the package exports a function)
+BACKEND = "wccl"
+_pending: dict = {}  # what the rendezvous learned, for the backend's creator
+_nodes: list = []
+
+
+def _room_from_env() -> tuple[WcclConfig, str]:
+    path, node = os.environ.get("WCCL_CONFIG"), os.environ.get("WCCL_NODE")
+    if not path or not node:
+        raise ConfigError("wccl: set WCCL_CONFIG and WCCL_NODE (python -m wccl.launch does), or pass "
+                          "init_method='wccl://ROOM.toml?node=NAME'")
+    return load_config(Path(path)), node
+
+
+def _check_rank(cfg: WcclConfig, node: str, rank: int | None, world: int | None, source: str) -> tuple[int, int]:
+    ranks = cfg.room.ranks
+    if node not in ranks:
+        raise ConfigError(f"{source}: node {node!r} is not a training node of the room ({', '.join(ranks)})")
+    r, w = ranks.index(node), len(ranks)
+    if world is not None and world != -1 and world != w:
+        raise ConfigError(f"{source}: world size {world} does not match the room's {w} training nodes "
+                          f"({', '.join(ranks)})")
+    if rank is not None and rank != -1 and rank != r:
+        raise ConfigError(f"{source}: rank {rank} does not match node {node!r}, which is rank {r} "
+                          "(rank order is the room file's node order)")
+    return r, w
+
+
+def _wccl_rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs):
+    """`wccl://ROOM.toml?node=NAME`: the room file names the ranks; the node says which one this is."""
+    parsed = urllib.parse.urlparse(url)
+    path = (parsed.netloc + parsed.path) if parsed.netloc not in ("", "localhost") else parsed.path
+    query = dict(urllib.parse.parse_qsl(parsed.query))
+    node = query.get("node") or os.environ.get("WCCL_NODE")
+    if not node:
+        raise ConfigError(f"{url}: name this laptop's node: wccl://ROOM.toml?node=NAME")
+    cfg = load_config(Path(path))
+    r, w = _check_rank(cfg, node, rank, world_size, url)
+    _pending.update(config=cfg, node=node)
+    yield dist.HashStore(), r, w
+    raise RuntimeError("wccl: rendezvous cannot be repeated")
+
+
+_env_handler = _rdzv._rendezvous_handlers["env"]
+
+
+def _env_rendezvous(url: str, timeout: timedelta = dist.default_pg_timeout, **kwargs):
+    """env:// as torchrun sets it, unless this process was started by `python -m wccl.launch`."""
+    if os.environ.get("WCCL_CONFIG") and not os.environ.get("MASTER_ADDR"):
+        cfg, node = _room_from_env()
+        rank = int(os.environ.get("RANK", "-1"))
+        world = int(os.environ.get("WORLD_SIZE", "-1"))
+        r, w = _check_rank(cfg, node, rank, world, f"WCCL_CONFIG={os.environ['WCCL_CONFIG']}")
+        _pending.update(config=cfg, node=node)
+        yield dist.HashStore(), r, w
+        return
+    yield from _env_handler(url, timeout=timeout, **kwargs)
+
+
+def _create(store, rank: int, world: int, timeout: timedelta):
+    from wccl.distributed.backend import WcclProcessGroup
+    from wccl.distributed.runtime import RankNode
+
+    if not _pending:
+        cfg, node = _room_from_env()  # a store was passed: the environment still names the room
+        _check_rank(cfg, node, rank, world, "init_process_group")
+    else:
+        cfg, node = _pending["config"], _pending["node"]
+    if _nodes:
+        raise NotImplementedError("wccl: one group per process (new_group subgroups are not supported yet)")
+    node_rt = RankNode(cfg, node, timeout_s=timeout.total_seconds(), room_socket=os.environ.get("WCCL_ROOM"))
+    node_rt.start()
+    _nodes.append(node_rt)
+    return WcclProcessGroup(rank, world, node_rt)
+
+
+def shutdown() -> None:
+    """Drain and stop this process's node (peers first read what they still need). Idempotent; also
+    runs at exit and from `destroy_process_group` through atexit."""
+    while _nodes:
+        _nodes.pop().close()
+
+
+def sim_seconds() -> float:
+    """This rank's time so far in the room (simulated seconds, its compute charged); 0 without a node."""
+    return _nodes[0].sim_seconds() if _nodes else 0.0
+
+
+def node_results() -> dict:
+    """What this rank's node counted (frames shown, transfers, link figures), for reports."""
+    if not _nodes or _nodes[0].sup is None:
+        return {}
+    return dict(_nodes[0].sup.results)
+
+
+_rdzv._rendezvous_handlers["env"] = _env_rendezvous
+if "wccl" not in _rdzv._rendezvous_handlers:
+    dist.register_rendezvous_handler("wccl", _wccl_rendezvous)
+if BACKEND.upper() not in dist.Backend._plugins:
+    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+atexit.register(shutdown)

@@ -1,0 +1,269 @@
+"""A rank's node: the actors that carry its collectives, on their own event-loop thread.
+
+`CollectiveNode` is a node supervisor (wccl.supervisor) with the actors of
+a rank: CameraReader, FrameDecoder (transfer frames), TransferWriter (the
+screen) and Collectives. It consumes `CollectiveRequest`s and hands every
+`CollectiveDone` to a callback. It runs on any loop and any medium; tests
+run two of them in one virtual-time loop over one simulated room.
+
+`RankNode` runs one CollectiveNode on a thread of the rank's process, so the
+program's own thread (the user's training script) stays free: `submit()` is
+thread-safe and returns at once. Its event loop is the room's virtual time
+(wccl.room.vtime) or real time. Virtual time stands still while the
+program's thread computes (`busy`); the compute between two collectives is
+charged to the node's clock at the CPU time it took (times
+`collectives.compute_scale`), so a collective goes up when a laptop that
+fast would have issued it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from protocols import transfer
+from protocols.messages import CollectiveDone, CollectiveRequest, Drain, Message
+from wccl.config import ConfigError, WcclConfig
+from wccl.registry import REGISTRY
+from wccl.supervisor import NodeSupervisor
+from wccl.timebase import NodeClock, SyncedClock
+
+
+class CollectiveNode(NodeSupervisor):
+    """A rank's node: its camera and screen, and the actors that move its collectives."""
+
+    def __init__(self, config: WcclConfig, node: str, medium: Any, *, timeout_s: float,
+                 on_done: Callable[[CollectiveDone], None], stop: asyncio.Event | None = None,
+                 clock_origin: float = 0.0) -> None:
+        super().__init__(config, node, medium, stop, clock_origin)
+        self.ranks = config.room.ranks
+        if node not in self.ranks:
+            raise ConfigError(f"node {node!r} is an observer, not a rank ({', '.join(self.ranks)})")
+        if len(self.ranks) > transfer.MAX_RANKS:
+            raise ConfigError(f"room.nodes: at most {transfer.MAX_RANKS} ranks, the room has {len(self.ranks)}")
+        self.rank, self.world = self.ranks.index(node), len(self.ranks)
+        self.timeout_s = timeout_s
+        self.on_done = on_done
+
+    def actor_names(self) -> list[str]:
+        return ["camera_reader", "frame_decoder", "screen_writer", "collectives"]
+
+    def build(self) -> None:
+        from protocols.frames import Reassembler
+
+        cfg, room = self.config, self.config.room
+        clock_for = getattr(self.medium, "clock_for", None)
+        self.local_clock = clock_for(self.node, self.clock_origin) if clock_for else NodeClock(origin=self.clock_origin)
+        # No schedule to sync to: a rank's collectives run on demand, on its own clock.
+        self.clock = SyncedClock(self.local_clock)
+        kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=cfg)
+        self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
+        screen = REGISTRY.create("screen", self.spec.screen, **kw)
+        codec, hold_s = cfg.link.ladder_codecs()[0]
+        col = cfg.collectives
+        self.deps = {
+            "camera_reader": dict(camera=self.camera),
+            "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
+                                  reassembler=Reassembler(), transfers=transfer.TransferAssembler()),
+            "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
+                                  hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
+                                  loss=col.loss, margin_frames=col.margin_frames),
+            "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
+                                on_drained=self.end),
+        }
+        impl = {"screen_writer": "transfers"}
+        from wccl.actor import Mailbox
+        from wccl.supervisor import MAILBOXES
+
+        for name in self.actor_names():
+            cls = REGISTRY.get(f"actor.{name}", impl.get(name, self.spec.actor_impl(name)))
+            self.actor_classes[name] = cls
+            capacity, overflow = MAILBOXES[name]
+            box = Mailbox(f"{self.node}.{name}", capacity, overflow)
+            self.mailboxes[name] = box
+            for msg_type in cls.consumes:
+                self.routes[msg_type].append(box)
+        self._built = True
+
+    async def _emit(self, msg: Message) -> None:
+        if isinstance(msg, CollectiveDone):
+            self.on_done(msg)
+            return
+        await super()._emit(msg)
+
+    async def submit(self, req: CollectiveRequest | Drain) -> None:
+        await self.mailboxes["collectives"].put(req)
+
+
+def _thread_cpu_clock(ident: int) -> Callable[[], float]:
+    """CPU seconds thread `ident` has used so far (readable from any thread)."""
+    try:
+        clk = time.pthread_getcpuclockid(ident)
+    except (AttributeError, OSError):  # not on this platform: charge wall time instead
+        return time.perf_counter
+    return lambda: time.clock_gettime(clk)
+
+
+class RankNode:
+    """One rank's node on its own thread; the rank's program submits collectives from any thread."""
+
+    def __init__(self, config: WcclConfig, node: str, *, timeout_s: float, room_socket: str | None = None) -> None:
+        self.config = config
+        self.node = node
+        self.timeout_s = timeout_s
+        self.room_socket = room_socket
+        self.log = structlog.get_logger("wccl")
+        self._program = threading.current_thread()
+        self._program_cpu = _thread_cpu_clock(self._program.ident)
+        self._stat = Path(f"/proc/self/task/{self._program.native_id}/stat")
+        self._busy_cpu = 0.0
+        self._handles = itertools.count(1)
+        self._callbacks: dict[int, Callable[[CollectiveDone], None]] = {}
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.sup: CollectiveNode | None = None
+        self.result: Any = None
+        self._t_mark = 0.0  # loop time up to which the program's compute has been charged
+        self._cpu_mark = 0.0  # the program thread's CPU time at that mark
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, name=f"wccl-{self.node}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        try:
+            loop, medium = self._make_loop()
+        except BaseException as e:  # noqa: BLE001 - handed to the program's thread
+            self._error = e
+            self._ready.set()
+            return
+        self.loop = loop
+        asyncio.set_event_loop(loop)
+        try:
+            self.result = loop.run_until_complete(self._run(medium))
+        except BaseException as e:  # noqa: BLE001
+            self._error = e
+            self.log.error("rank_node_failed", error=str(e))
+            self._fail_all(f"the rank's node stopped: {e}")
+        finally:
+            self._ready.set()
+            close = getattr(medium, "close", None)
+            if close is not None:
+                close()
+            loop.close()
+
+    def _make_loop(self) -> tuple[asyncio.AbstractEventLoop, Any]:
+        cfg = self.config
+        if cfg.room.medium == "simulated":
+            if not self.room_socket:
+                raise ConfigError("the simulated room runs as its own process: start the rank with "
+                                  "`python -m wccl.launch` (it sets WCCL_ROOM), or run the room with "
+                                  "`python -m wccl.room.serve` and set WCCL_ROOM to its socket")
+            from wccl.room import remote
+
+            medium, loop = remote.connect(self.room_socket, self.node, cfg.room.clock, busy=self._program_busy)
+            return loop, medium
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        medium = REGISTRY.create("medium", cfg.room.medium, config=cfg)
+        return loop, medium
+
+    async def _run(self, medium: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        structlog.contextvars.bind_contextvars(node=self.node)
+        origin = 0.0 if self.config.room.clock == "virtual" else loop.time()
+        self.sup = CollectiveNode(self.config, self.node, medium, timeout_s=self.timeout_s,
+                                  on_done=self._done, clock_origin=origin)
+        self.sup.build()
+        self._t_mark, self._cpu_mark = loop.time(), self._program_cpu()
+        self._ready.set()
+        return await self.sup.run()
+
+    def close(self) -> None:
+        """Let peers read what they still need (until `drain_s`), then stop the node and its thread."""
+        if self._closed or self._thread is None:
+            return
+        self._closed = True
+        if self._thread.is_alive() and self.loop is not None and self.sup is not None:
+            drain = Drain(sender=self.node, time=0.0, timeout_s=self.config.collectives.drain_s)
+            try:
+                asyncio.run_coroutine_threadsafe(self.sup.submit(drain), self.loop)
+            except RuntimeError:
+                pass  # the loop already closed
+        self._thread.join()
+
+    # ------------------------------------------------------------------ program side
+    def _program_busy(self) -> bool:
+        """Is the rank's program computing (so virtual time must stand still)?"""
+        if not self._program.is_alive():
+            return False
+        cpu = self._program_cpu()
+        advanced, self._busy_cpu = cpu - self._busy_cpu > 2e-4, cpu
+        if advanced:
+            return True
+        try:
+            return self._stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            return False
+
+    def submit(self, *, seq: int, op: str, dtype: str, numel: int, inputs: tuple[bytes, ...], root: int,
+               callback: Callable[[CollectiveDone], None]) -> None:
+        """Issue a collective; `callback(CollectiveDone)` runs on the node's thread when it ends."""
+        if self._error is not None or self.loop is None or self._closed:
+            raise RuntimeError(f"wccl: rank {self.node}'s node is not running"
+                               + (f": {self._error}" if self._error else ""))
+        handle = next(self._handles)
+        self._callbacks[handle] = callback
+        loop = self.loop
+        if threading.current_thread() is self._program:
+            cpu = self._program_cpu()
+            charge = (cpu - self._cpu_mark) * self.config.collectives.compute_scale
+            self._t_mark, self._cpu_mark = self._t_mark + charge, cpu
+            ready_loop = self._t_mark
+        else:  # a comm hook's callback, on the node's own thread: no program compute to charge
+            ready_loop = loop.time()
+
+        async def _put() -> None:
+            clock = self.sup.local_clock
+            ready = (max(ready_loop, loop.time()) - clock.origin) * clock.rate + clock.offset
+            await self.sup.submit(CollectiveRequest(sender=self.node, time=clock.now(), seq=seq, op=op, dtype=dtype,
+                                                    numel=numel, inputs=inputs, root=root, ready_at=ready,
+                                                    handle=handle))
+
+        asyncio.run_coroutine_threadsafe(_put(), loop)
+
+    def _done(self, msg: CollectiveDone) -> None:
+        if not self._program_busy():
+            # The program waited for this: its compute resumes from now.
+            self._t_mark = max(self._t_mark, self.loop.time())
+            self._cpu_mark = self._program_cpu()
+        cb = self._callbacks.pop(msg.handle, None)
+        if cb is not None:
+            cb(msg)
+
+    def _fail_all(self, error: str) -> None:
+        for handle in list(self._callbacks):
+            cb = self._callbacks.pop(handle)
+            cb(CollectiveDone(sender=self.node, time=0.0, seq=-1, handle=handle, error=error))
+
+    def sim_seconds(self) -> float:
+        """The rank's time so far (seconds of the room's time, its program's compute charged)."""
+        if self.loop is None:
+            return 0.0
+        charge = (self._program_cpu() - self._cpu_mark) * self.config.collectives.compute_scale
+        return max(self.loop.time(), self._t_mark + charge) - (0.0 if self.config.room.clock == "virtual"
+                                                                else self.sup.clock_origin)

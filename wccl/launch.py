@@ -1,0 +1,154 @@
+"""`python -m wccl.launch --config ROOM.toml script.py [args]`: one process per laptop, as torchrun does.
+
+Starts one OS process per training node of the room file (rank order is the
+room file's node order; observers are not ranks), each running `script.py`
+with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, WCCL_CONFIG and
+WCCL_NODE set, so that `dist.init_process_group("wccl")` needs no argument.
+In the simulated room, the room itself runs as one more process
+(`python -m wccl.room.serve`), reached by the ranks through a Unix socket
+(WCCL_ROOM) and sharing nothing else with them. On real laptops,
+`--node NAME` runs this laptop's rank only. No network is used.
+
+Exit status: 0 when every rank exits 0; otherwise the first failing rank's
+status (a rank that loses a peer fails its collectives with a clear error
+after its timeout); 2 for bad arguments or config (one line, no traceback);
+130 on Ctrl-C or SIGTERM, after every process it started has stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from wccl.config import ConfigError, load_config
+
+EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
+ROOM_START_S = 60.0  # how long the room process may take to open its socket
+STOP_GRACE_S = 10.0  # after SIGTERM, how long a process may take before it is killed
+
+
+class LaunchError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m wccl.launch",
+                                description="Run a PyTorch script on every laptop of a WCCL room (the 'wccl' backend).")
+    p.add_argument("--config", required=True, help="the room file (its training nodes are the ranks, in order)")
+    p.add_argument("--node", help="run only this laptop's rank (real laptops: one launcher per laptop)")
+    p.add_argument("--clock", choices=["virtual", "realtime"], help="override [room] clock (simulated room)")
+    p.add_argument("--room-log", help="write the room process's log to this file (default: this terminal)")
+    p.add_argument("script", help="the training script (python file)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
+    return p
+
+
+def _stop(procs: list[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.send_signal(sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _start_room(config: Path, nodes: list[str], clock: str | None, env: dict, log) -> tuple[subprocess.Popen, str]:
+    sock = os.path.join(tempfile.mkdtemp(prefix="wccl-room-"), "room.sock")
+    cmd = [sys.executable, "-m", "wccl.room.serve", "--config", str(config), "--socket", sock,
+           "--nodes", ",".join(nodes), "--authkey-env", "WCCL_ROOM_AUTHKEY"]
+    if clock:
+        cmd += ["--clock", clock]
+    room = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + ROOM_START_S
+    while not os.path.exists(sock):
+        if room.poll() is not None:
+            raise LaunchError(f"the room process exited with status {room.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            _stop([room])
+            raise LaunchError(f"the room process did not open {sock} within {ROOM_START_S:g} s")
+        time.sleep(0.05)
+    return room, sock
+
+
+def launch(args: argparse.Namespace) -> int:
+    config_path = Path(args.config).resolve()
+    cfg = load_config(config_path)
+    script = Path(args.script)
+    if not script.is_file():
+        raise LaunchError(f"{args.script}: no such script")
+    ranks = cfg.room.ranks
+    if args.node is not None and args.node not in ranks:
+        raise LaunchError(f"--node {args.node}: not a training node of the room ({', '.join(ranks)})")
+    simulated = cfg.room.medium == "simulated"
+    if args.node is not None and simulated:
+        raise LaunchError("--node runs one laptop's rank on real devices; the simulated room runs every rank "
+                          "(leave out --node)")
+    run = [args.node] if args.node else ranks
+    base = dict(os.environ)
+    base.pop("MASTER_ADDR", None)
+    base.pop("MASTER_PORT", None)
+    base.update(WORLD_SIZE=str(len(ranks)), LOCAL_WORLD_SIZE=str(len(run)), WCCL_CONFIG=str(config_path))
+    if args.clock:
+        base["WCCL_CLOCK"] = args.clock
+    procs: list[subprocess.Popen] = []
+    room = None
+    log = open(args.room_log, "w") if args.room_log else None  # noqa: SIM115 - closed below
+    interrupted = False
+
+    def _interrupt(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if simulated:
+            base["WCCL_ROOM_AUTHKEY"] = secrets.token_hex(16)
+            room, sock = _start_room(config_path, ranks, args.clock, base, log)
+            base["WCCL_ROOM"] = sock
+        for local, node in enumerate(run):
+            env = dict(base, RANK=str(ranks.index(node)), LOCAL_RANK=str(local), WCCL_NODE=node)
+            procs.append(subprocess.Popen([sys.executable, str(script), *args.args], env=env))
+        codes = [p.wait() for p in procs]
+        failed = [c for c in codes if c != 0]
+        return failed[0] if failed else EXIT_OK
+    except KeyboardInterrupt:
+        interrupted = True
+        return EXIT_INTERRUPTED
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _stop(procs)
+        if room is not None:
+            _stop([room])
+        if log is not None:
+            log.close()
+        if interrupted:
+            print("wccl.launch: interrupted; every process it started has stopped", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return launch(args)
+    except (ConfigError, LaunchError) as e:
+        print(f"wccl.launch: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())
