@@ -52,13 +52,15 @@ class ScreenPlan:
     alpha: float = 0.25  # weight of a new loss sample
     bookings: list[Booking] = field(default_factory=list)
     _turn: int = 0
+    _last_tid: int = 0
 
     def book(self, tid: int, dest: int, source: int) -> Booking:
         """Book a transfer of `source` packets for the ranks in `dest`; returns its booking."""
         if dest <= 0:
             raise ValueError("a transfer needs at least one reader")
-        if self.bookings and tid <= self.bookings[-1].tid:
-            raise ValueError(f"transfer {tid} booked after {self.bookings[-1].tid}")
+        if tid <= self._last_tid:
+            raise ValueError(f"transfer {tid} booked after {self._last_tid}")
+        self._last_tid = tid
         budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
         b = Booking(tid, dest, source, budget)
         self.bookings.append(b)

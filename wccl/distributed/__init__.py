@@ -101,6 +101,16 @@ def _create(store, rank: int, world: int, timeout: timedelta):
         cfg, node = _pending["config"], _pending["node"]
     if _nodes:
         raise NotImplementedError("wccl: one group per process (new_group subgroups are not supported yet)")
+    clock = os.environ.get("WCCL_CLOCK")
+    if clock:
+        if clock not in ("virtual", "realtime"):
+            raise ConfigError(f"WCCL_CLOCK={clock}: expected 'virtual' or 'realtime'")
+        cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"clock": clock})})
+    import sys
+
+    from wccl.logs import configure_logging
+
+    configure_logging(cfg.logging.format, cfg.logging.level, stream=sys.stderr)  # stdout is the program's
     node_rt = RankNode(cfg, node, timeout_s=timeout.total_seconds(), room_socket=os.environ.get("WCCL_ROOM"))
     node_rt.start()
     _nodes.append(node_rt)

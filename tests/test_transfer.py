@@ -1,0 +1,193 @@
+"""The collectives' transfer layer: frame v4, acknowledgements, the screen planner, and two ranks'
+nodes moving collectives over a simulated room (in one virtual-time loop, sharing only the room)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import actors  # noqa: F401  (registers the actors)
+from conftest import make_config, run_virtual
+from protocols import frames, transfer
+from protocols.messages import CollectiveRequest, Drain
+from protocols.planner import ScreenPlan
+from wccl.distributed.runtime import CollectiveNode
+from wccl.room import SimulatedRoom
+
+MSG = 1900
+
+
+def _header(data: bytes, **kw) -> tuple[transfer.TransferHeader, frames.Transfer]:
+    psize = transfer.packet_size_for(MSG)
+    tr = frames.fountain(data, message_bytes=MSG, count=frames.source_packets(len(data), psize) + 2,
+                         packet_size=psize)
+    fields = dict(session=7, sender=1, tid=3, seq=11, op="allreduce", dtype="float32", numel=len(data) // 4,
+                  length=tr.length, digest=tr.digest, part=0, dest=0b01)
+    fields.update(kw)
+    return transfer.TransferHeader(**fields), tr
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.binary(min_size=4, max_size=6000).map(lambda b: b[: len(b) // 4 * 4] or b"\0\0\0\0"),
+       acks=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1)), min_size=0, max_size=8))
+def test_transfer_frames_round_trip(data, acks):
+    header, tr = _header(data)
+    ack_t = tuple(transfer.Ack(c, m) for c, m in acks)
+    asm = transfer.TransferAssembler()
+    out = None
+    for i in range(len(tr.packets)):
+        msg = transfer.frame_message(header, tr, i, message_bytes=MSG, acks=ack_t, shown_us=123)
+        assert len(msg) == MSG and transfer.is_transfer_message(msg)
+        f = transfer.parse_message(msg)
+        assert f.header == header and f.shown_us == 123
+        assert f.acks[: len(ack_t)] == ack_t and all(a == transfer.Ack() for a in f.acks[len(ack_t):])
+        got = asm.add(f)
+        if got is not None and got is not transfer.DUPLICATE:
+            out = got
+            break
+    assert out == data
+    assert asm.ack_of(1).has(3) and not asm.ack_of(0).has(3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=8, max_size=800), pos=st.integers(0, 10_000), bit=st.integers(0, 7))
+def test_a_flipped_bit_is_never_trusted(data, pos, bit):
+    header, tr = _header(data[: len(data) // 4 * 4] or b"abcd")
+    msg = bytearray(transfer.frame_message(header, tr, 0, message_bytes=MSG, acks=()))
+    body = transfer.HEADER_BYTES + len(tr.packets[0]) + frames.CHECK_BYTES
+    msg[pos % body] ^= 1 << bit
+    with pytest.raises(frames.FrameError):
+        transfer.parse_message(bytes(msg))
+
+
+def test_status_frames_carry_acknowledgements_only():
+    acks = (transfer.Ack(5, 0b101), transfer.Ack(0, 0))
+    f = transfer.parse_message(transfer.status_message(session=1, sender=0, acks=acks, message_bytes=MSG))
+    assert f.header is None and f.acks[:2] == acks and f.packet == b""
+
+
+def test_acknowledgement_sets():
+    a = transfer.Ack.of({1, 2, 3, 5, 7, 40}, 0)
+    assert (a.cum, [t for t in range(1, 45) if a.has(t)]) == (3, [1, 2, 3, 5, 7])  # 40 is past the window
+    assert transfer.Ack.of(set(), 9).has(9) and not transfer.Ack.of(set(), 9).has(10)
+    asm = transfer.TransferAssembler()
+    for tid in (2, 1, 4):
+        asm._mark(0, tid)
+    assert asm.ack_of(0) == transfer.Ack(2, 0b1) and asm.has(0, 4) and not asm.has(0, 3)
+
+
+def test_planner_books_by_size_and_loss_and_repairs_until_acknowledged():
+    plan = ScreenPlan(loss=0.2, margin=1)
+    b1 = plan.book(1, dest=0b10, source=3)  # ceil(3 / 0.8) + 1 = 5
+    b2 = plan.book(2, dest=0b10, source=1)  # ceil(1 / 0.8) + 1 = 3
+    assert (b1.budget, b2.budget) == (5, 3)
+    shown = [plan.next() for _ in range(8)]
+    assert shown == [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4), (2, 0), (2, 1), (2, 2)]  # oldest first, to budget
+    extra = {plan.next()[0] for _ in range(4)}
+    assert extra == {1, 2}  # then fresh repair packets, taking turns
+    assert plan.acknowledge(1, transfer.Ack(2, 0)) == [b1, b2]
+    assert plan.next() is None and plan.pending == 0
+    with pytest.raises(ValueError):
+        plan.book(2, dest=1, source=1)  # numbers only grow
+
+
+def test_planner_learns_the_loss_from_acknowledgements():
+    plan = ScreenPlan(loss=0.0, margin=0)
+    for tid in range(1, 6):
+        plan.book(tid, dest=1, source=10)
+        for _ in range(22):  # 20 frames to get 10 through, plus the acknowledgement's delay
+            plan.next()
+        plan.acknowledge(0, transfer.Ack(tid, 0))
+    assert 0.3 < plan.loss < 0.5
+    assert plan.book(9, dest=1, source=10).budget >= 15
+
+
+# ---- two ranks over a room, in one process (they share nothing but the room) ------------------
+
+ROOM2 = {"nodes": [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]}
+
+
+def _run_ranks(profile: str, script, timeout_s: float = 20.0, link: dict | None = None):
+    cfg = make_config(room=dict(ROOM2, profile=profile), link=link or {"choose": "pinned"})
+
+    async def go():
+        room = SimulatedRoom.from_config(cfg)
+        done: dict[str, list] = {"alice": [], "bob": []}
+        nodes = {}
+        for n in ("alice", "bob"):
+            nodes[n] = CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=timeout_s,
+                                      on_done=done[n].append)
+            nodes[n].build()
+        async with asyncio.TaskGroup() as tg:
+            for s in nodes.values():
+                tg.create_task(s.run())
+            await script(nodes, done)
+            for n, s in nodes.items():
+                await s.submit(Drain(sender=n, time=0.0, timeout_s=5.0))
+        return nodes, done
+
+    return run_virtual(go)
+
+
+def _req(node, seq, op, data: bytes, dtype="uint8", root=0, numel=None):
+    return CollectiveRequest(sender=node.node, time=0.0, seq=seq, op=op, dtype=dtype,
+                             numel=len(data) if numel is None else numel, inputs=(data,), root=root,
+                             ready_at=node.local_clock.now(), handle=seq)
+
+
+async def _until(done, n):
+    while sum(len(v) for v in done.values()) < n:
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("profile", ["exact", "webcam"])
+def test_two_ranks_all_reduce_and_broadcast_over_the_room(profile):
+    async def script(nodes, done):
+        a, b = nodes["alice"], nodes["bob"]
+        await a.submit(_req(a, 0, "allreduce", b"A" * 3000))
+        await asyncio.sleep(0.4)  # bob issues later: alice's transfer waits for him
+        await b.submit(_req(b, 0, "allreduce", b"B" * 3000))
+        await a.submit(_req(a, 1, "broadcast", b"root!" * 10, root=0))
+        await b.submit(_req(b, 1, "broadcast", bytes(50), root=0))
+        await a.submit(_req(a, 2, "allreduce", b"", numel=0))
+        await b.submit(_req(b, 2, "allreduce", b"", numel=0))
+        await _until(done, 6)
+
+    nodes, done = _run_ranks(profile, script)
+    for n, other in (("alice", b"B"), ("bob", b"A")):
+        by_seq = {m.seq: m for m in done[n]}
+        assert all(m.error is None for m in done[n])
+        assert by_seq[0].parts == ((b"A" * 3000,), (b"B" * 3000,))
+        assert by_seq[1].parts == ((b"root!" * 10,), (b"root!" * 10,))
+        assert by_seq[2].parts == ((b"",), (b"",))
+    # bob never showed anything for the broadcast; the empty all_reduce sent nothing at all
+    assert nodes["bob"].results["collectives"]["transfers_posted"] == 1
+    assert nodes["alice"].results["collectives"]["transfers_posted"] == 2
+
+
+def test_a_mismatched_call_fails_on_both_ranks_with_both_calls_named():
+    async def script(nodes, done):
+        a, b = nodes["alice"], nodes["bob"]
+        await a.submit(_req(a, 0, "allreduce", bytes(16), dtype="float32", numel=4))
+        await b.submit(_req(b, 0, "allgather", bytes(16), dtype="float32", numel=4))
+        await _until(done, 2)
+
+    _, done = _run_ranks("exact", script)
+    for n in ("alice", "bob"):
+        (m,) = done[n]
+        assert m.parts == () and "every rank must issue the same collectives" in m.error
+        assert "allreduce" in m.error and "allgather" in m.error
+
+
+def test_a_silent_peer_times_out_with_a_clear_error():
+    async def script(nodes, done):
+        a = nodes["alice"]
+        await a.submit(_req(a, 0, "allreduce", bytes(100)))
+        await _until(done, 1)
+
+    _, done = _run_ranks("exact", script, timeout_s=3.0)
+    (m,) = done["alice"]
+    assert m.parts == () and "timed out after 3 s" in m.error and "rank 1 (bob)" in m.error
