@@ -56,6 +56,7 @@ class CollectiveNode(NodeSupervisor):
         return ["camera_reader", "frame_decoder", "screen_writer", "collectives"]
 
     def build(self) -> None:
+        import actors  # noqa: F401  (registers the actors: this is a composition root, like wccl.node)
         from protocols.frames import Reassembler
 
         cfg, room = self.config, self.config.room

@@ -1,5 +1,6 @@
 """`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`; `python -m wccl.lab sweep --out DIR`;
-`python -m wccl.lab sync --config FILE --steps N --json` (clock sync and lockstep over a long run)."""
+`python -m wccl.lab sync --config FILE --steps N --json` (clock sync and lockstep over a long run);
+`python -m wccl.lab collectives --config FILE --json` (each collective and size through the wccl backend)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     y.add_argument("--steps", type=int, default=1000)
     y.add_argument("--seed", type=int, help="room seed (the laptops' clock offsets and drifts are drawn from it)")
     y.add_argument("--json", action="store_true", help="print one JSON object")
+    c = sub.add_parser("collectives", help="time each collective and size through the wccl backend "
+                                           "(one process per rank, the room as its own process)")
+    c.add_argument("--config", default="rooms/two-laptops-sim.toml")
+    c.add_argument("--sizes", default="4,2048,65536,1048576", help="tensor sizes in bytes")
+    c.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier")
+    c.add_argument("--repeat", type=int, default=3, help="runs of each collective of 2 KB or less (the worst counts)")
+    c.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
+    if args.cmd == "collectives":
+        return _collectives(args)
     if args.cmd == "sync":
         return _sync(args)
     if args.cmd == "sweep":
@@ -75,6 +85,29 @@ def _print(result: dict, as_json: bool) -> None:
     else:
         for k, v in result.items():
             print(f"{k:>22}: {v}")
+
+
+def _collectives(args: argparse.Namespace) -> int:
+    import subprocess
+    from pathlib import Path
+
+    from wccl.lab import collectives_rank
+
+    cmd = [sys.executable, "-m", "wccl.launch", "--config", args.config, collectives_rank.__file__,
+           "--sizes", args.sizes, "--ops", args.ops, "--repeat", str(args.repeat)]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        print(f"wccl.lab: the ranks failed (exit status {proc.returncode}); see their errors above", file=sys.stderr)
+        return proc.returncode
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["config"] = str(Path(args.config))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{'op':>15} {'bytes':>9} {'latency s':>10} {'goodput kB/s':>13} correct")
+        for r in result["rows"]:
+            print(f"{r['op']:>15} {r['bytes']:>9} {r['latency_s']:>10} {str(r['goodput_kBps']):>13} {r['correct']}")
+    return 0
 
 
 def _sync(args: argparse.Namespace) -> int:

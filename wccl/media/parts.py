@@ -16,14 +16,21 @@ def _simulated(*, config):
     return SimulatedRoom.from_config(config)
 
 
+def _is_room(medium) -> bool:
+    """The simulated room, in this process or reached in its own (wccl.room.remote)."""
+    from wccl.room.remote import RemoteRoom
+
+    return isinstance(medium, (SimulatedRoom, RemoteRoom))
+
+
 def _room_camera(*, medium, node, clock, config):
-    if not isinstance(medium, SimulatedRoom):
+    if not _is_room(medium):
         raise TypeError("camera 'room' needs the simulated room medium")
     return medium.camera(node, clock)
 
 
 def _room_screen(*, medium, node, clock, config):
-    if not isinstance(medium, SimulatedRoom):
+    if not _is_room(medium):
         raise TypeError("screen 'room' needs the simulated room medium")
     return medium.screen(node)
 
