@@ -3,7 +3,8 @@
     python -m wccl.launch --config rooms/two-laptops-sim.toml examples/powersgd.py --steps 30
     torchrun --nproc-per-node 2 examples/powersgd.py --backend gloo --steps 30
 
-The hook compresses each gradient bucket to rank-r factors (P, Q) and calls
+`--hook fp16` or `--hook bf16` runs torch's fp16_compress_hook or
+bf16_compress_hook instead. PowerSGD compresses each gradient bucket to rank-r factors (P, Q) and calls
 all_reduce from inside future callbacks; it all-reduces zero-element tensors
 too. Prints one JSON line per rank (as ddp_mnist.py does), with the hook's
 name and rank.
@@ -51,8 +52,15 @@ def main() -> None:
     else:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook if args.hook == "fp16"
-                                 else default_hooks.bf16_compress_hook)
+        if args.hook == "fp16":
+            model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        else:
+            # DDP refuses torch's bf16 hook by name unless NCCL is built in (a CUDA check, on any backend);
+            # called through a wrapper it runs unchanged.
+            def bf16_hook(state, bucket):
+                return default_hooks.bf16_compress_hook(state, bucket)
+
+            model.register_comm_hook(None, bf16_hook)
     opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
     for step in range(args.steps):
         xb, yb = batch_for_step(x, y, 512, 0, step, rank)

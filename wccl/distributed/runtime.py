@@ -23,6 +23,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,31 @@ def _thread_cpu_clock(ident: int) -> Callable[[], float]:
     return lambda: time.clock_gettime(clk)
 
 
+COMPLETION_THREADS = 8  # futures completed at once (each may run a hook that waits for another collective)
+
+
+class _Watched:
+    """A thread, and whether it ran since last asked (CPU time advanced) or is running now."""
+
+    def __init__(self, thread: threading.Thread) -> None:
+        self.thread = thread
+        self.cpu = _thread_cpu_clock(thread.ident)
+        self.stat = Path(f"/proc/self/task/{thread.native_id}/stat")
+        self.last = self.cpu()
+
+    def busy(self) -> bool:
+        if not self.thread.is_alive():
+            return False
+        cpu = self.cpu()
+        advanced, self.last = cpu - self.last > 2e-4, cpu
+        if advanced:
+            return True
+        try:
+            return self.stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
+        except (OSError, IndexError):
+            return False
+
+
 class RankNode:
     """One rank's node on its own thread; the rank's program submits collectives from any thread."""
 
@@ -123,8 +149,14 @@ class RankNode:
         self.log = structlog.get_logger("wccl")
         self._program = threading.current_thread()
         self._program_cpu = _thread_cpu_clock(self._program.ident)
-        self._stat = Path(f"/proc/self/task/{self._program.native_id}/stat")
-        self._busy_cpu = 0.0
+        # Threads whose running keeps virtual time still: the program's, and those that complete
+        # futures (a comm hook's callbacks run there, and may block waiting for the next collective:
+        # never on the node's own thread, which must stay free to carry that collective).
+        self._watched: list[_Watched] = [_Watched(self._program)]
+        self._watch_lock = threading.Lock()
+        self._completions = ThreadPoolExecutor(max_workers=COMPLETION_THREADS,
+                                               thread_name_prefix=f"wccl-{node}-done",
+                                               initializer=self._watch_this_thread)
         self._handles = itertools.count(1)
         self._callbacks: dict[int, Callable[[CollectiveDone], None]] = {}
         self._ready = threading.Event()
@@ -206,20 +238,18 @@ class RankNode:
             except RuntimeError:
                 pass  # the loop already closed
         self._thread.join()
+        self._completions.shutdown(wait=False)
 
     # ------------------------------------------------------------------ program side
+    def _watch_this_thread(self) -> None:
+        with self._watch_lock:
+            self._watched.append(_Watched(threading.current_thread()))
+
     def _program_busy(self) -> bool:
-        """Is the rank's program computing (so virtual time must stand still)?"""
-        if not self._program.is_alive():
-            return False
-        cpu = self._program_cpu()
-        advanced, self._busy_cpu = cpu - self._busy_cpu > 2e-4, cpu
-        if advanced:
-            return True
-        try:
-            return self._stat.read_text().rsplit(")", 1)[1].split()[0] == "R"
-        except (OSError, IndexError):
-            return False
+        """Is the rank's program (or a hook's callback) computing, so virtual time must stand still?"""
+        with self._watch_lock:
+            watched = list(self._watched)
+        return any(w.busy() for w in watched)
 
     def submit(self, *, seq: int, op: str, dtype: str, numel: int, inputs: tuple[bytes, ...], root: int,
                callback: Callable[[CollectiveDone], None]) -> None:
@@ -254,7 +284,7 @@ class RankNode:
             self._cpu_mark = self._program_cpu()
         cb = self._callbacks.pop(msg.handle, None)
         if cb is not None:
-            cb(msg)
+            self._completions.submit(cb, msg)
 
     def _fail_all(self, error: str) -> None:
         for handle in list(self._callbacks):
