@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0, help="model initialisation")
     p.add_argument("--data-seed", type=int, default=0, help="split and batch order")
+    p.add_argument("--save-params", help="also save the final parameters (.npy); {rank} is replaced")
     args = p.parse_args()
 
     torch.set_num_threads(1)  # results must not depend on the thread count (bit-exact against gloo)
@@ -83,6 +84,11 @@ def main() -> None:
         seconds = wd.sim_seconds()
     else:
         seconds = time.perf_counter() - wall0
+    if args.save_params:
+        import numpy as np
+
+        flat = torch.cat([q.detach().reshape(-1).to(torch.float32) for q in model.module.parameters()])
+        np.save(args.save_params.format(rank=rank), flat.numpy())
     print(json.dumps({"rank": rank, "test_accuracy": round(acc, 4), "params_sha256": params_sha256(model.module),
                       "sim_seconds": round(seconds, 3), "backend": args.backend, "world": world,
                       "steps": args.steps}), flush=True)

@@ -72,7 +72,7 @@ def _start_room(config: Path, nodes: list[str], clock: str | None, env: dict, lo
            "--nodes", ",".join(nodes), "--authkey-env", "WCCL_ROOM_AUTHKEY"]
     if clock:
         cmd += ["--clock", clock]
-    room = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+    room = subprocess.Popen(cmd, env=env, stdout=log or sys.stderr, stderr=log or sys.stderr)
     deadline = time.monotonic() + ROOM_START_S
     while not os.path.exists(sock):
         if room.poll() is not None:

@@ -68,7 +68,10 @@ def _wccl_rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs):
     if not node:
         raise ConfigError(f"{url}: name this laptop's node: wccl://ROOM.toml?node=NAME")
     cfg = load_config(Path(path))
-    r, w = _check_rank(cfg, node, rank, world_size, url)
+    # torch puts init_process_group's rank and world_size into the URL's query
+    rank = int(query.get("rank", rank))
+    world_size = int(query.get("world_size", world_size))
+    r, w = _check_rank(cfg, node, rank, world_size, url.split("?")[0])
     _pending.update(config=cfg, node=node)
     yield dist.HashStore(), r, w
     raise RuntimeError("wccl: rendezvous cannot be repeated")

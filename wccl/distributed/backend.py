@@ -21,7 +21,6 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from protocols.messages import CollectiveDone
 from wccl.distributed.runtime import RankNode
@@ -87,6 +86,38 @@ def _write(outputs: list[torch.Tensor], flat: torch.Tensor) -> None:
             offset += n
 
 
+class WcclWork(dist.Work):
+    """A collective under way: `wait()` returns once its result is written, and raises its error
+    (torch's own future-wrapping Work would return normally from a failed future: a tensor left
+    unreduced, silently)."""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout=None) -> bool:
+        self._fut.wait()  # raises the collective's error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        if not self._fut.done():
+            return False
+        try:
+            self._fut.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def result(self):
+        return self._fut.value()
+
+
 class WcclProcessGroup(dist.ProcessGroup):
     """A process group whose collectives travel as frames between screens and cameras."""
 
@@ -139,7 +170,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         with self._lock:
             seq = next(self._seq)
             self._node.submit(seq=seq, op=op, dtype=dtype, numel=numel, inputs=(payload,), root=root, callback=done)
-        return _create_work_from_future(fut)
+        return WcclWork(fut)
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, tensors, opts=None):
@@ -181,6 +212,23 @@ class WcclProcessGroup(dist.ProcessGroup):
 
         return self._issue("allgather", [input], finish)
 
+    def all_gather_single(self, output, input, opts=None):  # torch >= 2.13's name for _allgather_base
+        return self._allgather_base(output, input, opts)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None):
+        def finish(parts):
+            for r, outs in enumerate(output_lists):
+                off = 0
+                for t in outs:
+                    _write([t], parts[r][off:off + t.numel()])
+                    off += t.numel()
+            return output_lists
+
+        return self._issue("allgather", list(inputs), finish)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         def finish(parts):
             for i, out in enumerate(outputs):
@@ -218,6 +266,23 @@ class WcclProcessGroup(dist.ProcessGroup):
 
         return self._issue("reduce_scatter", [input], finish)
 
+    def reduce_scatter_single(self, output, input, opts=None):  # torch >= 2.13's name for _reduce_scatter_base
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+
+        def finish(parts):
+            off = 0
+            for out, inp in zip(outputs, inputs):
+                n = out.numel()
+                mine = [p[off + self._rank * n: off + (self._rank + 1) * n] for p in parts]
+                _write([out], _reduce(mine, op, self._world))
+                off += inp.numel()
+            return outputs
+
+        return self._issue("reduce_scatter", list(inputs), finish)
+
     def reduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
@@ -253,8 +318,11 @@ class WcclProcessGroup(dist.ProcessGroup):
     def alltoall(self, *a, **k):
         self._unsupported("all_to_all")
 
-    def alltoall_base(self, *a, **k):
+    def all_to_all_single(self, *a, **k):
         self._unsupported("all_to_all_single")
+
+    def recv_anysource(self, *a, **k):
+        self._unsupported("recv_anysource")
 
     def scatter(self, *a, **k):
         self._unsupported("scatter")

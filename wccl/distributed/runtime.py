@@ -37,6 +37,18 @@ from wccl.supervisor import NodeSupervisor
 from wccl.timebase import NodeClock, SyncedClock
 
 
+LAYOUT_KEYS = {"rows", "cols", "colours", "cell_px", "hold_s", "code_rate"}
+
+
+def collective_layout(cfg: WcclConfig):
+    """The (codec, hold_s) a rank's collectives use: the pinned [link] layout if the room file sets one;
+    else the densest of the start-up ladder (the layout two laptops face to face read best)."""
+    link = cfg.link
+    if link.choose == "pinned" and not (LAYOUT_KEYS & link.model_fields_set):
+        link = link.model_copy(update={"choose": "auto"})
+    return link.ladder_codecs()[0]
+
+
 class CollectiveNode(NodeSupervisor):
     """A rank's node: its camera and screen, and the actors that move its collectives."""
 
@@ -68,7 +80,7 @@ class CollectiveNode(NodeSupervisor):
         kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=cfg)
         self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
         screen = REGISTRY.create("screen", self.spec.screen, **kw)
-        codec, hold_s = cfg.link.ladder_codecs()[0]
+        codec, hold_s = collective_layout(cfg)
         col = cfg.collectives
         self.deps = {
             "camera_reader": dict(camera=self.camera),
@@ -188,6 +200,10 @@ class RankNode:
         asyncio.set_event_loop(loop)
         try:
             self.result = loop.run_until_complete(self._run(medium))
+            if self.result.stopped:  # Esc in the rank's window: no collective can be done any more
+                self._error = RuntimeError("its window was closed (Esc)")
+                self.log.warning("rank_node_stopped", node=self.node, reason="window_closed")
+                self._fail_all(f"the rank's node stopped: {self._error}")
         except BaseException as e:  # noqa: BLE001
             self._error = e
             self.log.error("rank_node_failed", error=str(e))
@@ -221,6 +237,9 @@ class RankNode:
         origin = 0.0 if self.config.room.clock == "virtual" else loop.time()
         self.sup = CollectiveNode(self.config, self.node, medium, timeout_s=self.timeout_s,
                                   on_done=self._done, clock_origin=origin)
+        bind_stop = getattr(medium, "bind_stop", None)  # a real window's Esc stops the node, as in wccl.node
+        if bind_stop is not None:
+            bind_stop(self.sup.stop.set)
         self.sup.build()
         self._t_mark, self._cpu_mark = loop.time(), self._program_cpu()
         self._ready.set()

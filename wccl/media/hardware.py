@@ -8,7 +8,10 @@ Light travels through the air; this process only runs the nodes given with
 
 The medium also carries the node's stop hook: a window's Esc calls
 `request_stop()`, which sets the run's stop event (`bind_stop`), so the
-node ends as it does on Ctrl-C.
+node ends as it does on Ctrl-C. And it keeps the windows it made: `close()`
+closes them, on the thread that calls it, which must be the thread that made
+them (a rank of the `wccl` backend runs its node, windows included, on a
+thread of its own, and closes the medium there when the node ends).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from wccl.media.display import probe_display
 
 
 class StopHook:
-    """What a window calls on Esc: every bound callback (RoomRun binds its stop event)."""
+    """What a window calls on Esc: every bound callback (RoomRun binds its stop event); and the windows."""
 
     def __init__(self) -> None:
         self._callbacks: list[Callable[[], None]] = []
         self.stop_requested = False
+        self.windows: list = []  # WindowScreens made for this medium (window_screen), closed by close()
 
     def bind_stop(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
@@ -33,6 +37,12 @@ class StopHook:
         self.stop_requested = True
         for cb in self._callbacks:
             cb()
+
+    def close(self) -> None:
+        """Close the windows made for this medium (idempotent). Call it on the thread that made them:
+        OpenCV's highgui is not thread-safe."""
+        while self.windows:
+            self.windows.pop().close()
 
 
 def require_realtime(config, medium: str) -> None:
@@ -63,12 +73,17 @@ def window_screen(*, medium, node, clock, config):
     place = getattr(medium, "window_rect", None)
     if place is not None:  # the desktop loopback: windows side by side on one display
         x, y, _, _ = place(node)
-        return WindowScreen(clock, f"wccl {node}", config.screen.width, config.screen.height, fullscreen=False,
-                            x=x, y=y, on_quit=on_quit, display=medium.display_name, node=node)
-    opts = config.room.node(node).window
-    fullscreen, x, y = (opts.fullscreen, opts.x, opts.y) if opts is not None else (True, 0, 0)
-    return WindowScreen(clock, f"wccl {node}", config.screen.width, config.screen.height, fullscreen=fullscreen,
-                        x=x, y=y, on_quit=on_quit, node=node)
+        screen = WindowScreen(clock, f"wccl {node}", config.screen.width, config.screen.height, fullscreen=False,
+                              x=x, y=y, on_quit=on_quit, display=medium.display_name, node=node)
+    else:
+        opts = config.room.node(node).window
+        fullscreen, x, y = (opts.fullscreen, opts.x, opts.y) if opts is not None else (True, 0, 0)
+        screen = WindowScreen(clock, f"wccl {node}", config.screen.width, config.screen.height,
+                              fullscreen=fullscreen, x=x, y=y, on_quit=on_quit, node=node)
+    windows = getattr(medium, "windows", None)
+    if windows is not None:
+        windows.append(screen)
+    return screen
 
 
 def webcam_camera(*, medium, node, clock, config):

@@ -1,0 +1,226 @@
+"""The `wccl` torch.distributed backend, end to end: `python -m wccl.launch` starts one process per rank
+and the room as one more; the ranks share nothing but the room's pixels.
+
+Fast tests use a small `exact` room (a perfect camera); the slow ones the `webcam` room of
+rooms/two-laptops-sim.toml and gloo (torchrun, over localhost) as the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "dist_scripts"
+EXAMPLES = ROOT / "examples"
+
+
+def room_file(tmp_path: Path, n: int = 2, profile: str = "exact", extra: str = "") -> Path:
+    names = ["alice", "bob", "carol", "dave"][:n]
+    nodes = "".join(f'\n[[room.nodes]]\nname = "{m}"\nroles = {json.dumps(["server", "worker"] if i == 0 else ["worker"])}\n'
+                    for i, m in enumerate(names))
+    path = tmp_path / f"room{n}-{profile}.toml"
+    path.write_text(f'[room]\nprofile = "{profile}"\nsession = 31\n{nodes}\n[logging]\nlevel = "warning"\n{extra}')
+    return path
+
+
+def launch(config: Path, script: Path, *args: str, timeout: float = 300, env: dict | None = None):
+    cmd = [sys.executable, "-m", "wccl.launch", "--config", str(config), str(script), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env=dict(os.environ, **(env or {})))
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    return proc, sorted(lines, key=lambda d: d.get("rank", -1))
+
+
+def torchrun(script: Path, n: int, *args: str, timeout: float = 300):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+           str(script), "--backend", "gloo", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return sorted((json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")), key=lambda d: d["rank"])
+
+
+# ---- every collective, dtype, op and async use ----------------------------------------------------
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["2-ranks", "3-ranks"])
+def matrix(request, tmp_path_factory):
+    n = request.param
+    proc, lines = launch(room_file(tmp_path_factory.mktemp("m"), n), SCRIPTS / "matrix.py")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [d["rank"] for d in lines] == list(range(n))
+    return lines
+
+
+def test_every_collective_dtype_and_op_is_right_on_every_rank(matrix):
+    cases = matrix[0]["cases"]
+    assert len(cases) > 60  # 6 dtypes x (all_reduce ops, broadcast, 2 gathers, 2 reduce-scatters) + more
+    for d in matrix:
+        wrong = [k for k, ok in d["cases"].items() if not ok]
+        assert not wrong, f"rank {d['rank']}: {wrong}"
+        assert d["cases"].keys() == cases.keys()
+    for must in ("all_reduce/float32/sum/sync", "all_reduce/bfloat16/avg/async", "all_reduce/uint8/product/sync",
+                 "broadcast/int64/root1" if len(matrix) == 2 else "broadcast/int64/root2",
+                 "reduce_scatter_tensor/float16/max", "all_reduce/zero_elements", "all_reduce/in_flight_5",
+                 "barrier", "future_value"):
+        assert must in cases
+
+
+def test_every_rank_ends_with_the_same_bits(matrix):
+    assert len({d["digest"] for d in matrix}) == 1
+
+
+# ---- DDP, comm hooks, against gloo -----------------------------------------------------------------
+
+def test_ddp_in_an_exact_room_equals_gloo_bit_for_bit(tmp_path):
+    proc, lines = launch(room_file(tmp_path), EXAMPLES / "ddp_mnist.py", "--steps", "8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = torchrun(EXAMPLES / "ddp_mnist.py", 2, "--steps", "8")
+    assert [d["params_sha256"] for d in lines] == [ref[0]["params_sha256"]] * 2
+    assert all(d["sim_seconds"] > 0 for d in lines)
+
+
+def test_powersgd_hook_runs_unchanged_and_equals_gloo(tmp_path):
+    # PowerSGD all-reduces inside future callbacks and waits there: no deadlock.
+    proc, lines = launch(room_file(tmp_path), EXAMPLES / "powersgd.py", "--steps", "5", "--start-iter", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = torchrun(EXAMPLES / "powersgd.py", 2, "--steps", "5", "--start-iter", "2")
+    assert [d["params_sha256"] for d in lines] == [ref[0]["params_sha256"]] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hook", ["fp16", "bf16"])
+def test_compression_hooks_equal_gloo(tmp_path, hook):
+    proc, lines = launch(room_file(tmp_path), EXAMPLES / "powersgd.py", "--steps", "5", "--hook", hook)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = torchrun(EXAMPLES / "powersgd.py", 2, "--steps", "5", "--hook", hook)
+    assert [d["params_sha256"] for d in lines] == [ref[0]["params_sha256"]] * 2
+
+
+@pytest.mark.slow
+def test_ddp_mnist_over_the_webcam_room_equals_gloo(tmp_path):
+    """The issue's acceptance run: 30 steps through the two-laptop webcam room."""
+    proc, lines = launch(ROOT / "rooms" / "two-laptops-sim.toml", EXAMPLES / "ddp_mnist.py", "--steps", "30",
+                         timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ref = torchrun(EXAMPLES / "ddp_mnist.py", 2, "--steps", "30")
+    assert [d["params_sha256"] for d in lines] == [ref[0]["params_sha256"]] * 2
+    assert lines[0]["test_accuracy"] >= 0.84
+    print("webcam room, 30 steps:", lines[0])
+
+
+@pytest.mark.slow
+def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
+    import numpy as np
+
+    proc, lines = launch(room_file(tmp_path, 3), EXAMPLES / "ddp_mnist.py", "--steps", "8",
+                         "--save-params", str(tmp_path / "wccl-{rank}.npy"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len({d["params_sha256"] for d in lines}) == 1
+    torchrun(EXAMPLES / "ddp_mnist.py", 3, "--steps", "8", "--save-params", str(tmp_path / "gloo-{rank}.npy"))
+    ours, ref = np.load(tmp_path / "wccl-0.npy"), np.load(tmp_path / "gloo-0.npy")
+    assert np.allclose(ours, ref, rtol=1e-5, atol=1e-7), np.abs(ours - ref).max()
+
+
+# ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------
+
+def test_a_dead_rank_fails_the_others_clearly_after_the_timeout(tmp_path):
+    proc, lines = launch(room_file(tmp_path), SCRIPTS / "dead_rank.py", timeout=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]  # the first failing rank's status: bob's
+    (alice,) = [d for d in lines if d["rank"] == 0]
+    assert alice["type"] == "WcclError"
+    assert "timed out after 5 s" in alice["error"] and "rank 1 (bob)" in alice["error"]
+    assert alice["y"] == [7.0] * 4  # the tensor was left as it was: nothing partial written
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--node", "zed"], "--node zed: not a training node of the room (alice, bob)"),
+    (["--node", "bob"], "--node runs one laptop's rank on real devices"),
+    (["--config", "/nonexistent.toml"], "config file not found"),
+])
+def test_bad_launcher_arguments_get_one_line(tmp_path, argv, message):
+    cfg = room_file(tmp_path)
+    args = ["--config", str(cfg), *argv] if argv[0] != "--config" else argv
+    proc = subprocess.run([sys.executable, "-m", "wccl.launch", *args, str(EXAMPLES / "collectives_hello.py")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2
+    assert message in proc.stderr and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_missing_script_and_a_bad_room_file(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "wccl.launch", "--config", str(room_file(tmp_path)), "nope.py"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "nope.py: no such script" in proc.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[room]\nprofile = "exact"\n[[room.nodes]]\nname = "alice"\nroles = ["server"]\n')
+    proc = subprocess.run([sys.executable, "-m", "wccl.launch", "--config", str(bad), "x.py"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2 and "room.nodes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("url_tail, world, message", [
+    ("?node=zed", 2, "node 'zed' is not a training node of the room (alice, bob)"),
+    ("?node=alice", 3, "world size 3 does not match the room's 2 training nodes"),
+    ("?node=bob", 2, "rank 0 does not match node 'bob', which is rank 1"),
+    ("", 2, "name this laptop's node"),
+])
+def test_init_method_errors_name_what_is_wrong(tmp_path, url_tail, world, message):
+    cfg = room_file(tmp_path)
+    code = ("import torch.distributed as dist, wccl.distributed\n"
+            f"dist.init_process_group('wccl', init_method='wccl://{cfg}{url_tail}', rank=0, world_size={world})\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WCCL_")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
+    assert proc.returncode != 0 and message in proc.stderr
+
+
+def test_init_method_wccl_without_the_launcher(tmp_path):
+    """Two processes started by hand: `init_method='wccl://ROOM?node=NAME'` and a room started by hand."""
+    cfg = room_file(tmp_path)
+    sock = Path("/tmp") / f"wccl-test-{os.getpid()}.sock"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WCCL_")}
+    env.update(WCCL_ROOM=str(sock), WCCL_ROOM_AUTHKEY="k")
+    room = subprocess.Popen([sys.executable, "-m", "wccl.room.serve", "--config", str(cfg), "--socket", str(sock),
+                             "--authkey-env", "WCCL_ROOM_AUTHKEY"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not sock.exists():
+            assert room.poll() is None
+            time.sleep(0.05)
+        code = ("import sys, torch, torch.distributed as dist, wccl.distributed\n"
+                f"node = sys.argv[1]\ndist.init_process_group('wccl', init_method=f'wccl://{cfg}?node={{node}}')\n"
+                "x = torch.tensor([dist.get_rank() + 1.0]); dist.all_reduce(x); print(dist.get_rank(), x.item())\n"
+                "dist.destroy_process_group()\n")
+        procs = [subprocess.Popen([sys.executable, "-c", code, n], env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for n in ("bob", "alice")]
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:]
+        assert sorted(o[0].strip() for o in outs) == ["0 3.0", "1 3.0"]
+    finally:
+        room.terminate()
+        room.wait(timeout=30)
+
+
+def test_ctrl_c_stops_every_process_the_launcher_started(tmp_path):
+    cmd = [sys.executable, "-m", "wccl.launch", "--config", str(room_file(tmp_path)), str(SCRIPTS / "forever.py")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "started"
+        time.sleep(1.0)
+        children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert len(children) >= 4  # the launcher, the room, two ranks
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        time.sleep(0.5)
+        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        assert left == [], f"still running: {left}"
+        assert "every process it started has stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
