@@ -201,11 +201,19 @@ class Collectives(Actor):
     async def _finish_drain(self) -> None:
         self._check_drained()
         log = structlog.get_logger("wccl")
-        try:
-            async with asyncio.timeout(self._drain.timeout_s):
-                await self._drained.wait()
-        except TimeoutError:
-            log.warning("drain_incomplete", unacknowledged_after_s=self._drain.timeout_s)
+        # Peers may still be reading a long queue: give up only after `timeout_s` without progress.
+        seen = dict(self._acks)
+        while not self._drained.is_set():
+            try:
+                async with asyncio.timeout(self._drain.timeout_s):
+                    await self._drained.wait()
+            except TimeoutError:
+                if self._acks == seen:
+                    log.warning("drain_incomplete", no_acknowledgement_for_s=self._drain.timeout_s,
+                                last_transfer=self._next_tid - 1,
+                                acknowledged={self.names[r]: a.cum for r, a in self._acks.items()})
+                    break
+                seen = dict(self._acks)
         await self.clock.sleep_until(self.clock.now() + LINGER_S)
         if self.on_drained is not None:
             self.on_drained()

@@ -9,9 +9,11 @@ Collectives are booked on demand: a transfer is booked when its collective is
 issued, with a budget of `ceil(K / (1 - loss)) + margin` frames (K source
 packets; `loss` the share of frames the cameras lost, measured from how many
 frames earlier transfers took until they were acknowledged). Transfers are
-shown oldest first, each up to its budget; once every transfer has used its
-budget, the ones still unacknowledged take turns with fresh repair packets
-until their readers acknowledge them. So a small tensor goes up at once
+shown oldest first, each up to its budget; a transfer that used its budget
+and is still unacknowledged a few slots later (the acknowledgement's usual
+delay) gets a fresh repair packet before younger transfers go on; once every
+transfer has used its budget, the ones still unacknowledged take turns with
+fresh repair packets until their readers acknowledge them. So a small tensor goes up at once
 (its first frame in the next slot), a large one streams at the link's full
 rate, and a lost frame costs one more frame, not a missed schedule.
 
@@ -37,6 +39,7 @@ class Booking:
     budget: int  # frames booked for it
     shown: int = 0
     acked: int = 0  # bitmask of the ranks that acknowledged it
+    last_slot: int = 0  # the frame slot it was last shown in
 
     @property
     def done(self) -> bool:
@@ -51,8 +54,10 @@ class ScreenPlan:
     margin: int = 1  # spare frames booked per transfer
     alpha: float = 0.25  # weight of a new loss sample
     bookings: list[Booking] = field(default_factory=list)
+    repair_after: int = ACK_LATENCY_FRAMES + 2  # frame slots an unacknowledged transfer waits for a repair
     _turn: int = 0
     _last_tid: int = 0
+    _slot: int = 0
 
     def book(self, tid: int, dest: int, source: int) -> Booking:
         """Book a transfer of `source` packets for the ranks in `dest`; returns its booking."""
@@ -71,14 +76,22 @@ class ScreenPlan:
         open_ = [b for b in self.bookings if not b.done]
         if not open_:
             return None
+        self._slot += 1
         for b in open_:
             if b.shown < b.budget:
-                b.shown += 1
-                return b.tid, b.shown - 1
+                return self._show(b)
+            if self._slot - b.last_slot > self.repair_after:
+                # Used its budget and still not acknowledged after the acknowledgement's usual delay: a
+                # fresh repair packet now, before younger transfers go on (a small tensor queued behind a
+                # large one is never starved of repairs).
+                return self._show(b)
         # Every booking used its budget: the unacknowledged ones take turns with fresh repair packets.
         self._turn = (self._turn + 1) % len(open_)
-        b = open_[self._turn]
+        return self._show(open_[self._turn])
+
+    def _show(self, b: Booking) -> tuple[int, int]:
         b.shown += 1
+        b.last_slot = self._slot
         return b.tid, b.shown - 1
 
     def acknowledge(self, rank: int, ack: Ack) -> list[Booking]:

@@ -191,3 +191,14 @@ def test_a_silent_peer_times_out_with_a_clear_error():
     _, done = _run_ranks("exact", script, timeout_s=3.0)
     (m,) = done["alice"]
     assert m.parts == () and "timed out after 3 s" in m.error and "rank 1 (bob)" in m.error
+
+
+def test_a_small_transfer_behind_a_large_one_still_gets_repairs():
+    plan = ScreenPlan(loss=0.0, margin=0)
+    plan.book(1, dest=1, source=1)
+    plan.book(2, dest=1, source=500)
+    slots = [plan.next()[0] for _ in range(40)]
+    assert slots[0] == 1 and slots.count(1) >= 6  # a repair of the small one every few slots
+    assert max(len(run) for run in "".join(map(str, slots)).split("1")) <= plan.repair_after + 1
+    plan.acknowledge(0, transfer.Ack(1, 0))
+    assert {plan.next()[0] for _ in range(20)} == {2}

@@ -369,7 +369,9 @@ class CollectivesConfig(_Strict):
     compute_scale: float = Field(default=1.0, ge=0, le=1000)
     loss: float = Field(default=0.1, ge=0, lt=0.9)  # first guess of the share of frames cameras lose
     margin_frames: int = Field(default=1, ge=0, le=100)  # spare frames booked per transfer
-    drain_s: float = Field(default=10.0, gt=0, le=3600)  # at exit: wait this long for peers to acknowledge
+    # At exit a rank keeps showing until its peers acknowledge its last transfers; it gives up after
+    # this long without a new acknowledgement.
+    drain_s: float = Field(default=10.0, gt=0, le=3600)
 
 
 class WcclConfig(_Strict):

@@ -11,7 +11,8 @@ In the simulated room, the room itself runs as one more process
 
 Exit status: 0 when every rank exits 0; otherwise the first failing rank's
 status (a rank that loses a peer fails its collectives with a clear error
-after its timeout); 2 for bad arguments or config (one line, no traceback);
+after its timeout; once one rank has failed, the others get `--grace-s`
+seconds to end on their own, then are stopped, as torchrun does); 2 for bad arguments or config (one line, no traceback);
 130 on Ctrl-C or SIGTERM, after every process it started has stopped.
 """
 
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, help="the room file (its training nodes are the ranks, in order)")
     p.add_argument("--node", help="run only this laptop's rank (real laptops: one launcher per laptop)")
     p.add_argument("--clock", choices=["virtual", "realtime"], help="override [room] clock (simulated room)")
+    p.add_argument("--grace-s", type=float, default=30.0,
+                   help="once a rank fails, the others get this long (wall seconds) before they are stopped")
     p.add_argument("--room-log", help="write the room process's log to this file (default: this terminal)")
     p.add_argument("script", help="the training script (python file)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -82,6 +85,26 @@ def _start_room(config: Path, nodes: list[str], clock: str | None, env: dict, lo
             raise LaunchError(f"the room process did not open {sock} within {ROOM_START_S:g} s")
         time.sleep(0.05)
     return room, sock
+
+
+def _wait(procs: list[subprocess.Popen], grace_s: float) -> int:
+    """Wait for every rank; once one fails, the others get `grace_s` to end (their collectives fail with
+    their own errors when their timeout is shorter), then are stopped, as torchrun stops a job."""
+    first_failure: int | None = None
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        for c in codes:
+            if c not in (None, 0) and first_failure is None:
+                first_failure, failed_at = c, time.monotonic()
+        if all(c is not None for c in codes):
+            return first_failure or EXIT_OK
+        if failed_at is not None and time.monotonic() - failed_at > grace_s:
+            print(f"wccl.launch: a rank exited with status {first_failure}; stopping the others after "
+                  f"{grace_s:g} s", file=sys.stderr)
+            _stop(procs)
+            return first_failure
+        time.sleep(0.1)
 
 
 def launch(args: argparse.Namespace) -> int:
@@ -123,9 +146,7 @@ def launch(args: argparse.Namespace) -> int:
         for local, node in enumerate(run):
             env = dict(base, RANK=str(ranks.index(node)), LOCAL_RANK=str(local), WCCL_NODE=node)
             procs.append(subprocess.Popen([sys.executable, str(script), *args.args], env=env))
-        codes = [p.wait() for p in procs]
-        failed = [c for c in codes if c != 0]
-        return failed[0] if failed else EXIT_OK
+        return _wait(procs, args.grace_s)
     except KeyboardInterrupt:
         interrupted = True
         return EXIT_INTERRUPTED

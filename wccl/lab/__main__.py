@@ -99,14 +99,25 @@ def _collectives(args: argparse.Namespace) -> int:
     if proc.returncode != 0:
         print(f"wccl.lab: the ranks failed (exit status {proc.returncode}); see their errors above", file=sys.stderr)
         return proc.returncode
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["config"] = str(Path(args.config))
+    ranks = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    rows = []
+    for per_rank in zip(*(r["rows"] for r in ranks)):
+        worst = max(per_rank, key=lambda r: r["latency_s"])
+        got = max(r["received_bytes"] for r in per_rank)
+        rows.append(dict(op=worst["op"], bytes=worst["bytes"], correct=all(r["correct"] for r in per_rank),
+                         latency_s=worst["latency_s"], latency_min_s=min(r["latency_min_s"] for r in per_rank),
+                         received_bytes=got,
+                         # tensor bytes a rank read off the other screens per simulated second
+                         goodput_kBps=round(got / 1000 / worst["latency_s"], 2) if worst["op"] != "barrier" else None))
+    result = dict(config=str(Path(args.config)), world=ranks[0]["world"], rows=rows,
+                  nodes={r["rank"]: r["node"] for r in ranks})
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{'op':>15} {'bytes':>9} {'latency s':>10} {'goodput kB/s':>13} correct")
-        for r in result["rows"]:
-            print(f"{r['op']:>15} {r['bytes']:>9} {r['latency_s']:>10} {str(r['goodput_kBps']):>13} {r['correct']}")
+        print(f"{'op':>15} {'bytes':>9} {'latency s':>10} {'(best)':>8} {'goodput kB/s':>13} correct")
+        for r in rows:
+            print(f"{r['op']:>15} {r['bytes']:>9} {r['latency_s']:>10} {r['latency_min_s']:>8} "
+                  f"{str(r['goodput_kBps']):>13} {r['correct']}")
     return 0
 
 

@@ -4,7 +4,9 @@ Issues each collective (all_reduce, broadcast, all_gather, reduce_scatter,
 barrier) on float32 tensors of each size, one at a time, checks every result
 against what it must be, and times it in the room's simulated seconds (from
 issue to result; the program's compute between calls is charged too, and is
-negligible here). Rank 0 prints one JSON line with every row.
+negligible here), from a barrier that every rank leaves together. Every
+rank prints one JSON line with its rows; the lab keeps, per row, the
+slowest rank.
 """
 
 from __future__ import annotations
@@ -35,18 +37,27 @@ def _one(op: str, nbytes: int, rank: int, world: int) -> bool:
         per = max(1, n // world)
         x = torch.full((per,), float(rank))
         out = torch.empty(per * world)
-        dist.all_gather_into_tensor(out, x)
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, x)  # (renamed in torch 2.13)
         return torch.equal(out, torch.arange(world, dtype=torch.float32).repeat_interleave(per))
     if op == "reduce_scatter":
         per = max(1, n // world)
         x = torch.arange(per * world, dtype=torch.float32)
         out = torch.empty(per)
-        dist.reduce_scatter_tensor(out, x)
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, x)
         return torch.equal(out, world * torch.arange(rank * per, (rank + 1) * per, dtype=torch.float32))
     if op == "barrier":
         dist.barrier()
         return True
     raise ValueError(op)
+
+
+def _received(op: str, nbytes: int, rank: int, world: int) -> int:
+    """Tensor bytes this rank must read off other screens for the collective (all-see-all)."""
+    n = max(1, nbytes // 4)
+    per = max(1, n // world) * 4  # all_gather / reduce_scatter: one part per rank (as _one makes them)
+    return {"all_reduce": n * 4 * (world - 1), "broadcast": n * 4 if rank != 0 else 0,
+            "all_gather": per * (world - 1), "reduce_scatter": per * world * (world - 1),
+            "barrier": world - 1}[op]
 
 
 def main() -> None:
@@ -65,15 +76,16 @@ def main() -> None:
                 continue
             times, ok = [], True
             for _ in range(args.repeat if nbytes <= 2048 else 1):
+                dist.barrier()  # not timed: every rank starts the measured call from the same point
                 t0 = wd.sim_seconds()
                 ok &= _one(op, nbytes, rank, world)
                 times.append(wd.sim_seconds() - t0)
             rows.append({"op": op, "bytes": nbytes if op != "barrier" else 1, "correct": bool(ok),
-                         "latency_s": round(max(times), 3), "latency_min_s": round(min(times), 3),
-                         "goodput_kBps": round(nbytes / 1000 / max(times), 2) if op != "barrier" else None})
+                         "received_bytes": _received(op, nbytes, rank, world),
+                         "latency_s": round(max(times), 4), "latency_min_s": round(min(times), 4)})
             print(f"[rank {rank}] {op} {nbytes} B: {max(times):.3f} s", file=sys.stderr, flush=True)
-    if rank == 0:
-        print(json.dumps({"world": world, "rows": rows, "node": wd.node_results()}), flush=True)
+    dist.barrier()
+    print(json.dumps({"rank": rank, "world": world, "rows": rows, "node": wd.node_results()}), flush=True)
     dist.destroy_process_group()
 
 
