@@ -206,6 +206,19 @@ def test_init_method_wccl_without_the_launcher(tmp_path):
         room.wait(timeout=30)
 
 
+def _in_session(sid: int) -> list[int]:
+    """Live processes of session `sid` (read from /proc: no procps needed)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
 def test_ctrl_c_stops_every_process_the_launcher_started(tmp_path):
     cmd = [sys.executable, "-m", "wccl.launch", "--config", str(room_file(tmp_path)), str(SCRIPTS / "forever.py")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -213,12 +226,11 @@ def test_ctrl_c_stops_every_process_the_launcher_started(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "started"
         time.sleep(1.0)
-        children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
-        assert len(children) >= 4  # the launcher, the room, two ranks
+        assert len(_in_session(proc.pid)) >= 4  # the launcher, the room, two ranks
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130
         time.sleep(0.5)
-        left = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        left = _in_session(proc.pid)
         assert left == [], f"still running: {left}"
         assert "every process it started has stopped" in proc.stderr.read()
     finally:
