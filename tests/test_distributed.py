@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from wccl.launch import json_objects
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "dist_scripts"
 EXAMPLES = ROOT / "examples"
@@ -35,8 +37,8 @@ def launch(config: Path, script: Path, *args: str, timeout: float = 300, env: di
     cmd = [sys.executable, "-m", "wccl.launch", "--config", str(config), str(script), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=dict(os.environ, **(env or {})))
-    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    return proc, sorted(lines, key=lambda d: d.get("rank", -1))
+    lines = [d for d in json_objects(proc.stdout) if "rank" in d]
+    return proc, sorted(lines, key=lambda d: d["rank"])
 
 
 def torchrun(script: Path, n: int, *args: str, timeout: float = 300):
@@ -44,7 +46,7 @@ def torchrun(script: Path, n: int, *args: str, timeout: float = 300):
            str(script), "--backend", "gloo", *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return sorted((json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")), key=lambda d: d["rank"])
+    return sorted((d for d in json_objects(proc.stdout) if "rank" in d), key=lambda d: d["rank"])
 
 
 # ---- every collective, dtype, op and async use ----------------------------------------------------

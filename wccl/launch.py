@@ -19,6 +19,7 @@ seconds to end on their own, then are stopped, as torchrun does); 2 for bad argu
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
@@ -37,6 +38,22 @@ STOP_GRACE_S = 10.0  # after SIGTERM, how long a process may take before it is k
 
 class LaunchError(Exception):
     pass
+
+
+def json_objects(text: str) -> list[dict]:
+    """Every JSON object in the ranks' shared output, wherever the newlines fall: two processes write
+    to one stream, and unbuffered (PYTHONUNBUFFERED) a print's newline is a write of its own, so one
+    rank's object can be followed by another's on the same line."""
+    decoder, out, i = json.JSONDecoder(), [], 0
+    while (i := text.find("{", i)) != -1:
+        try:
+            item, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i += 1
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

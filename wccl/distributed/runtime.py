@@ -252,8 +252,9 @@ class RankNode:
         self._closed = True
         if self._thread.is_alive() and self.loop is not None and self.sup is not None:
             drain = Drain(sender=self.node, time=0.0, timeout_s=self.config.collectives.drain_s)
-            try:
-                asyncio.run_coroutine_threadsafe(self.sup.submit(drain), self.loop)
+            sup = self.sup
+            try:  # the coroutine is made on the loop's own thread: never left unawaited if the loop is closing
+                self.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(sup.submit(drain)))
             except RuntimeError:
                 pass  # the loop already closed
         self._thread.join()

@@ -99,7 +99,9 @@ def _collectives(args: argparse.Namespace) -> int:
     if proc.returncode != 0:
         print(f"wccl.lab: the ranks failed (exit status {proc.returncode}); see their errors above", file=sys.stderr)
         return proc.returncode
-    ranks = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    from wccl.launch import json_objects
+
+    ranks = sorted((d for d in json_objects(proc.stdout) if "rows" in d), key=lambda d: d["rank"])
     rows = []
     for per_rank in zip(*(r["rows"] for r in ranks)):
         worst = max(per_rank, key=lambda r: r["latency_s"])
