@@ -46,3 +46,17 @@ def test_sync_bench_reports_clock_residuals_and_lockstep():
     assert r["residual_samples"] == 3 and 0 <= r["residual_p50_ms"] <= r["residual_p95_ms"] <= r["residual_max_ms"] < 15
     assert r["applied"] == {"alice": 3, "bob": 3} and r["replicas_identical"]
     assert r["step_period_s"] <= 2.0 and abs(r["estimated_clocks"]["bob"]["offset_s"]) > 1.0
+
+
+def test_the_bench_says_why_nothing_got_through():
+    # The shipped room places carol beside bob, turned to alice's screen: carol's camera never sees bob's.
+    cfg = with_overrides(make_config(), "exact", {"hold_s": 0.2})
+    ok = run_bench(cfg, nbytes=3000, tensor_bytes=1500, sender="alice", receiver="bob")
+    assert ok["tensors_delivered"] == 2 and ok["zero_reason"] is None
+    blurred = with_overrides(make_config(), "webcam", {"rows": 90, "cols": 160, "cell_px": 7, "hold_s": 0.2})
+    r = run_bench(blurred, nbytes=3000, tensor_bytes=1500)
+    assert r["goodput_kBps"] == 0 and r["tensors_delivered"] == 0
+    assert "decoded no frame" in r["zero_reason"] and "cells" in r["zero_reason"], r["zero_reason"]
+    p = subprocess.run([sys.executable, "-m", "wccl.lab", "bench", "--config", "config.toml", "--sender", "zed"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--sender zed: not a node of the room (alice, bob, carol)" in p.stderr

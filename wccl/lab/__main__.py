@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a [link] key, e.g. --set cell_px=8 (repeatable)")
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--sender", help="the node whose screen sends (default: the room's second node)")
+    b.add_argument("--receiver", help="the node whose camera reads (default: the room's first node)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     from wccl.lab.sweep import add_arguments as sweep_arguments
 
@@ -71,10 +73,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     repair, extra = args.repair, args.extra
     try:
-        result = run_bench(cfg, args.bytes, args.tensor_bytes, repair, extra, args.seed)
+        result = run_bench(cfg, args.bytes, args.tensor_bytes, repair, extra, args.seed, args.sender, args.receiver)
     except ValueError as e:
         print(f"wccl.lab: {e}", file=sys.stderr)
         return 2
+    if result["zero_reason"]:
+        print(f"wccl.lab: nothing got through from {result['sender']} to {result['receiver']}: "
+              f"{result['zero_reason']}", file=sys.stderr)
     _print(result, args.json)
     return 0
 

@@ -1,7 +1,11 @@
 """`python -m wccl.lab bench`: send N bytes of random tensors from one simulated node to another.
 
-The sender is the room's second node, the receiver its first; everything
-else in the room stays dark. The sender's ScreenWriter shows each tensor as
+The sender is the room's second node and the receiver its first, or the
+pair given (`--sender`, `--receiver`); everything else in the room stays
+dark. When nothing gets through, `zero_reason` says why, from the
+receiver's counters (its camera never found the code, every frame was
+uncorrectable, captures mixed two frames, ...), and the CLI prints it on
+stderr. The sender's ScreenWriter shows each tensor as
 `ceil(K * (1 + repair)) + extra` fountain-coded frames, back to back; the
 receiver's CameraReader and FrameDecoder (the node's own actors, driven by
 the actor harness) rebuild what they can. Every delivered tensor is compared
@@ -47,13 +51,19 @@ def with_overrides(cfg: WcclConfig, profile: str | None = None, link: dict[str, 
     return parse_config(data, "bench overrides")
 
 
-async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float, extra: int, seed: int) -> dict:
+async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float, extra: int, seed: int,
+                 sender: str | None = None, receiver: str | None = None) -> dict:
     import wccl.media.parts  # noqa: F401  (registers the room)
 
     wall0 = time.perf_counter()
     medium = REGISTRY.create("medium", cfg.room.medium, config=cfg)
     names = [n.name for n in cfg.room.nodes]
-    rx, tx = names[0], names[1]
+    rx, tx = receiver or names[0], sender or names[1]
+    for who, name in (("--sender", tx), ("--receiver", rx)):
+        if name not in names:
+            raise ValueError(f"{who} {name}: not a node of the room ({', '.join(names)})")
+    if rx == tx:
+        raise ValueError("the sender and the receiver must be two different nodes")
     clock = NodeClock(origin=0.0)
     codec = cfg.link.codec()
     rng = np.random.default_rng(seed)
@@ -102,6 +112,8 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     sim_seconds = end - start
     cells_read = link.get("cells_read", 0)
     return dict(
+        sender=tx, receiver=rx,
+        zero_reason=None if delivered else zero_reason(tx, rx, link),
         profile=cfg.room.profile,
         layout=dict(rows=cfg.link.rows, cols=cfg.link.cols, colours=cfg.link.colours, cell_px=cfg.link.cell_px,
                     hold_s=cfg.link.hold_s, code_rate=cfg.link.code_rate),
@@ -125,7 +137,36 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     )
 
 
+def zero_reason(tx: str, rx: str, link: dict) -> str:
+    """Why no tensor got from `tx` to `rx`, from the receiver's link counters (the commonest failure first)."""
+    captures, codes = link.get("captures", 0), link.get("codes_seen", 0)
+    ok = link.get("frames_ok", 0)
+    if captures == 0:
+        return f"{rx}'s camera delivered no captures"
+    if codes == 0:
+        return (f"{rx}'s camera never found {tx}'s code in {captures} captures: {tx}'s screen is out of its view, "
+                "hidden, or too small in it")
+    if ok:
+        return (f"{ok} frames decoded but no tensor completed: too few of each tensor's frames got through "
+                "(raise --repair or --extra)")
+    causes = {
+        "uncorrectable": (link.get("frames_rejected_uncorrectable", 0),
+                          "frames read but uncorrectable: cells too small or blurred for that camera "
+                          "(try --set cell_px=12, or --set colours=4)"),
+        "unreadable": (link.get("frames_rejected_unreadable", 0),
+                       "codes whose cells could not be read: cells too small for that camera (larger cell_px)"),
+        "mixed": (link.get("captures_mixed", 0),
+                  "captures that mixed two frames, or whose parity marks were too blurred to tell "
+                  "(hold frames longer with --set hold_s=..., or larger cells)"),
+    }
+    worst = max(causes.values(), key=lambda c: c[0])
+    counts = ", ".join(f"{k} {n}" for k, (n, _) in causes.items())
+    return (f"{rx}'s camera saw {tx}'s code {codes} times and decoded no frame ({counts}); mostly "
+            f"{worst[1]}")
+
+
 def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: float = 0.25, extra: int = 2,
-              seed: int = 0) -> dict:
+              seed: int = 0, sender: str | None = None, receiver: str | None = None) -> dict:
+    """Send from `sender` (default: the room's second node) to `receiver` (default: its first)."""
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(_bench(cfg, nbytes, tensor_bytes, repair, extra, seed))
+        return runner.run(_bench(cfg, nbytes, tensor_bytes, repair, extra, seed, sender, receiver))
