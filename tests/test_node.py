@@ -247,3 +247,20 @@ def test_default_run_command_reaches_its_accuracy():
     assert any(e["event"] == "step_applied" and "loss" in e for e in events)
     assert any(e["event"] == "link_step" for e in events)
     print(f"default run: accuracy {f['test_accuracy']}, wall {wall:.1f} s, sim {f['sim_seconds']} s")
+
+
+@pytest.mark.slow
+def test_a_room_file_that_names_only_its_nodes_runs_as_well_as_the_shipped_one(tmp_path):
+    """Defaults in code are the best we know (issue 16): the start-up ladder and the auto schedule."""
+    room = tmp_path / "nodes-only.toml"
+    room.write_text('[room]\nprofile = "webcam"\n\n[[room.nodes]]\nname = "alice"\nroles = ["server", "worker"]\n\n'
+                    '[[room.nodes]]\nname = "bob"\nroles = ["worker"]\n')
+    p = subprocess.run([sys.executable, "-m", "wccl.node", "--config", str(room), "--log-format", "json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    (fixed,) = [e for e in events if e["event"] == "schedule_fixed" and e.get("node") == "alice"]
+    (f,) = [e for e in events if e["event"] == "run_finished"]
+    assert fixed["period_s"] <= 2.0, fixed
+    assert f["applied"] == 30 and f["replicas_identical"] is True and f["test_accuracy"] >= 0.84, f
+    print(f"nodes-only room: step {fixed['period_s']} s, {f}")

@@ -213,18 +213,20 @@ DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
 
 
 class LinkConfig(_Strict):
-    rows: int = Field(default=40, ge=6, le=512)
-    cols: int = Field(default=70, ge=22, le=512)
+    # The pinned layout's defaults are the densest the link lab measured under `webcam` (BENCHMARKS.md);
+    # the hackathon's was rows 40, cols 70, cell_px 16, hold_s 1.0.
+    rows: int = Field(default=60, ge=6, le=512)
+    cols: int = Field(default=110, ge=22, le=512)
     colours: Literal[2, 4, 8] = 8
-    cell_px: int = Field(default=16, ge=1, le=256)
+    cell_px: int = Field(default=10, ge=1, le=256)
     border_cells: int = Field(default=1, ge=1, le=8)
     pilot_spacing: int = Field(default=6, ge=2, le=64)
-    hold_s: float = Field(default=1.0, gt=0, le=60)
+    hold_s: float = Field(default=0.083, gt=0, le=60)
     code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
 
-    # "pinned": the layout above. "auto": at start-up every node shows its frames in each layout of the
-    # ladder in turn; the server picks the densest one that got through both ways (`min_frames_ok`).
-    choose: Literal["pinned", "auto"] = "pinned"
+    # "auto" (default): at start-up every node shows its frames in each layout of the ladder in turn; the
+    # server picks the densest one that got through both ways (`min_frames_ok`). "pinned": the layout above.
+    choose: Literal["pinned", "auto"] = "auto"
     ladder: list[LadderStep] | None = None  # auto: candidate layouts, densest first (default DEFAULT_LADDER)
     min_frames_ok: float = Field(default=0.5, gt=0, le=1)
 

@@ -37,16 +37,10 @@ from wccl.supervisor import NodeSupervisor
 from wccl.timebase import NodeClock, SyncedClock
 
 
-LAYOUT_KEYS = {"rows", "cols", "colours", "cell_px", "hold_s", "code_rate"}
-
-
 def collective_layout(cfg: WcclConfig):
-    """The (codec, hold_s) a rank's collectives use: the pinned [link] layout if the room file sets one;
-    else the densest of the start-up ladder (the layout two laptops face to face read best)."""
-    link = cfg.link
-    if link.choose == "pinned" and not (LAYOUT_KEYS & link.model_fields_set):
-        link = link.model_copy(update={"choose": "auto"})
-    return link.ladder_codecs()[0]
+    """The (codec, hold_s) a rank's collectives use: the pinned [link] layout, or with `choose = "auto"`
+    (the default) the densest of the start-up ladder: collectives do not probe the ladder yet."""
+    return cfg.link.ladder_codecs()[0]
 
 
 class CollectiveNode(NodeSupervisor):
