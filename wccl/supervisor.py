@@ -202,8 +202,13 @@ class NodeSupervisor:
                                      session=room.session, resume=resume),
             "observer": dict(replica=replica, server=room.server, steps=tr.steps),
         }
+        self._wire()
+
+    def _wire(self, impl: dict[str, str] | None = None) -> None:
+        """Each actor's class from the registry (`impl` overrides the node's choice), its mailbox, and
+        the routes of the message types it consumes."""
         for name in self.actor_names():
-            cls = REGISTRY.get(f"actor.{name}", self.spec.actor_impl(name))
+            cls = REGISTRY.get(f"actor.{name}", (impl or {}).get(name, self.spec.actor_impl(name)))
             self.actor_classes[name] = cls
             capacity, overflow = MAILBOXES[name]
             box = Mailbox(f"{self.node}.{name}", capacity, overflow)

@@ -21,10 +21,11 @@ import selectors
 from typing import Any
 
 
-class _JumpingSelector(selectors.BaseSelector):
+class WrappedSelector(selectors.BaseSelector):
+    """A selector that delegates to the real one; subclasses decide what a blocking `select` does."""
+
     def __init__(self) -> None:
         self._real = selectors.DefaultSelector()
-        self.loop: VirtualTimeLoop | None = None
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -40,6 +41,12 @@ class _JumpingSelector(selectors.BaseSelector):
 
     def close(self) -> None:
         self._real.close()
+
+
+class _JumpingSelector(WrappedSelector):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop: VirtualTimeLoop | None = None
 
     def select(self, timeout: float | None = None):  # type: ignore[override]
         events = self._real.select(0)

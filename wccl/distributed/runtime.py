@@ -86,19 +86,7 @@ class CollectiveNode(NodeSupervisor):
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
                                 on_drained=self.end),
         }
-        impl = {"screen_writer": "transfers"}
-        from wccl.actor import Mailbox
-        from wccl.supervisor import MAILBOXES
-
-        for name in self.actor_names():
-            cls = REGISTRY.get(f"actor.{name}", impl.get(name, self.spec.actor_impl(name)))
-            self.actor_classes[name] = cls
-            capacity, overflow = MAILBOXES[name]
-            box = Mailbox(f"{self.node}.{name}", capacity, overflow)
-            self.mailboxes[name] = box
-            for msg_type in cls.consumes:
-                self.routes[msg_type].append(box)
-        self._built = True
+        self._wire({"screen_writer": "transfers"})
 
     async def _emit(self, msg: Message) -> None:
         if isinstance(msg, CollectiveDone):

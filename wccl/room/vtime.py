@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
+
+from wccl.timebase import WrappedSelector
 
 BUSY_POLL_S = 0.002  # while busy(): how long each real wait may block before busy() is asked again
 
@@ -46,27 +48,12 @@ class TimeClient(Protocol):
 _ROOM = object()  # selector data of the room's socket while the loop waits for the room
 
 
-class _RoomSelector(selectors.BaseSelector):
+class _RoomSelector(WrappedSelector):
     def __init__(self, client: TimeClient, busy: Callable[[], bool] | None) -> None:
-        self._real = selectors.DefaultSelector()
+        super().__init__()
         self._client = client
         self._busy = busy
         self.loop: RoomTimeLoop | None = None
-
-    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.register(fileobj, events, data)
-
-    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
-        return self._real.unregister(fileobj)
-
-    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
-        return self._real.modify(fileobj, events, data)
-
-    def get_map(self):  # type: ignore[override]
-        return self._real.get_map()
-
-    def close(self) -> None:
-        self._real.close()
 
     def select(self, timeout: float | None = None):  # type: ignore[override]
         events = self._real.select(0)
