@@ -72,12 +72,13 @@ def _check(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=CHECK_BYTES, person=b"wccl-frame").digest()
 
 
-def packet_size_for(message_bytes: int) -> int:
-    """The largest packet (payload id + aligned symbol) a message of `message_bytes` holds."""
-    symbol = (message_bytes - OVERHEAD_BYTES - PAYLOAD_ID_BYTES) // SYMBOL_ALIGN * SYMBOL_ALIGN
+def packet_size_for(message_bytes: int, overhead: int = OVERHEAD_BYTES) -> int:
+    """The largest packet (payload id + aligned symbol) a message of `message_bytes` holds, after
+    `overhead` bytes of header and check (default: this frame version's)."""
+    symbol = (message_bytes - overhead - PAYLOAD_ID_BYTES) // SYMBOL_ALIGN * SYMBOL_ALIGN
     if symbol < MIN_SYMBOL:
         raise ValueError(f"a frame message of {message_bytes} bytes is too small for a packet "
-                         f"(at least {OVERHEAD_BYTES + PAYLOAD_ID_BYTES + MIN_SYMBOL} bytes)")
+                         f"(at least {overhead + PAYLOAD_ID_BYTES + MIN_SYMBOL} bytes)")
     return min(symbol + PAYLOAD_ID_BYTES, 0xFFFF)
 
 

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 import raptorq
 
-from protocols.frames import CHECK_BYTES, MAGIC, MIN_SYMBOL, PAYLOAD_ID_BYTES, SYMBOL_ALIGN, FrameError, Transfer
+from protocols import frames
+from protocols.frames import CHECK_BYTES, MAGIC, PAYLOAD_ID_BYTES, FrameError, Transfer
 from protocols.frames import digest as frame_digest
 
 VERSION = 4
@@ -63,11 +64,7 @@ def _check(data: bytes) -> bytes:
 
 def packet_size_for(message_bytes: int) -> int:
     """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds."""
-    symbol = (message_bytes - OVERHEAD_BYTES - PAYLOAD_ID_BYTES) // SYMBOL_ALIGN * SYMBOL_ALIGN
-    if symbol < MIN_SYMBOL:
-        raise ValueError(f"a frame message of {message_bytes} bytes is too small for a transfer packet "
-                         f"(at least {OVERHEAD_BYTES + PAYLOAD_ID_BYTES + MIN_SYMBOL} bytes)")
-    return min(symbol + PAYLOAD_ID_BYTES, 0xFFFF)
+    return frames.packet_size_for(message_bytes, OVERHEAD_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
