@@ -128,3 +128,20 @@ def test_the_configuration_reference_is_generated_from_the_models():
     for section, cls in SECTIONS:  # every key of every section is in it
         for name in cls.model_fields:
             assert f"| `{name}` |" in doc
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["launch", "--help"], ["lab", "bench", "--help"],
+                                  ["lab", "collectives", "--help"], ["devices", "--help"],
+                                  ["room", "snapshot", "--help"]])
+def test_one_command_with_help_on_each_subcommand(argv):
+    p = subprocess.run([sys.executable, "-m", "wccl.cli", *argv], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "usage:" in p.stdout
+    if argv[0] in ("run", "lab"):
+        assert "(default: " in p.stdout  # options list their defaults
+
+
+def test_an_unknown_command_is_one_line_and_the_list():
+    p = subprocess.run([sys.executable, "-m", "wccl.cli", "fly"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no command 'fly'" in p.stderr and "launch" in p.stderr

@@ -31,6 +31,8 @@ from typing import Any
 from wccl.media.display import NoDisplay, monitors, probe_display
 
 
+from wccl.cli import HelpFormatter
+
 def _v4l2_name(dev: str) -> str:
     p = Path("/sys/class/video4linux") / Path(dev).name / "name"
     try:
@@ -172,7 +174,7 @@ async def _show_window(config_path: str, node: str | None, seconds: float | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m wccl.devices", description="List cameras and displays.")
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.devices", description="List cameras and displays.")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--max-index", type=int, default=4, help="camera indices to try where devices cannot be listed")
     p.add_argument("--no-read", action="store_true", help="do not read an image from each camera (faster)")

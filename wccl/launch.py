@@ -31,6 +31,8 @@ from pathlib import Path
 
 from wccl.config import ConfigError, load_config
 
+from wccl.cli import HelpFormatter
+
 EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 ROOM_START_S = 60.0  # how long the room process may take to open its socket
 STOP_GRACE_S = 10.0  # after SIGTERM, how long a process may take before it is killed
@@ -57,7 +59,7 @@ def json_objects(text: str) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m wccl.launch",
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.launch",
                                 description="Run a PyTorch script on every laptop of a WCCL room (the 'wccl' backend).")
     p.add_argument("--config", required=True, help="the room file (its training nodes are the ranks, in order)")
     p.add_argument("--node", help="run only this laptop's rank (real laptops: one launcher per laptop)")

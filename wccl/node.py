@@ -27,6 +27,8 @@ from wccl.media.display import DeviceError
 from wccl.registry import REGISTRY, UnknownPart
 from wccl.timebase import new_loop
 
+from wccl.cli import HelpFormatter
+
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -179,7 +181,7 @@ class RoomRun:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m wccl.node", description="Run WCCL nodes from a room config.")
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.node", description="Run WCCL nodes from a room config.")
     p.add_argument("--config", default="config.toml", help="room config file (default: config.toml)")
     p.add_argument("--node", help="run only this node of the room (default: all of them, in this process)")
     p.add_argument("--log-format", choices=["auto", "console", "json"], help="override [logging] format")

@@ -11,11 +11,13 @@ import sys
 from wccl.config import ConfigError, load_config
 
 
+from wccl.cli import HelpFormatter
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m wccl.lab", description="Measure the optical link.")
+    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.lab", description="Measure the optical link.")
     sub = p.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("bench", help="send N bytes of random tensors from one simulated node to another")
-    b.add_argument("--config", default="config.toml")
+    b = sub.add_parser("bench", formatter_class=HelpFormatter, help="send N bytes of random tensors from one simulated node to another")
+    b.add_argument("--config", default="config.toml", help="the room file")
     b.add_argument("--profile", help="room channel profile (default: the config's)")
     b.add_argument("--bytes", type=int, default=1_000_000, help="payload bytes to send (default 1,000,000)")
     b.add_argument("--tensor-bytes", type=int, default=65536, help="bytes per tensor (default 65536)")
@@ -25,25 +27,25 @@ def main(argv: list[str] | None = None) -> int:
                    help="'hackathon': 40x70 cells, 8 colours, 1 s hold, no error correction")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a [link] key, e.g. --set cell_px=8 (repeatable)")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="random tensors' seed")
     b.add_argument("--sender", help="the node whose screen sends (default: the room's second node)")
     b.add_argument("--receiver", help="the node whose camera reads (default: the room's first node)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     from wccl.lab.sweep import add_arguments as sweep_arguments
 
-    s = sub.add_parser("sweep", help="run the bench over a grid of layouts; CSV, plots, summary, best [link]")
+    s = sub.add_parser("sweep", formatter_class=HelpFormatter, help="run the bench over a grid of layouts; CSV, plots, summary, best [link]")
     sweep_arguments(s)
-    y = sub.add_parser("sync", help="run the room for N steps; clock residuals against the truth, lockstep figures")
-    y.add_argument("--config", default="config.toml")
+    y = sub.add_parser("sync", formatter_class=HelpFormatter, help="run the room for N steps; clock residuals against the truth, lockstep figures")
+    y.add_argument("--config", default="config.toml", help="the room file")
     y.add_argument("--profile", help="room channel profile (default: the config's)")
-    y.add_argument("--steps", type=int, default=1000)
+    y.add_argument("--steps", type=int, default=1000, help="training steps to run")
     y.add_argument("--seed", type=int, help="room seed (the laptops' clock offsets and drifts are drawn from it)")
     y.add_argument("--json", action="store_true", help="print one JSON object")
-    c = sub.add_parser("collectives", help="time each collective and size through the wccl backend "
+    c = sub.add_parser("collectives", formatter_class=HelpFormatter, help="time each collective and size through the wccl backend "
                                            "(one process per rank, the room as its own process)")
-    c.add_argument("--config", default="rooms/two-laptops-sim.toml")
+    c.add_argument("--config", default="rooms/two-laptops-sim.toml", help="the room file (its ranks run the bench)")
     c.add_argument("--sizes", default="4,2048,65536,1048576", help="tensor sizes in bytes")
-    c.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier")
+    c.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier", help="collectives to time")
     c.add_argument("--repeat", type=int, default=3, help="runs of each collective of 2 KB or less (the worst counts)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
