@@ -164,3 +164,36 @@ def test_clock_actor_ticks_on_deadlines_under_virtual_time():
     shows = [m for m in outs if isinstance(m, Show) and m.stream == "sync"]
     assert shows and shows[0].start == pytest.approx(0.0) and sync.decode(shows[0].payload).t0_us == 1_000_000
     assert loop_end == pytest.approx(25.0)
+
+
+def test_a_terminal_gets_one_live_progress_line_under_the_log():
+    import io
+    import json
+
+    import structlog
+
+    from wccl.logs import configure_logging
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    configure_logging("console", "info", stream=term)
+    try:
+        log = structlog.get_logger("wccl")
+        log.info("run_started", steps=30)
+        log.info("schedule_fixed", period_s=1.35)
+        log.info("step_applied", step=4, test_accuracy=0.8125)
+        log.info("link_step", frames_ok=18, frames_rejected={"uncorrectable": 2})
+        out = term.getvalue()
+        *_, last = out.split("\n")
+        assert last == ("wccl | step 5/30 | training | accuracy 0.812 | link 90% of frames read"
+                        " | ~34 s left (room time)")
+        assert out.count("\r\x1b[K") == 3  # the line is cleared before each new log line, then redrawn
+        assert "link_step" in out.split("\n")[-2]
+    finally:
+        pipe = io.StringIO()  # JSON lines elsewhere: no progress line, no control characters
+        configure_logging("json", "info", stream=pipe)
+        structlog.get_logger("wccl").info("step_applied", step=1)
+        assert json.loads(pipe.getvalue())["event"] == "step_applied" and "\x1b" not in pipe.getvalue()

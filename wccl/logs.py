@@ -3,7 +3,8 @@
 Events are constant snake_case names with key=value fields. `node`, `actor`
 and `step` come from contextvars (bound by the supervisor and the actors), and
 `t` is the room's time (virtual or real seconds) when an event loop runs.
-Console renderer on a terminal, JSON lines otherwise (or when asked).
+Console renderer on a terminal, JSON lines otherwise (or when asked); on a
+terminal one live progress line (`ProgressLine`) stays under the log.
 Taps (`add_tap`) are shown a copy of every event that passes the level
 filter: the live dashboard reads the run's events this way.
 """
@@ -11,6 +12,7 @@ filter: the live dashboard reads the run's events this way.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import sys
 from collections.abc import Callable
@@ -48,8 +50,86 @@ def _feed_taps(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
     return event
 
 
-def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
-    """Configure structlog for this process. `fmt`: auto | console | json."""
+class ProgressLine:
+    """One live line under the log on a terminal: step k of N, the phase, the last accuracy, the link's
+    health (frames read / frames read or rejected) and the simulated time left. Log lines go above it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.steps: int | None = None
+        self.step = -1
+        self.phase = "starting"
+        self.accuracy: float | None = None
+        self.frames = [0, 0]  # read, rejected (since the start)
+        self.period: float | None = None
+        self.shown = False
+
+    def tap(self, e: dict[str, Any]) -> None:
+        name = e.get("event")
+        if name == "run_started":
+            self.steps = e.get("steps")
+        elif name == "schedule_fixed":
+            self.period, self.phase = e.get("period_s"), "training"
+        elif name == "clock_synced" and self.phase == "starting":
+            self.phase = "clocks synced"
+        elif name == "step_applied" and e.get("step", -1) >= self.step:
+            self.step = e["step"]
+            self.accuracy = e.get("test_accuracy", self.accuracy)
+        elif name == "link_step":
+            rejected = e.get("frames_rejected") or {}
+            self.frames[0] += e.get("frames_ok", 0)
+            self.frames[1] += sum(rejected.values()) if isinstance(rejected, dict) else 0
+        elif name in ("run_finished", "run_interrupted"):
+            self.phase = "finished" if name == "run_finished" else "interrupted"
+
+    def render(self) -> str:
+        parts = [f"step {self.step + 1}/{self.steps}" if self.steps else "step -", self.phase]
+        if self.accuracy is not None:
+            parts.append(f"accuracy {self.accuracy:.3f}")
+        read, bad = self.frames
+        if read + bad:
+            parts.append(f"link {read / (read + bad):.0%} of frames read")
+        if self.steps and self.period and self.phase == "training":
+            parts.append(f"~{(self.steps - self.step - 1) * self.period:.0f} s left (room time)")
+        return "wccl | " + " | ".join(parts)
+
+    def write(self, message: str) -> None:
+        clear = "\r\x1b[K" if self.shown else ""
+        self.stream.write(f"{clear}{message}\n{self.render()}")
+        self.stream.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.shown = False
+
+
+class _ProgressLogger:
+    """A structlog logger that writes each line above the progress line."""
+
+    def __init__(self, line: ProgressLine) -> None:
+        self._line = line
+
+    def msg(self, message: str) -> None:
+        self._line.write(message)
+
+    log = debug = info = warn = warning = err = error = critical = exception = fatal = msg
+
+
+_progress: ProgressLine | None = None
+
+
+def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None,
+                      progress: bool = True) -> None:
+    """Configure structlog for this process. `fmt`: auto | console | json. On a terminal with the
+    console format, `progress` keeps one live progress line under the log."""
+    global _progress
+    if _progress is not None:
+        remove_tap(_progress.tap)
+        _progress.close()
+        _progress = None
     stream = stream or sys.stdout
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
@@ -72,10 +152,17 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         ]
     else:
         raise ValueError(f"unknown log format {fmt!r}")
+    factory: Any = structlog.PrintLoggerFactory(stream)
+    if fmt == "console" and progress and stream.isatty():
+        _progress = ProgressLine(stream)
+        add_tap(_progress.tap)
+        atexit.register(_progress.close)
+        line = _progress
+        factory = lambda *args: _ProgressLogger(line)  # noqa: E731
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        logger_factory=factory,
         cache_logger_on_first_use=False,
     )
 
