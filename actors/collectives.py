@@ -68,13 +68,7 @@ class Collectives(Actor):
                                                               "bytes_posted": 0, "bytes_received": 0})
 
     async def run(self) -> None:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(self._post_when_ready()), tg.create_task(self._watchdog())]
-            try:
-                await super().run()
-            finally:
-                for t in tasks:
-                    t.cancel()
+        await self.run_beside(self._post_when_ready(), self._watchdog())
 
     async def handle(self, msg) -> None:
         if isinstance(msg, CollectiveRequest):

@@ -89,12 +89,7 @@ class ScreenWriter(Actor):
 
     async def run(self) -> None:
         self.screen.show(self._idle)
-        async with asyncio.TaskGroup() as tg:
-            presenter = tg.create_task(self._present())
-            try:
-                await super().run()
-            finally:
-                presenter.cancel()
+        await self.run_beside(self._present())
 
     async def handle(self, msg: Show | FrameTiming | ScheduleKnown) -> None:
         if isinstance(msg, FrameTiming):

@@ -58,12 +58,7 @@ class TransferWriter(Actor):
 
     async def run(self) -> None:
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
-        async with asyncio.TaskGroup() as tg:
-            presenter = tg.create_task(self._present())
-            try:
-                await super().run()
-            finally:
-                presenter.cancel()
+        await self.run_beside(self._present())
 
     async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks) -> None:
         if isinstance(msg, AcksChanged):

@@ -159,6 +159,17 @@ class Actor:
         finally:
             await self.finish()
 
+    async def run_beside(self, *background) -> None:
+        """`run()`'s inbox loop with background coroutines beside it (e.g. a presenter on a frame clock);
+        they are cancelled when the inbox loop ends, however it ends."""
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(c) for c in background]
+            try:
+                await Actor.run(self)
+            finally:
+                for t in tasks:
+                    t.cancel()
+
     async def handle(self, msg: Message) -> None:  # pragma: no cover - abstract
         raise NotImplementedError(f"{type(self).__name__} does not handle {type(msg).__name__}")
 

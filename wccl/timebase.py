@@ -59,7 +59,23 @@ class _JumpingSelector(WrappedSelector):
         return []
 
 
-class VirtualTimeLoop(asyncio.SelectorEventLoop):
+class CountsExecutorJobs(asyncio.SelectorEventLoop):
+    """A loop that counts its running executor jobs: virtual time must not skip over their completion."""
+
+    _executor_jobs = 0
+
+    def run_in_executor(self, executor, func, *args):  # type: ignore[override]
+        self._executor_jobs += 1
+        fut = super().run_in_executor(executor, func, *args)
+
+        def _done(_: asyncio.Future) -> None:
+            self._executor_jobs -= 1
+
+        fut.add_done_callback(_done)
+        return fut
+
+
+class VirtualTimeLoop(CountsExecutorJobs):
     """An event loop on virtual time (seconds from 0.0 at creation)."""
 
     def __init__(self) -> None:
@@ -75,15 +91,6 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _jump(self, seconds: float) -> None:
         self._virtual_now = max(self._virtual_now, self._virtual_now + seconds)
 
-    def run_in_executor(self, executor, func, *args):  # type: ignore[override]
-        self._executor_jobs += 1
-        fut = super().run_in_executor(executor, func, *args)
-
-        def _done(_: asyncio.Future) -> None:
-            self._executor_jobs -= 1
-
-        fut.add_done_callback(_done)
-        return fut
 
 
 def new_loop(mode: str) -> asyncio.AbstractEventLoop:

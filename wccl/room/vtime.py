@@ -27,7 +27,7 @@ import asyncio
 import selectors
 from typing import Callable, Protocol
 
-from wccl.timebase import WrappedSelector
+from wccl.timebase import CountsExecutorJobs, WrappedSelector
 
 BUSY_POLL_S = 0.002  # while busy(): how long each real wait may block before busy() is asked again
 
@@ -100,7 +100,7 @@ class _RoomSelector(WrappedSelector):
         return events
 
 
-class RoomTimeLoop(asyncio.SelectorEventLoop):
+class RoomTimeLoop(CountsExecutorJobs):
     """An event loop on the room's virtual time, shared by every node process of the room.
 
     `client`: a connected RoomClient (after its hello), or a zero-argument callable returning one.
@@ -121,16 +121,6 @@ class RoomTimeLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.room_client.now
-
-    def run_in_executor(self, executor, func, *args):  # type: ignore[override]
-        self._executor_jobs += 1
-        fut = super().run_in_executor(executor, func, *args)
-
-        def _done(_: asyncio.Future) -> None:
-            self._executor_jobs -= 1
-
-        fut.add_done_callback(_done)
-        return fut
 
 
 __all__ = ["RoomTimeLoop", "BUSY_POLL_S"]
