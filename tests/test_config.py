@@ -8,7 +8,7 @@ import sys
 import pytest
 import tomllib
 
-from wccl.config import ConfigError, load_config
+from wccl.config import ConfigError, load_config, parse_config
 from wccl.node import main
 
 from conftest import ROOT, deep_update, shipped_config_dict
@@ -145,3 +145,13 @@ def test_one_command_with_help_on_each_subcommand(argv):
 def test_an_unknown_command_is_one_line_and_the_list():
     p = subprocess.run([sys.executable, "-m", "wccl.cli", "fly"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no command 'fly'" in p.stderr and "launch" in p.stderr
+
+
+def test_a_link_table_that_gives_a_layout_pins_it():
+    nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]
+    assert parse_config({"room": {"nodes": nodes}}).link.choose == "auto"  # the default: the start-up ladder
+    small = parse_config({"room": {"nodes": nodes}, "screen": {"width": 640, "height": 400},
+                          "link": {"rows": 40, "cols": 70, "cell_px": 8}})
+    assert small.link.choose == "pinned" and small.link.rows == 40  # the ladder would not fit this screen
+    explicit = parse_config({"room": {"nodes": nodes}, "link": {"rows": 50, "choose": "auto"}})
+    assert explicit.link.choose == "auto"

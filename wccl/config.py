@@ -212,6 +212,9 @@ DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
 )
 
 
+LAYOUT_KEYS = frozenset({"rows", "cols", "colours", "cell_px", "border_cells", "pilot_spacing", "hold_s", "code_rate"})
+
+
 class LinkConfig(_Strict):
     # The pinned layout's defaults are the densest the link lab measured under `webcam` (BENCHMARKS.md);
     # the hackathon's was rows 40, cols 70, cell_px 16, hold_s 1.0.
@@ -225,10 +228,20 @@ class LinkConfig(_Strict):
     code_rate: float = Field(default=0.8, ge=0.2, le=1.0)  # Reed-Solomon code rate inside a frame (1.0: none)
 
     # "auto" (default): at start-up every node shows its frames in each layout of the ladder in turn; the
-    # server picks the densest one that got through both ways (`min_frames_ok`). "pinned": the layout above.
+    # server picks the densest one that got through both ways (`min_frames_ok`). "pinned": the layout above
+    # (the default when the [link] table gives a layout but no `choose`).
     choose: Literal["pinned", "auto"] = "auto"
     ladder: list[LadderStep] | None = None  # auto: candidate layouts, densest first (default DEFAULT_LADDER)
     min_frames_ok: float = Field(default=0.5, gt=0, le=1)  # auto: share of frames a layout must get through
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_given_layout_is_pinned(cls, data: Any) -> Any:
+        # A [link] table that gives a layout but says nothing of `choose` means that layout (room files
+        # for small screens, where the default ladder does not fit, rely on it).
+        if isinstance(data, dict) and "choose" not in data and LAYOUT_KEYS & data.keys():
+            data = dict(data, choose="pinned")
+        return data
 
     def layout(self) -> GridLayout:
         return GridLayout(self.rows, self.cols, self.colours, self.cell_px, self.border_cells, self.pilot_spacing)
