@@ -7,6 +7,7 @@ import torch.distributed as dist
 import wccl.distributed  # noqa: F401
 
 dist.init_process_group("wccl")
-print("started", flush=True)
+sys.stdout.write("started\n")  # one write: the ranks share the output
+sys.stdout.flush()
 while True:
     dist.all_reduce(torch.ones(100))
