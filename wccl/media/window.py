@@ -54,8 +54,8 @@ OVERLAY_COLOUR = (60, 120, 135)  # BGR: dim amber, far below the ring's white (t
 MIN_TEXT_PX = 9  # a band lower than this (plus gaps) gets no text
 RING_GAP_PX = 6  # clear space between the text and the ring
 PROBE_GREY = 24  # shown once at start and read back off the display: is the window really painted?
-PAINT_TRIES = 5
-PAINT_WAIT_S = 1.0
+PAINT_TRIES = 8  # new windows tried (seen in CI: five were not always enough on the loaded machine)
+PAINT_WAIT_S = 1.0  # the first try's wait for the test grey; each further try waits longer (up to 3 s)
 
 
 def _prepare_qt() -> None:
@@ -166,7 +166,7 @@ class WindowScreen:
         for attempt in range(1, PAINT_TRIES + 1):
             want = self._create()
             rect = self._settle(want) if want is not None else None
-            painted = self._paint_check()
+            painted = self._paint_check(attempt)
             if painted is not False:
                 break
             # Seen under Xvfb on a loaded machine: the window is mapped where it should be but the
@@ -208,7 +208,7 @@ class WindowScreen:
         cv2.resizeWindow(title, self.width, self.height)
         return self._x, self._y, self.width, self.height
 
-    def _paint_check(self) -> bool | None:
+    def _paint_check(self, attempt: int = 1) -> bool | None:
         """Show a test grey and read it back off the X display: is the window really painted?
 
         None where it cannot be checked (not X11, or the window's place is unknown).
@@ -218,7 +218,7 @@ class WindowScreen:
         if not self.info.screens:
             return None
         probe = np.full((self.height, self.width, 3), PROBE_GREY, np.uint8)
-        deadline = time.monotonic() + PAINT_WAIT_S
+        deadline = time.monotonic() + min(3.0, PAINT_WAIT_S * attempt)
         while True:  # a new window may take a moment to be mapped and painted
             self._present(probe)
             self._cv2.waitKey(20)
