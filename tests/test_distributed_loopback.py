@@ -22,7 +22,9 @@ from wccl.launch import json_objects
 
 EXAMPLES = ROOT / "examples"
 ROOM = ROOT / "rooms/loopback.toml"
-pytestmark = pytest.mark.slow
+# Real windows on a loaded 2-core machine: a run over a window Qt left unpainted runs once more before it
+# counts as failed (see tests/test_loopback.py).
+pytestmark = [pytest.mark.slow, pytest.mark.flaky(reruns=1)]
 
 
 def _display(width: int = 1400, height: int = 480):

@@ -27,6 +27,12 @@ def _display(width: int = 1400, height: int = 480):
     return VirtualDisplay(width, height)
 
 
+# Real windows on a loaded 2-core machine: now and then Qt leaves a new window unpainted however often it
+# is reopened (wccl/media/window.py), and a realtime run over it fails. Such a test runs once more before
+# it counts as failed; it still fails when the second run fails too.
+REAL_WINDOWS_RERUN = pytest.mark.flaky(reruns=1)
+
+
 def _events(text: str) -> list[dict]:
     out = []
     for line in text.splitlines():
@@ -45,6 +51,7 @@ def _room(tmp_path, steps: int) -> str:
     return str(path)
 
 
+@REAL_WINDOWS_RERUN
 def test_loopback_capture_decodes_both_ways():
     """Every window shows a frame; every camera films the others and decodes them to the same bytes."""
     with _display() as d:
@@ -61,6 +68,7 @@ def test_loopback_capture_decodes_both_ways():
 
 
 @pytest.mark.slow
+@REAL_WINDOWS_RERUN
 def test_two_processes_train_over_the_loopback(tmp_path):
     config = _room(tmp_path, steps=3)
     logs = {name: (tmp_path / f"{name}.log", tmp_path / f"{name}.err") for name in ("alice", "bob")}
