@@ -256,10 +256,11 @@ class TransferAssembler:
         del self._decoders[key]
         self.last_packets = len(seen)
         data = bytes(data)
-        self._mark(h.sender, h.tid)
         if len(data) != h.length or frame_digest(data) != h.digest:
+            # Not acknowledged: the sender keeps showing it, and fresh packets rebuild it again.
             self.losses["tensor_digest_mismatch"] += 1
             return None
+        self._mark(h.sender, h.tid)
         return data
 
     def _mark(self, sender: int, tid: int) -> None:
