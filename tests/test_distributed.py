@@ -253,3 +253,41 @@ def test_a_ranks_compute_is_charged_to_the_room_time(tmp_path, scale):
         assert all(0.4 <= t < 0.4 + 1.0 for t in took), took
     else:
         assert all(t < 0.4 for t in took), took
+
+
+# ---- compression: codec comm hooks and local steps (issue 13) --------------------------------------
+
+def _check_compressed(lines: list[dict], world: int) -> None:
+    assert [d["rank"] for d in lines] == list(range(world))
+    for name, h in lines[0]["hooks"].items():
+        assert {d["hooks"][name]["sha"] for d in lines} == {h["sha"]}, f"{name}: replicas differ"
+        assert h["bytes"] == h["expected_bytes"] > 0, name
+    assert len({d["local"]["sha"] for d in lines} | {d["local"]["global_sha"] for d in lines}) == 1
+    assert lines[0]["local"]["bytes"] == lines[0]["local"]["expected_bytes"] > 0
+
+
+def test_codec_hooks_and_local_steps_over_gloo():
+    _check_compressed(torchrun(SCRIPTS / "compressed.py", 2), 2)
+
+
+def test_codec_hooks_and_local_steps_over_light_frame_exactly_the_codec_bytes(tmp_path):
+    proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--codecs", "int8,topk_ef")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    _check_compressed(lines, 2)
+    d = lines[0]
+    # what the node framed = DDP's constructor collectives + the codec bytes + the start check (32 B)
+    # + the local-steps extras (8 B a sync); the constructor's share is the same for both runs below
+    codec_bytes = sum(h["bytes"] for h in d["hooks"].values()) + d["local"]["bytes"] + 32 + 8 * d["local"]["syncs"]
+    assert d["bytes_posted"] > codec_bytes
+    proc2, lines2 = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--codecs", "int8,topk_ef",
+                           "--steps", "5")
+    assert proc2.returncode == 0, proc2.stderr[-4000:]
+    d2 = lines2[0]
+    codec_bytes2 = sum(h["bytes"] for h in d2["hooks"].values()) + d2["local"]["bytes"] + 32 + 8 * d2["local"]["syncs"]
+    assert d2["bytes_posted"] - d["bytes_posted"] == codec_bytes2 - codec_bytes
+
+
+def test_local_steps_refuse_ranks_that_start_apart(tmp_path):
+    proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--mismatch")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert all("rank(s) [1] start from other parameters" in d["error"] for d in lines)

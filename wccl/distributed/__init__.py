@@ -21,10 +21,12 @@ its own process (wccl.distributed.runtime); the process group
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
 import urllib.parse
 from datetime import timedelta
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch.distributed as dist
@@ -130,6 +132,24 @@ def shutdown() -> None:
 def sim_seconds() -> float:
     """This rank's time so far in the room (simulated seconds, its compute charged); 0 without a node."""
     return _nodes[0].sim_seconds() if _nodes else 0.0
+
+
+@contextlib.contextmanager
+def uncharged() -> Iterator[None]:
+    """Run the block without charging its CPU time to this rank's clock: work a real run would leave to
+    an observer, such as evaluating on the test set. Without a wccl node it does nothing."""
+    if not _nodes:
+        yield
+        return
+    with _nodes[0].uncharged():
+        yield
+
+
+def bytes_posted() -> int:
+    """Tensor bytes this rank has handed to its screen so far (every collective's payload, as framed)."""
+    if not _nodes or _nodes[0].sup is None:
+        return 0
+    return int(_nodes[0].sup.results.get("collectives", {}).get("bytes_posted", 0))
 
 
 def node_results() -> dict:

@@ -19,10 +19,11 @@ fast would have issued it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -292,6 +293,18 @@ class RankNode:
         for handle in list(self._callbacks):
             cb = self._callbacks.pop(handle)
             cb(CollectiveDone(sender=self.node, time=0.0, seq=-1, handle=handle, error=error))
+
+    @contextlib.contextmanager
+    def uncharged(self) -> Iterator[None]:
+        """Compute on the program thread that the rank's clock does not pay for (an observer's work,
+        e.g. evaluating on the test set). Room time stands still meanwhile, as for any compute."""
+        if threading.current_thread() is not self._program:
+            raise RuntimeError("wccl: uncharged() is for the rank's program thread")
+        cpu0 = self._program_cpu()
+        try:
+            yield
+        finally:
+            self._cpu_mark += self._program_cpu() - cpu0
 
     def sim_seconds(self) -> float:
         """The rank's time so far (seconds of the room's time, its program's compute charged)."""

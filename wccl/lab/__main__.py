@@ -48,7 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier", help="collectives to time")
     c.add_argument("--repeat", type=int, default=3, help="runs of each collective of 2 KB or less (the worst counts)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
+    t = sub.add_parser("train", formatter_class=HelpFormatter,
+                       help="accuracy against simulated time for a model, codec and sync period (through the backend)")
+    from wccl.lab import train as train_lab
+
+    train_lab.add_arguments(t)
     args = p.parse_args(argv)
+    if args.cmd == "train":
+        return train_lab.run(args)
     if args.cmd == "collectives":
         return _collectives(args)
     if args.cmd == "sync":

