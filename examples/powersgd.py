@@ -4,7 +4,9 @@
     torchrun --nproc-per-node 2 examples/powersgd.py --backend gloo --steps 30
 
 `--hook fp16` or `--hook bf16` runs torch's fp16_compress_hook or
-bf16_compress_hook instead. PowerSGD compresses each gradient bucket to rank-r factors (P, Q) and calls
+bf16_compress_hook instead; `--hook wccl:CODEC` (e.g. wccl:topk_ef, wccl:sign_ef,
+wccl:powersgd) one of WCCL's codecs (wccl.distributed.hooks: one round, error
+feedback, the same bits on every rank). PowerSGD compresses each gradient bucket to rank-r factors (P, Q) and calls
 all_reduce from inside future callbacks; it all-reduces zero-element tensors
 too. Prints one JSON line per rank (as ddp_mnist.py does), with the hook's
 name and rank.
@@ -32,7 +34,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--rank", type=int, default=2, help="PowerSGD matrix approximation rank")
     p.add_argument("--start-iter", type=int, default=2, help="plain all_reduce for this many steps first")
-    p.add_argument("--hook", choices=["powersgd", "fp16", "bf16"], default="powersgd")
+    p.add_argument("--hook", default="powersgd", help="powersgd, fp16, bf16 (torch's hooks) or wccl:CODEC")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.backend == "wccl":
@@ -49,7 +51,11 @@ def main() -> None:
                                        start_powerSGD_iter=args.start_iter, min_compression_rate=0.5,
                                        use_error_feedback=True, warm_start=True, random_seed=0)
         model.register_comm_hook(state, powerSGD.powerSGD_hook)
-    else:
+    elif args.hook.startswith("wccl:"):
+        from wccl.distributed import hooks
+
+        model.register_comm_hook(*hooks.codec_hook(args.hook.removeprefix("wccl:")))
+    elif args.hook in ("fp16", "bf16"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
         if args.hook == "fp16":
@@ -61,6 +67,8 @@ def main() -> None:
                 return default_hooks.bf16_compress_hook(state, bucket)
 
             model.register_comm_hook(None, bf16_hook)
+    else:
+        raise SystemExit(f"--hook {args.hook}: expected powersgd, fp16, bf16 or wccl:CODEC")
     opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
     for step in range(args.steps):
         xb, yb = batch_for_step(x, y, 512, 0, step, rank)

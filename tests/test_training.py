@@ -350,3 +350,40 @@ def test_state_dict_is_a_snapshot():
     frozen = snap["model"]["fc.weight"].clone()
     r.apply(r.compute_gradient(1)[0])
     assert torch.equal(snap["model"]["fc.weight"], frozen)
+
+
+def test_by_class_split_gives_each_rank_its_own_classes():
+    from wccl.training.data import Dataset, shard_by_class
+
+    y = torch.arange(100) % 10
+    ds = Dataset(torch.zeros(100, 1, 28, 28), y, torch.zeros(10, 1, 28, 28), torch.arange(10))
+    a, b = shard_by_class(ds, 0, 2)[1], shard_by_class(ds, 1, 2)[1]
+    assert set(a.tolist()) == {0, 1, 2, 3, 4} and set(b.tolist()) == {5, 6, 7, 8, 9}
+    assert sorted(set(shard_by_class(ds, 2, 3)[1].tolist())) == [6, 7, 8, 9]
+    with pytest.raises(ValueError):
+        shard_by_class(ds, 0, 11)
+
+
+def test_shift_augment_is_pure_and_moves_pixels():
+    from wccl.training.data import shift_augment
+
+    x = torch.zeros(8, 1, 28, 28)
+    x[:, 0, 14, 14] = 1.0
+    a, b = shift_augment(x, 2, seed=0, step=3), shift_augment(x, 2, seed=0, step=3)
+    assert torch.equal(a, b) and not torch.equal(a, shift_augment(x, 2, seed=0, step=4))
+    for img in a:  # the one bright pixel moved by at most 2 each way, nothing else appeared
+        ys, xs = torch.nonzero(img[0], as_tuple=True)
+        assert len(ys) == 1 and abs(int(ys[0]) - 14) <= 2 and abs(int(xs[0]) - 14) <= 2
+    assert shift_augment(x, 0, 0, 0) is x
+
+
+@pytest.mark.parametrize("name,count", [("hackathon_cnn", 670), ("lenet5", 61_706), ("fashion_cnn", 105_866)])
+def test_models_have_their_sizes_and_build_the_same_from_a_seed(name, count):
+    from wccl.config import MODEL_DEFAULTS
+
+    init = MODEL_DEFAULTS[name]["init"]
+    a, b = build_model(name, init, 3), build_model(name, init, 3)
+    assert param_count(a) == count
+    assert torch.equal(flatten_params(a), flatten_params(b))
+    assert not torch.equal(flatten_params(a), flatten_params(build_model(name, init, 4)))
+    assert a(torch.zeros(2, 1, 28, 28)).shape == (2, 10)

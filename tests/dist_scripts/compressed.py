@@ -64,7 +64,8 @@ def main() -> None:
         out["hooks"][name] = {"sha": sha(model.module), "bytes": state.bytes_sent, "values": state.values_sent,
                               "expected_bytes": get_codec(name).encoded_size(670) * args.steps}
     model = build_model("hackathon_cnn", "dirac_zero_head", 0)
-    sync = LocalSteps(model, "topk_ef", sync_every=2, outer_lr=0.7, outer_momentum=0.9, ratio=0.1)
+    sync = LocalSteps(model, "topk_ef", sync_every=2, outer_lr=0.7, outer_momentum=0.9, drift_correction=True,
+                      ratio=0.1)
     opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
     for step in range(2 * args.steps):
         xb, yb = batch_for_step(x, y, 256, 0, step, rank)

@@ -42,7 +42,7 @@ class SyncResult:
 class LocalSteps:
     def __init__(self, model: torch.nn.Module, codec: str | Codec = "bf16", sync_every: int = 1,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True,
-                 group=None, **codec_params: object) -> None:
+                 group=None, drift_correction: bool = False, **codec_params: object) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.model, self.group = model, group
@@ -52,6 +52,8 @@ class LocalSteps:
         self.global_params = self._flat().clone()
         self.velocity = torch.zeros_like(self.global_params)
         self.feedback = ErrorFeedback(self.codec)
+        self.drift_correction = drift_correction
+        self._correction: list[torch.Tensor] | None = None  # per inner step: mean move of all - own mean move
         self.steps = 0
         self.syncs = 0
         self.bytes_sent = 0
@@ -82,6 +84,10 @@ class LocalSteps:
 
     def step(self, extras: list[float] | None = None) -> SyncResult | None:
         """Count one inner step; on every `sync_every`-th, sync and return what it did."""
+        if self._correction is not None:
+            with torch.no_grad():
+                for p, c in zip(self.params, self._correction):
+                    p.add_(c)
         self.steps += 1
         if self.steps % self.sync_every:
             return None
@@ -97,6 +103,16 @@ class LocalSteps:
         if any(len(p) != len(data) + len(tail) for p in parts):
             raise RuntimeError("LocalSteps: ranks sent syncs of different sizes (different models, codecs or extras)")
         avg = average_decoded(self.codec, [p[:len(data)] for p in parts], n)
+        if self.drift_correction:
+            # SCAFFOLD-like, in the update space and without extra bytes: each inner step of the next round
+            # also moves by (the ranks' mean move per step - this rank's own), so a rank whose data pulls
+            # elsewhere (e.g. other classes) follows the common direction. Local only: the global
+            # parameters, the same on every rank, do not depend on it.
+            corr = (outer_grad - avg) / self.sync_every
+            self._correction, i = [], 0
+            for p in self.params:
+                self._correction.append(corr[i:i + p.numel()].view_as(p).to(p.dtype))
+                i += p.numel()
         # SGD with (Nesterov) momentum, as torch.optim.SGD computes it (dampening 0)
         self.velocity.mul_(self.momentum).add_(avg)
         update = avg + self.momentum * self.velocity if self.nesterov else self.velocity

@@ -23,7 +23,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from wccl.training.data import SPLITS, batch_for_step, load_dataset, shard
+from wccl.training.data import SPLITS, batch_for_step, load_dataset, shard, shift_augment
 from wccl.config import MODEL_DEFAULTS
 from wccl.training.model import build_model, param_count
 
@@ -88,8 +88,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync-every", type=int, default=50)
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
-    p.add_argument("--lr", type=float, default=0.002, help="inner Adam learning rate")
+    p.add_argument("--drift-correction", action="store_true", help="correct each rank's drift (LocalSteps)")
+    p.add_argument("--lr", type=float, default=0.002, help="inner learning rate")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="the inner optimizer")
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, or Adam's beta1")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--augment", type=int, default=0, help="move each training image by up to N pixels")
     p.add_argument("--budget-s", type=float, default=240.0)
     p.add_argument("--eval-every-s", type=float, default=10.0)
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many inner steps too (0: no limit)")
@@ -127,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
         from wccl.distributed.localsteps import LocalSteps
 
         sync = LocalSteps(model, args.codec, args.sync_every, args.outer_lr, args.outer_momentum,
-                          **json.loads(args.codec_params))
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr, foreach=False)
+                          drift_correction=args.drift_correction, **json.loads(args.codec_params))
+    if args.optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(args.momentum, 0.999), foreach=False)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, foreach=False)
     n = param_count(model)
     print(f"[rank {rank}] {args.model} ({n} parameters), {x.shape[0]} training examples, "
           f"{'codec ' + sync.codec.describe() + f', sync every {args.sync_every}' if sync else 'alone: ' + args.alone}",
@@ -136,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     next_eval, step, t, acc, best = 0.0, 0, 0.0, 0.0, 0.0
     while True:
         xb, yb = batch_for_step(x, y, args.batch_size, args.data_seed, step, rank)
+        xb = shift_augment(xb, args.augment, args.data_seed, step, rank)
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         opt.step()

@@ -27,6 +27,7 @@ __all__ = [
     "shard",
     "shard_by_class",
     "SPLITS",
+    "shift_augment",
     "batch_for_step",
 ]
 
@@ -237,6 +238,21 @@ def shard_by_class(ds: Dataset, rank: int, world: int) -> tuple[torch.Tensor, to
 
 
 SPLITS = {"iid": shard, "by_class": shard_by_class}
+
+
+def shift_augment(x: torch.Tensor, pixels: int, seed: int, step: int, rank: int = 0) -> torch.Tensor:
+    """Each image moved by up to ``pixels`` in x and y (zero fill), drawn from ``(seed, rank, step)``:
+    a pure function, like batch_for_step. ``pixels`` 0 returns ``x`` itself."""
+    if pixels <= 0:
+        return x
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(rank), int(step), 7])))
+    shifts = rng.integers(-pixels, pixels + 1, size=(x.shape[0], 2))
+    padded = torch.nn.functional.pad(x, (pixels, pixels, pixels, pixels))
+    h, w = x.shape[-2:]
+    out = torch.empty_like(x)
+    for i, (dy, dx) in enumerate(shifts.tolist()):
+        out[i] = padded[i, :, pixels + dy:pixels + dy + h, pixels + dx:pixels + dx + w]
+    return out
 
 
 def batch_for_step(
