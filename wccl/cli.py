@@ -2,7 +2,7 @@
 
     wccl run --config config.toml                 # the built-in run (python -m wccl.node)
     wccl launch --config ROOM.toml train.py ...   # your PyTorch script on every laptop (python -m wccl.launch)
-    wccl lab bench|sweep|sync|collectives ...     # measure the link (python -m wccl.lab)
+    wccl lab bench|sweep|sync|collectives|train   # measure the link, collectives, training (python -m wccl.lab)
     wccl devices                                  # cameras and displays (python -m wccl.devices)
     wccl room snapshot|fit|bench|serve ...        # the simulated room's tools (python -m wccl.room.X)
 

@@ -1,6 +1,7 @@
 """`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`; `python -m wccl.lab sweep --out DIR`;
 `python -m wccl.lab sync --config FILE --steps N --json` (clock sync and lockstep over a long run);
-`python -m wccl.lab collectives --config FILE --json` (each collective and size through the wccl backend)."""
+`python -m wccl.lab collectives --config FILE --json` (each collective and size through the wccl backend);
+`python -m wccl.lab train --config FILE --out DIR` (accuracy against simulated time: codecs, local steps)."""
 
 from __future__ import annotations
 
