@@ -263,6 +263,7 @@ def _check_compressed(lines: list[dict], world: int) -> None:
         assert {d["hooks"][name]["sha"] for d in lines} == {h["sha"]}, f"{name}: replicas differ"
         assert h["bytes"] == h["expected_bytes"] > 0, name
     assert len({d["local"]["sha"] for d in lines} | {d["local"]["global_sha"] for d in lines}) == 1
+    assert len({d["local"]["averaged_sha"] for d in lines}) == 1
     assert lines[0]["local"]["bytes"] == lines[0]["local"]["expected_bytes"] > 0
 
 

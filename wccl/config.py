@@ -356,6 +356,7 @@ class TrainingConfig(_Strict):
     sync_every: int = Field(default=1, ge=1)  # local steps between syncs (DiLoCo); 1: sync every step
     outer_lr: float = Field(default=1.0, gt=0, le=10)  # the outer optimizer's learning rate (SGD, Nesterov)
     outer_momentum: float = Field(default=0.0, ge=0, lt=1)  # its momentum
+    ema: float = Field(default=0.0, ge=0, lt=1)  # the result is an exponential average of the synced models
     augment: int = Field(default=0, ge=0, le=8)  # move each training image by up to N pixels (wccl.lab train)
     drift_correction: bool = False  # each local step also follows the ranks' mean direction (non-IID data)
     budget_s: float = Field(default=240.0, gt=0)  # wccl.lab train: simulated seconds to train for

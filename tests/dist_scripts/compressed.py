@@ -65,7 +65,7 @@ def main() -> None:
                               "expected_bytes": get_codec(name).encoded_size(670) * args.steps}
     model = build_model("hackathon_cnn", "dirac_zero_head", 0)
     sync = LocalSteps(model, "topk_ef", sync_every=2, outer_lr=0.7, outer_momentum=0.9, drift_correction=True,
-                      ratio=0.1)
+                      ema=0.5, ratio=0.1)
     opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
     for step in range(2 * args.steps):
         xb, yb = batch_for_step(x, y, 256, 0, step, rank)
@@ -74,6 +74,7 @@ def main() -> None:
         opt.step()
         sync.step(extras=[float(rank)])
     out["local"] = {"sha": sha(model), "global_sha": hashlib.sha256(sync.global_params.numpy().tobytes()).hexdigest(),
+                    "averaged_sha": hashlib.sha256(sync.averaged.numpy().tobytes()).hexdigest(),
                     "bytes": sync.bytes_sent, "syncs": sync.syncs,
                     "expected_bytes": sync.codec.encoded_size(670) * sync.syncs}
     if args.backend == "wccl":

@@ -42,7 +42,7 @@ class SyncResult:
 class LocalSteps:
     def __init__(self, model: torch.nn.Module, codec: str | Codec = "bf16", sync_every: int = 1,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True,
-                 group=None, drift_correction: bool = False, **codec_params: object) -> None:
+                 group=None, drift_correction: bool = False, ema: float = 0.0, **codec_params: object) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.model, self.group = model, group
@@ -53,6 +53,10 @@ class LocalSteps:
         self.velocity = torch.zeros_like(self.global_params)
         self.feedback = ErrorFeedback(self.codec)
         self.drift_correction = drift_correction
+        if not 0.0 <= ema < 1.0:
+            raise ValueError(f"ema must be in [0, 1), got {ema}")
+        self.ema = ema
+        self.averaged = self.global_params.clone()  # an exponential average of the global parameters over syncs
         self._correction: list[torch.Tensor] | None = None  # per inner step: mean move of all - own mean move
         self.steps = 0
         self.syncs = 0
@@ -74,10 +78,14 @@ class LocalSteps:
     def _flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in self.params])
 
-    def _load(self, flat: torch.Tensor) -> None:
+    def load_averaged(self, model: torch.nn.Module) -> None:
+        """Put the averaged parameters (`ema`) into `model` (a copy of the trained model, e.g. to evaluate)."""
+        self._load(self.averaged, [p for p in model.parameters() if p.requires_grad])
+
+    def _load(self, flat: torch.Tensor, params: list[torch.Tensor] | None = None) -> None:
         i = 0
         with torch.no_grad():
-            for p in self.params:
+            for p in (self.params if params is None else params):
                 n = p.numel()
                 p.copy_(flat[i:i + n].view_as(p).to(p.dtype))
                 i += n
@@ -96,7 +104,7 @@ class LocalSteps:
     def sync(self, extras: list[float] | None = None) -> SyncResult:
         extras = list(extras or [])
         outer_grad = self.global_params - self._flat()
-        data, _ = self.feedback.encode(outer_grad)
+        data, own = self.feedback.encode(outer_grad)
         tail = np.asarray(extras, dtype="<f8").tobytes()
         parts = exchange(data + tail, self.group).wait()
         n = self.global_params.numel()
@@ -108,7 +116,7 @@ class LocalSteps:
             # also moves by (the ranks' mean move per step - this rank's own), so a rank whose data pulls
             # elsewhere (e.g. other classes) follows the common direction. Local only: the global
             # parameters, the same on every rank, do not depend on it.
-            corr = (outer_grad - avg) / self.sync_every
+            corr = (own - avg) / self.sync_every  # own as decoded: what the codec dropped is fed back already
             self._correction, i = [], 0
             for p in self.params:
                 self._correction.append(corr[i:i + p.numel()].view_as(p).to(p.dtype))
@@ -117,6 +125,7 @@ class LocalSteps:
         self.velocity.mul_(self.momentum).add_(avg)
         update = avg + self.momentum * self.velocity if self.nesterov else self.velocity
         self.global_params.sub_(self.outer_lr * update)
+        self.averaged.mul_(self.ema).add_((1.0 - self.ema) * self.global_params)
         self._load(self.global_params)
         self.syncs += 1
         self.bytes_sent += len(data)

@@ -86,6 +86,8 @@ def rank_args(tr: TrainingConfig) -> list[str]:
          "--optimizer", tr.optimizer, "--momentum", str(tr.momentum),
          "--batch-size", str(tr.batch_size), "--budget-s", str(tr.budget_s), "--eval-every-s", str(tr.eval_every_s),
          "--seed", str(tr.seed), "--data-seed", str(tr.data_seed)]
+    if tr.ema:
+        a += ["--ema", str(tr.ema)]
     if tr.augment:
         a += ["--augment", str(tr.augment)]
     if tr.drift_correction:

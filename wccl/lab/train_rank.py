@@ -63,6 +63,16 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return correct / x.shape[0]
 
 
+def eval_model(model: torch.nn.Module, sync, args: argparse.Namespace) -> torch.nn.Module:
+    if sync is None or not args.ema:
+        return model
+    import copy
+
+    shadow = copy.deepcopy(model)
+    sync.load_averaged(shadow)
+    return shadow
+
+
 def params_sha256(model: torch.nn.Module) -> str:
     flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for p in model.parameters()])
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
@@ -88,6 +98,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sync-every", type=int, default=50)
     p.add_argument("--outer-lr", type=float, default=0.7)
     p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--ema", type=float, default=0.0, help="evaluate an exponential average of the synced models")
     p.add_argument("--drift-correction", action="store_true", help="correct each rank's drift (LocalSteps)")
     p.add_argument("--lr", type=float, default=0.002, help="inner learning rate")
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="the inner optimizer")
@@ -131,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         from wccl.distributed.localsteps import LocalSteps
 
         sync = LocalSteps(model, args.codec, args.sync_every, args.outer_lr, args.outer_momentum,
-                          drift_correction=args.drift_correction, **json.loads(args.codec_params))
+                          drift_correction=args.drift_correction, ema=args.ema, **json.loads(args.codec_params))
     if args.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(args.momentum, 0.999), foreach=False)
     else:
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         if synced and (t >= next_eval or done):
             if rank == 0:
                 with uncharged():
-                    acc = evaluate(model, data.test_x, data.test_y)
+                    acc = evaluate(eval_model(model, sync, args), data.test_x, data.test_y)
                 best = max(best, acc)
                 emit("row", sim_seconds=round(t, 3), test_accuracy=round(acc, 4), steps=step,
                      syncs=sync.syncs if sync else 0)
@@ -169,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 next_eval += args.eval_every_s
         if done:
             break
+    if sync is not None and args.ema:
+        sync.load_averaged(model)  # the averaged model is the result
     with uncharged():
         final = evaluate(model, data.test_x, data.test_y)
     summary = dict(rank=rank, world=world, model=args.model, params=n, steps=step, sim_seconds=round(t, 3),
