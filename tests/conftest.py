@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -79,3 +80,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def press_escape_until_exit(title: str, env: dict, proc: subprocess.Popen, presses: int, wait_s: float) -> None:
+    """Press Escape in the window named `title` until `proc` exits (at most `presses` times, `wait_s`
+    apart): a key sent while the window is still being mapped or focused can be lost (seen under load)."""
+    for _ in range(presses):
+        subprocess.run(["xdotool", "search", "--name", title, "windowfocus", "--sync", "key", "Escape"],
+                       env=env, timeout=10)
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, press_escape_until_exit
 from wccl.launch import json_objects
 
 EXAMPLES = ROOT / "examples"
@@ -91,14 +91,7 @@ def test_escape_in_a_ranks_window_fails_its_collectives(tmp_path):
             deadline = time.monotonic() + 60
             while '"node_started"' not in log.read_text() and time.monotonic() < deadline and p.poll() is None:
                 time.sleep(0.2)  # the window is up (and painted) once the node has started
-            for _ in range(30):  # a key sent while the window is being mapped or focused can be lost: again
-                subprocess.run(["xdotool", "search", "--name", "wccl alice", "windowfocus", "--sync", "key",
-                                "Escape"], env=d.env(), timeout=10)
-                try:
-                    p.wait(timeout=2.0)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            press_escape_until_exit("wccl alice", d.env(), p, presses=30, wait_s=2.0)
             p.wait(timeout=60)
         finally:
             if p.poll() is None:

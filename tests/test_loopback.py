@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, press_escape_until_exit
 
 pytestmark = pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed (.ci/run installs it)")
 
@@ -119,16 +119,7 @@ def test_escape_in_the_window_stops_the_node(tmp_path):
                     break
                 time.sleep(0.2)
             time.sleep(0.5)
-            # A key sent while the window is still being mapped or focused can be lost (seen under load):
-            # press Escape again each second until the node reacts.
-            for _ in range(20):
-                subprocess.run(["xdotool", "search", "--name", "wccl alice", "windowfocus", "--sync", "key",
-                                "Escape"], env=d.env(), timeout=10)
-                try:
-                    p.wait(timeout=1.0)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            press_escape_until_exit("wccl alice", d.env(), p, presses=20, wait_s=1.0)
             out, err = p.communicate(timeout=60)
         finally:
             if p.poll() is None:

@@ -26,10 +26,11 @@ class HelpFormatter(argparse.HelpFormatter):
             return text
         return (text + " " if text else "") + "(default: %(default)s)"
 
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("wccl.node", "run a room's nodes: the built-in training run"),
     "launch": ("wccl.launch", "run a PyTorch script on every laptop of a room (the 'wccl' backend)"),
-    "lab": ("wccl.lab.__main__", "measure the link: bench, sweep, sync, collectives"),
+    "lab": ("wccl.lab.__main__", "measure the link, collectives, training: bench, sweep, sync, collectives, train"),
     "devices": ("wccl.devices", "list this laptop's cameras and displays"),
     "seeds": ("wccl.training.seeds", "the seed study of the built-in model"),
 }

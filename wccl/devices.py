@@ -28,10 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from wccl.cli import HelpFormatter
 from wccl.media.display import NoDisplay, monitors, probe_display
 
-
-from wccl.cli import HelpFormatter
 
 def _v4l2_name(dev: str) -> str:
     p = Path("/sys/class/video4linux") / Path(dev).name / "name"

@@ -29,9 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from wccl.config import ConfigError, load_config
-
 from wccl.cli import HelpFormatter
+from wccl.config import ConfigError, load_config
 
 EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 ROOM_START_S = 60.0  # how long the room process may take to open its socket

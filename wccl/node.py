@@ -21,13 +21,12 @@ from typing import Any
 
 import structlog
 
+from wccl.cli import HelpFormatter
 from wccl.config import ConfigError, WcclConfig, load_config
 from wccl.logs import configure_logging
 from wccl.media.display import DeviceError
 from wccl.registry import REGISTRY, UnknownPart
 from wccl.timebase import new_loop
-
-from wccl.cli import HelpFormatter
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 

@@ -83,14 +83,12 @@ class VirtualTimeLoop(CountsExecutorJobs):
         super().__init__(selector)
         selector.loop = self
         self._virtual_now = 0.0
-        self._executor_jobs = 0
 
     def time(self) -> float:
         return self._virtual_now
 
     def _jump(self, seconds: float) -> None:
         self._virtual_now = max(self._virtual_now, self._virtual_now + seconds)
-
 
 
 def new_loop(mode: str) -> asyncio.AbstractEventLoop:

@@ -16,6 +16,7 @@ its own contribution, not the tensor it encoded.
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import torch
@@ -27,21 +28,24 @@ class CodecError(ValueError):
     """A codec name or parameter is wrong, or encoded bytes do not fit the codec."""
 
 
-class Codec:
+class Codec(ABC):
     """Base class: float32 1-D tensor <-> bytes."""
 
     name: ClassVar[str] = ""
     error_feedback: ClassVar[bool] = False  # keep what encoding lost and add it to the next input
     params: ClassVar[tuple[str, ...]] = ()  # the keyword parameters the constructor accepts
 
+    @abstractmethod
     def encoded_size(self, numel: int) -> int:
-        raise NotImplementedError
+        """The exact length of `encode` of `numel` values (the same on every rank)."""
 
+    @abstractmethod
     def encode(self, x: torch.Tensor) -> bytes:
-        raise NotImplementedError
+        """The bytes that travel for `x` (float32, 1-D)."""
 
+    @abstractmethod
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
-        raise NotImplementedError
+        """`numel` float32 values from `data`; CodecError if `data` does not fit."""
 
     def bits_per_value(self, numel: int) -> float:
         return 8.0 * self.encoded_size(numel) / max(1, numel)

@@ -37,7 +37,7 @@ class SignEF(Codec):
         padded = torch.zeros(nb * self.block, dtype=torch.float32)
         padded[:n] = x
         counts = torch.full((nb,), float(self.block))
-        counts[-1] = n - (nb - 1) * self.block if nb else 0
+        counts[-1] = n - (nb - 1) * self.block
         scale = padded.view(nb, self.block).abs().sum(dim=1) / counts.clamp(min=1)
         bits = np.packbits((x >= 0).numpy(), bitorder="little")
         return scale.numpy().astype("<f4").tobytes() + bits.tobytes()

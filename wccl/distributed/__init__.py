@@ -25,8 +25,8 @@ import contextlib
 import importlib
 import os
 import urllib.parse
-from datetime import timedelta
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import torch.distributed as dist

@@ -9,10 +9,8 @@ import argparse
 import json
 import sys
 
-from wccl.config import ConfigError, load_config
-
-
 from wccl.cli import HelpFormatter
+from wccl.config import ConfigError, load_config
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.lab", description="Measure the optical link.")

@@ -22,7 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from wccl.config import ConfigError, TrainingConfig, load_config
+from pydantic import ValidationError
+
+from wccl.config import ConfigError, TrainingConfig, config_error, load_config
 
 __all__ = ["add_arguments", "run"]
 
@@ -69,14 +71,8 @@ def training_config(cfg_training: TrainingConfig, args: argparse.Namespace) -> T
                 data.pop(k, None)
     try:
         return TrainingConfig(**data)
-    except Exception as e:  # pydantic's ValidationError: name the keys
-        errs = getattr(e, "errors", None)
-        if errs:
-            msgs = [f"training.{'.'.join(str(p) for p in err['loc']) or '*'}: "
-                    f"{'unknown key' if err['type'] == 'extra_forbidden' else err['msg'].removeprefix('Value error, ')}"
-                    for err in errs()]
-            raise ConfigError("; ".join(msgs)) from None
-        raise
+    except ValidationError as e:
+        raise config_error(e, "the room's [training] with the command line's", ("training",)) from None
 
 
 def rank_args(tr: TrainingConfig) -> list[str]:

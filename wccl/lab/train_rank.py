@@ -15,6 +15,7 @@ time charged is the whole compute.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
@@ -40,17 +41,13 @@ class CpuClock:
     def now(self) -> float:
         return time.thread_time() - self.t0 - self.free
 
+    @contextlib.contextmanager
     def uncharged(self):
-        clock = self
-
-        class _Ctx:
-            def __enter__(self):
-                self.c0 = time.thread_time()
-
-            def __exit__(self, *exc):
-                clock.free += time.thread_time() - self.c0
-
-        return _Ctx()
+        c0 = time.thread_time()
+        try:
+            yield
+        finally:
+            self.free += time.thread_time() - c0
 
 
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:

@@ -117,7 +117,6 @@ class RoomTimeLoop(CountsExecutorJobs):
         selector = _RoomSelector(client, busy)
         super().__init__(selector)
         selector.loop = self
-        self._executor_jobs = 0
 
     def time(self) -> float:
         return self.room_client.now
