@@ -8,6 +8,7 @@ from actors.camera_reader import CameraReader
 from actors.clock import Clock
 from actors.collectives import Collectives
 from actors.frame_decoder import FrameDecoder
+from actors.intruder import Intruder
 from actors.observer import Observer
 from actors.parameter_server import ParameterServer
 from actors.screen_writer import ScreenWriter
@@ -24,6 +25,7 @@ STANDARD = {
     "parameter_server": ParameterServer,
     "observer": Observer,
     "collectives": Collectives,
+    "intruder": Intruder,
 }
 
 for _role, _cls in STANDARD.items():
@@ -31,4 +33,4 @@ for _role, _cls in STANDARD.items():
 # A rank of the torch.distributed backend shows transfers until they are acknowledged.
 REGISTRY.register("actor.screen_writer", "transfers", TransferWriter, replace=True)
 
-__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "TransferWriter", "Observer", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]
+__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "TransferWriter", "Observer", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]

@@ -34,10 +34,15 @@ from protocols import fec, frames, transfer
 from protocols.link import LinkCodec
 from protocols.messages import (AcksChanged, Capture, FrameTiming, PeerAcks, ScheduleDone, ScheduleKnown,
                                 TensorReceived, Tick, TransferArrived)
+from protocols.receiver import TransferReceiver
+from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.actor import Actor, ActorContext
 from wccl.imaging import reader
 
-SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
+SAME_FRAME = 0.97
+# Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
+SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
+           "unknown_op", "unknown_dtype", "bad_length", "unknown_sender")  # share of identical data cells above which a read is the frame already decoded
 
 
 class FrameDecoder(Actor):
@@ -45,7 +50,8 @@ class FrameDecoder(Actor):
 
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
                  reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None,
-                 transfers: transfer.TransferAssembler | None = None) -> None:
+                 transfers: transfer.TransferAssembler | None = None, key: RoomKey = NO_KEY,
+                 handshake: Handshake | None = None) -> None:
         super().__init__(ctx)
         self.ladder = ladder or [codec]
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
@@ -67,7 +73,10 @@ class FrameDecoder(Actor):
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
         # Collectives (a rank of wccl.distributed): transfer frames are rebuilt here and acknowledged.
         self.transfers = transfers
-        self._peer_acks: dict[int, transfer.Ack] = {}
+        self.key = key
+        self.handshake = handshake or Handshake(self.me, len(node_names))
+        self.receiver = (TransferReceiver(self.me, len(node_names), session, key, self.handshake, transfers)
+                         if transfers is not None else None)
 
     async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
         if isinstance(msg, ScheduleKnown):
@@ -84,6 +93,12 @@ class FrameDecoder(Actor):
                 self.reassembler.forget_before(msg.step - 1)
             return
         self.stats["captures"] += 1
+        bad = reader.image_problem(msg.image)
+        if bad is not None:
+            # A camera (or a recording) that hands over something that is not a colour image: a counted
+            # loss, never a crash.
+            self.stats[f"captures_rejected_{bad}"] += 1
+            return
         previous, self.previous = self.previous, []
         for quad in self.tracker(msg.image):
             self.stats["codes_seen"] += 1
@@ -148,8 +163,8 @@ class FrameDecoder(Actor):
         try:
             message, corrected = self.codec.decode_message(code.symbols, code.confidence)
             if self.transfers is not None and transfer.is_transfer_message(message):
-                return await self._accept_transfer(transfer.parse_message(message), code, corrected)
-            packet = frames.parse_message(message)
+                return await self._accept_transfer(message, code, corrected)
+            packet = frames.parse_message(message, self.key)
         except fec.UncorrectableFrame:
             self.stats["frames_rejected_uncorrectable"] += 1
             return False
@@ -185,32 +200,38 @@ class FrameDecoder(Actor):
                               payload=data, frames=self.reassembler.last_packets, epoch=packet.epoch,
                               base=packet.base)
 
-    async def _accept_transfer(self, f: transfer.TransferFrame, code: reader.ReadCode,
-                               corrected: int) -> TransferArrived | None:
-        """A trusted transfer frame (collectives): pass on its sender's acknowledgements of this rank,
-        and the transfer once rebuilt. Never False: the frame was read."""
+    async def _accept_transfer(self, message: bytes, code: reader.ReadCode,
+                               corrected: int) -> TransferArrived | None | bool:
+        """A transfer frame (collectives), through the receive path of protocols.receiver: pass on its
+        sender's acknowledgements of this rank, and the transfer once rebuilt. False if it failed its check."""
+        r = self.receiver.receive(message)
+        if r.frame is None:
+            self.stats[f"frames_rejected_{r.refused}"] += 1
+            return False
+        f = r.frame
         self._count_cells(code, corrected)
         self.last[code.sender] = code.symbols
-        if f.session != self.session:
-            self.stats["frames_foreign_session"] += 1
-            return None
-        if f.sender >= len(self.node_names) or f.sender == self.me:
-            self.stats["frames_unknown_sender"] += 1
+        if r.handshake_changed:
+            hs = self.handshake
+            self.log.info("handshake", peer=self.node_names[f.sender], trusted=sorted(hs.trusted),
+                          trusted_by=sorted(hs.trusted_by), complete=hs.complete)
+            await self.emit(self._acks_message())
+        if r.refused:
+            self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")
+                       else f"frames_{r.refused}"] += 1
             return None
         self.stats["frames_ok"] += 1
-        ack = f.acks[self.me]
-        if self._peer_acks.get(f.sender) != ack:
-            self._peer_acks[f.sender] = ack
+        if r.peer_ack is not None:
             await self.emit(PeerAcks(sender=self.ctx.node, time=self.clock.now(), origin=f.sender,
-                                     ack=(ack.cum, ack.mask)))
+                                     ack=(r.peer_ack.cum, r.peer_ack.mask)))
         if f.header is None:
             self.stats["status_frames"] += 1
             return None
-        data = self.transfers.add(f)
-        if data is transfer.DUPLICATE:
+        if r.duplicate:
             # The sender still shows a transfer this rank has: it has not seen the acknowledgement yet.
             await self.emit(self._acks_message(repeat=True))
             return None
+        data = r.data
         if data is None:
             return None
         h = f.header
@@ -223,8 +244,9 @@ class FrameDecoder(Actor):
 
     def _acks_message(self, repeat: bool = False) -> AcksChanged:
         acks = self.transfers.acks(len(self.node_names))
+        hs = self.handshake
         return AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=tuple((a.cum, a.mask) for a in acks),
-                           repeat=repeat)
+                           repeat=repeat, echo=hs.echo(), trusts=hs.trust_mask(), greeting=not hs.complete)
 
     def _count_cells(self, code: reader.ReadCode, corrected: int) -> None:
         self.stats["cells_wrong"] += corrected
@@ -266,3 +288,13 @@ class FrameDecoder(Actor):
         self.totals.update(self.stats)
         self.stats.clear()
         self.ctx.results["link"] = dict(self.totals)
+        if self.receiver is not None:
+            refused = {k.removeprefix("frames_rejected_"): v for k, v in self.totals.items()
+                       if k.startswith("frames_rejected_") and k.removeprefix("frames_rejected_") in SUSPECT}
+            refused.update({k.removeprefix("frames_"): v for k, v in self.totals.items()
+                            if k in ("frames_foreign_session", "frames_unknown_sender")})
+            # Frames that read cleanly and were refused: a wrong key, a replay, another room. Worth a warning.
+            (self.log.warning if any(refused.values()) else self.log.info)(
+                "frames_refused", frames_ok=self.totals["frames_ok"], **refused,
+                losses=dict(self.transfers.losses))
+            self.ctx.results["link"].update({f"loss_{k}": v for k, v in self.transfers.losses.items()})

@@ -12,7 +12,8 @@ worker on this node.
 Only gradients computed on the server's current state (same epoch, `base`
 equal to its update count) are averaged; others are counted
 (`gradient_stale`). A worker whose gradient missed the reduce deadline is
-logged (`gradient_missing`); the server averages what arrived if at least
+logged (`gradient_missing`); a gradient with a NaN or an Inf is left out
+and counted (`gradient_nonfinite`); the server averages what arrived if at least
 `quorum` workers made it, otherwise skips the step (`step_skipped`) and the
 state stays where it was. The server keeps its own copy of the training
 state (it applies each average), shows it as a snapshot every
@@ -34,9 +35,11 @@ from protocols import snapshot as snap
 from protocols import sync
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, Show, Snapshot,
                                 TensorReceived, Tick)
+from protocols.security import NO_KEY, RoomKey
 from protocols.tensors import bf16_to_bytes, bytes_to_bf16
 from wccl.actor import Actor, ActorContext
 from wccl.recovery import save_checkpoint
+from wccl.training.replica import finite_only
 from wccl.schedule import Schedule
 
 ANNOUNCE_FRAMES = 2  # the Clock's announcement takes the first frames of every uplink window
@@ -48,7 +51,7 @@ class ParameterServer(Actor):
     def __init__(self, ctx: ActorContext, workers: list[str], quorum: int, numel: int,
                  average: Callable[[dict[str, torch.Tensor]], torch.Tensor], replica: Any, hold_s: float,
                  snapshot_frames: int, snapshot_every: int = 10, checkpoint_every: int = 0,
-                 checkpoint: Path | None = None, session: int = 0,
+                 checkpoint: Path | None = None, session: int = 0, key: RoomKey = NO_KEY,
                  resume: tuple[dict, snap.Snapshot, bytes] | None = None,
                  ladder: list[tuple[float, int]] | None = None) -> None:
         super().__init__(ctx)
@@ -68,6 +71,7 @@ class ParameterServer(Actor):
         self.checkpoint_every = checkpoint_every
         self.checkpoint = checkpoint
         self.session = session
+        self.key = key
         self.resume = resume
         self.local_worker = ctx.node in workers
         self.schedule: Schedule | None = None
@@ -78,7 +82,8 @@ class ParameterServer(Actor):
         self._snapshot_due: str | None = None
         # The snapshot being shown: (payload, its update count, its epoch, packets shown so far, windows left).
         self._showing: tuple[bytes, int, int, int, int] | None = None
-        self.results = ctx.results.setdefault("server", {"reduced": 0, "gradient_missing": 0, "skipped": 0,
+        self.results = ctx.results.setdefault("server", {"reduced": 0, "gradient_missing": 0, "gradient_nonfinite": 0,
+                                                         "skipped": 0,
                                                          "gradient_stale": 0, "snapshots_shown": 0,
                                                          "checkpoints": 0})
 
@@ -172,11 +177,17 @@ class ParameterServer(Actor):
         if missing:
             self.results["gradient_missing"] += len(missing)
             self.log.warning("gradient_missing", missing=missing, arrived=sorted(got))
+        grads, bad = finite_only({w: bytes_to_bf16(p, self.numel) for w, p in got.items()})
+        if bad:
+            # NaN or Inf (a bad batch, a bad peer): never averaged in; the step goes on without them.
+            self.results["gradient_nonfinite"] += len(bad)
+            self.log.warning("gradient_nonfinite", workers=bad, step=step)
+            got = {w: p for w, p in got.items() if w not in bad}
         if len(got) < self.quorum:
             self.results["skipped"] += 1
             self.log.warning("step_skipped", arrived=len(got), quorum=self.quorum)
             return
-        avg = self.average({w: bytes_to_bf16(p, self.numel) for w, p in got.items()})
+        avg = self.average(grads)
         payload = bf16_to_bytes(avg)
         fields = self.message_fields(step)
         contributors = tuple(sorted(got))
@@ -195,7 +206,7 @@ class ParameterServer(Actor):
             meta = dict(session=self.session, node=self.ctx.node, t0_us=round(self.schedule.t0 * 1e6),
                         phases=[list(p) for p in self.phases], layout=self.layout)
             state = snap.Snapshot(self.applied, self.epoch, self.replica.export_state())
-            save_checkpoint(self.checkpoint, meta, state, bytes(torch.get_rng_state().numpy()))
+            save_checkpoint(self.checkpoint, meta, state, bytes(torch.get_rng_state().numpy()), self.key)
             self.results["checkpoints"] += 1
             self.log.info("checkpoint_written", applied=self.applied, path=str(self.checkpoint))
 

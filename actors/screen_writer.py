@@ -41,6 +41,7 @@ import structlog
 from protocols import frames, layout
 from protocols.link import LinkCodec
 from protocols.messages import FrameTiming, ScheduleKnown, Show
+from protocols.security import NO_KEY, RoomKey
 from wccl.actor import Actor, ActorContext
 from wccl.media import Screen
 
@@ -65,9 +66,10 @@ class ScreenWriter(Actor):
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, sender_id: int, node_names: list[str] | None = None,
-                 ladder: list[tuple[LinkCodec, float]] | None = None) -> None:
+                 ladder: list[tuple[LinkCodec, float]] | None = None, key: RoomKey = NO_KEY) -> None:
         super().__init__(ctx)
         self.screen = screen
+        self.key = key
         self.codec = codec
         self.ladder = ladder or [(codec, hold_s)]  # the layouts start-up probes; the chosen one is announced
         self.screen_w, self.screen_h = screen_w, screen_h
@@ -201,7 +203,7 @@ class ScreenWriter(Actor):
             shown_local = t_frame + self._lag
             frame = codec.frame(transfer, packet, session=self.session, sender=self.sender_id,
                                 stream=msg.stream, step=msg.step, epoch=msg.epoch, base=msg.base,
-                                timing=self._timing(shown_local))
+                                timing=self._timing(shown_local), key=self.key)
             image = layout.render(frame, codec.layout, self.screen_w, self.screen_h, sender=self.sender_id,
                                   parity=self._parity)
             self._parity ^= 1

@@ -9,23 +9,28 @@ injected screen.
 Every `hold_s` (on the node's clock) the pure screen planner
 (protocols.planner) says which transfer and packet goes up next; each frame
 is framed just before it is shown (protocols.transfer: header, packet, this
-node's acknowledgements) and drawn with alternating parity marks, so a
+node's acknowledgements, its run nonce; checked with the room key's MAC, the
+tensor bytes sealed with its AEAD) and drawn with alternating parity marks, so a
 capture that mixes two frames is recognised. A transfer stays booked until
 every reader acknowledges it; when nothing is left to show but this node's
 acknowledgements changed, it shows a few status frames (acknowledgements
 only), and again whenever a peer still shows a transfer this node already
-has (that peer missed them). Otherwise the last frame stays up: readers skip
+has (that peer missed them). While the run handshake is not complete (a peer
+does not trust this node's run nonce yet, or this node not theirs), every
+other frame is a status frame: it carries the echo the handshake needs. Otherwise the last frame stays up: readers skip
 an unchanged frame cheaply.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from protocols import layout, transfer
 from protocols.link import LinkCodec
 from protocols.messages import AcksChanged, PeerAcks, PostTransfer
 from protocols.planner import ScreenPlan
+from protocols.security import NO_KEY, RoomKey, new_run_nonce
 from wccl.actor import Actor, ActorContext
 from wccl.media import Screen
 
@@ -38,7 +43,7 @@ class TransferWriter(Actor):
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, rank: int, world: int, loss: float = 0.1,
-                 margin_frames: int = 1) -> None:
+                 margin_frames: int = 1, key: RoomKey = NO_KEY, run_nonce: int | None = None) -> None:
         super().__init__(ctx)
         self.screen = screen
         self.codec = codec
@@ -49,6 +54,12 @@ class TransferWriter(Actor):
         self.plan = ScreenPlan(loss=loss, margin=margin_frames)
         self._out: dict[int, tuple[transfer.TransferHeader, object]] = {}
         self._acks: tuple[transfer.Ack, ...] = transfer.NO_ACKS[:world]
+        self.key = key
+        self.run_nonce = run_nonce if run_nonce is not None else new_run_nonce()
+        self._echo: tuple[int, ...] = tuple(self.run_nonce if r == rank else 0 for r in range(world))
+        self._trusts = 0
+        self._greeting = world > 1
+        self._greet_turn = False
         self._status_due = 0
         self._wake = asyncio.Event()
         self._parity = 0
@@ -63,39 +74,48 @@ class TransferWriter(Actor):
     async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks) -> None:
         if isinstance(msg, AcksChanged):
             self._acks = tuple(transfer.Ack(c, m) for c, m in msg.acks)
+            if msg.echo:
+                self._echo, self._trusts, self._greeting = msg.echo, msg.trusts, msg.greeting
             self._status_due = STATUS_REPEATS
         elif isinstance(msg, PeerAcks):
             for b in self.plan.acknowledge(msg.origin, transfer.Ack(*msg.ack)):
                 self._out.pop(b.tid, None)
                 self.results["transfers_acked"] += 1
         else:
-            k = self.codec.transfer_frames_needed(len(msg.payload))
-            fountain = self.codec.transfer_fountain(msg.payload, k + max(4, int(k * REPAIR_SHARE)))
             header = transfer.TransferHeader(self.session, self.rank, msg.tid, msg.seq, msg.op, msg.dtype,
-                                             msg.numel, fountain.length, fountain.digest, msg.part, msg.dest)
+                                             msg.numel, 0, b"", msg.part, msg.dest)
+            sealed = self.key.seal(self.run_nonce, msg.tid, msg.payload, transfer.aad(header))
+            k = self.codec.transfer_frames_needed(len(sealed))
+            fountain = self.codec.transfer_fountain(sealed, k + max(4, int(k * REPAIR_SHARE)))
+            header = dataclasses.replace(header, length=fountain.length, digest=fountain.digest)
             self._out[msg.tid] = (header, fountain)
             self.plan.book(msg.tid, msg.dest, k)
         self._wake.set()
 
     def _next_message(self, shown_us: int) -> bytes | None:
-        nxt = self.plan.next()
+        greet = self._greeting and self._greet_turn
+        self._greet_turn = not self._greet_turn
+        nxt = None if greet else self.plan.next()
         if nxt is not None:
             tid, index = nxt
             header, fountain = self._out[tid]
             return transfer.frame_message(header, fountain, index % len(fountain.packets),
                                           message_bytes=self.codec.message_bytes, acks=self._acks,
-                                          shown_us=shown_us)
-        if self._status_due > 0:
-            self._status_due -= 1
+                                          shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
+                                          key=self.key)
+        if self._status_due > 0 or self._greeting:
+            self._status_due = max(0, self._status_due - 1)
             self.results["status_frames"] += 1
             return transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
-                                           message_bytes=self.codec.message_bytes, shown_us=shown_us)
+                                           message_bytes=self.codec.message_bytes, shown_us=shown_us,
+                                           run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
+                                           key=self.key)
         return None
 
     async def _present(self) -> None:
         t_next: float | None = None
         while True:
-            if self.plan.pending == 0 and self._status_due == 0:
+            if self.plan.pending == 0 and self._status_due == 0 and not self._greeting:
                 self._wake.clear()
                 await self._wake.wait()
                 continue

@@ -13,7 +13,7 @@ Reed-Solomon code protects, see `fec`) is:
       transfer_len u32 | digest (8 bytes: BLAKE2b-64 of the whole tensor) | packet_size u16 |
       shown_us i64 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64
     packet (packet_size bytes: RaptorQ payload id + symbol)
-    check (8 bytes: BLAKE2b-64 of header + packet)
+    check (8 bytes: BLAKE2b-64 of header + packet, keyed with the room key: protocols.security)
     zero padding up to the message size
 
 `epoch` is the parameter server's incarnation (it grows each time the server
@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import raptorq
 
 from protocols.messages import StreamKind
+from protocols.security import NO_KEY, RoomKey
 
 MAGIC = 0xC7
 VERSION = 3
@@ -68,8 +69,7 @@ def digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=8).digest()
 
 
-def _check(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=CHECK_BYTES, person=b"wccl-frame").digest()
+PERSON = b"wccl-frame"
 
 
 def packet_size_for(message_bytes: int, overhead: int = OVERHEAD_BYTES) -> int:
@@ -147,19 +147,19 @@ def fountain(data: bytes, *, message_bytes: int, count: int, packet_size: int | 
 
 def frame_message(transfer: Transfer, index: int, *, message_bytes: int, session: int, sender: int,
                   stream: StreamKind, step: int, epoch: int = 0, base: int = 0,
-                  timing: Timing = Timing()) -> bytes:
-    """The frame message (header, packet `index`, check, padding) for one frame of `transfer`."""
+                  timing: Timing = Timing(), key: RoomKey = NO_KEY) -> bytes:
+    """The frame message (header, packet `index`, check (a MAC under `key`), padding) for one frame of `transfer`."""
     head = _HEADER.pack(MAGIC, VERSION, session, sender, STREAM_IDS[stream], epoch, step, base, transfer.length,
                         transfer.digest, transfer.packet_size, timing.shown_us, timing.echo_peer,
                         timing.echo_shown_us, timing.echo_captured_us)
     body = head + transfer.packets[index]
-    msg = body + _check(body)
+    msg = body + key.check(body, PERSON)
     return msg + bytes(message_bytes - len(msg))
 
 
 def encode_tensor(data: bytes, *, message_bytes: int, count: int, session: int, sender: int,
                   stream: StreamKind, step: int, epoch: int = 0, base: int = 0,
-                  timing: Timing = Timing()) -> list[bytes]:
+                  timing: Timing = Timing(), key: RoomKey = NO_KEY) -> list[bytes]:
     """`count` frame messages for `data`: the source packets first, then repair packets.
 
     If `count` is smaller than the number of source packets, the first `count`
@@ -167,10 +167,10 @@ def encode_tensor(data: bytes, *, message_bytes: int, count: int, session: int, 
     """
     t = fountain(data, message_bytes=message_bytes, count=count)
     return [frame_message(t, i, message_bytes=message_bytes, session=session, sender=sender, stream=stream,
-                          step=step, epoch=epoch, base=base, timing=timing) for i in range(len(t.packets))]
+                          step=step, epoch=epoch, base=base, timing=timing, key=key) for i in range(len(t.packets))]
 
 
-def parse_message(msg: bytes) -> Packet:
+def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> Packet:
     """Check and decode one frame message; raises FrameError for anything untrustworthy."""
     if len(msg) < OVERHEAD_BYTES + PAYLOAD_ID_BYTES:
         raise FrameError("short_frame", f"{len(msg)} bytes")
@@ -183,8 +183,10 @@ def parse_message(msg: bytes) -> Packet:
         raise FrameError("bad_magic")
     if end + CHECK_BYTES > len(msg) or psize <= PAYLOAD_ID_BYTES:
         raise FrameError("bad_length", f"packet_size {psize}")
-    if _check(msg[:end]) != msg[end : end + CHECK_BYTES]:
+    if not key.verify(msg[:end], PERSON, msg[end : end + CHECK_BYTES]):
         raise FrameError("check_mismatch")
+    if msg[end + CHECK_BYTES:].count(0) != len(msg) - end - CHECK_BYTES:
+        raise FrameError("bad_padding")  # the check does not cover the padding: it must be zeros
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))

@@ -20,6 +20,7 @@ import numpy as np
 from protocols import cells, fec, frames, transfer
 from protocols.layout import GridLayout
 from protocols.messages import StreamKind
+from protocols.security import NO_KEY, RoomKey
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ class LinkCodec:
         return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
 
     def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: StreamKind,
-               step: int, epoch: int = 0, base: int = 0) -> list[bytes]:
+               step: int, epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY) -> list[bytes]:
         """`count` frames' bytes (what `layout.render` draws) for a tensor (timing fields zero)."""
         msgs = frames.encode_tensor(data, message_bytes=self.message_bytes, count=count, session=session,
-                                    sender=sender, stream=stream, step=step, epoch=epoch, base=base)
+                                    sender=sender, stream=stream, step=step, epoch=epoch, base=base, key=key)
         return [self._scramble(self.code.encode(m)) for m in msgs]
 
     def fountain(self, data: bytes, count: int) -> frames.Transfer:
@@ -90,13 +91,13 @@ class LinkCodec:
         return self._scramble(self.code.encode(message))
 
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
-               erase_below: float = 0.15) -> tuple[frames.Packet, int]:
+               erase_below: float = 0.15, key: RoomKey = NO_KEY) -> tuple[frames.Packet, int]:
         """One frame's data-cell symbols -> (trusted packet, cells that were wrong).
 
         Raises fec.UncorrectableFrame or frames.FrameError; never returns an unchecked packet.
         """
         message, wrong = self.decode_message(symbols, confidence, erase_below)
-        return frames.parse_message(message), wrong
+        return frames.parse_message(message, key), wrong
 
     def decode_message(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                        erase_below: float = 0.15) -> tuple[bytes, int]:
@@ -105,10 +106,17 @@ class LinkCodec:
         The message is not checked yet: parse it with frames.parse_message or transfer.parse_message
         (by its version byte). Raises fec.UncorrectableFrame.
         """
+        symbols = np.asarray(symbols)
+        if (symbols.dtype.kind not in "ui" or symbols.ndim != 1 or symbols.size != self.layout.n_data
+                or (symbols.size and (int(symbols.min()) < 0 or int(symbols.max()) >= self.layout.colours))):
+            raise fec.UncorrectableFrame(f"not this layout's cells: {symbols.dtype} {symbols.shape}, "
+                                         f"expected {self.layout.n_data} symbols < {self.layout.colours}")
         raw = cells.symbols_to_bytes(symbols, self.layout.colours, self.layout.frame_bytes)
         erasures = None
+        if confidence is not None and np.shape(confidence) != symbols.shape:
+            confidence = None  # a confidence that does not fit: read the cells as sure
         if confidence is not None and self.code.nsym:
-            conf = np.asarray(confidence, np.float32)
+            conf = np.nan_to_num(np.asarray(confidence, np.float32), nan=0.0)
             bits = cells.bits_per_cell(self.layout.colours)
             # byte j spans bits 8j..8j+7: cells (8j)//bits .. (8j+7)//bits; its confidence is their minimum
             j = np.arange(self.layout.frame_bytes)

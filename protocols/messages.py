@@ -214,6 +214,11 @@ class AcksChanged(Message):
     control: ClassVar[bool] = True
     acks: tuple[AckPair, ...]
     repeat: bool = False
+    # The run handshake (protocols.security.Handshake): the echo of every rank's run nonce, the ranks
+    # this node trusts, and whether it is still greeting (some peer not yet trusted or trusting).
+    echo: tuple[int, ...] = ()
+    trusts: int = 0
+    greeting: bool = False
 
 
 class PeerAcks(Message):

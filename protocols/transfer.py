@@ -1,4 +1,4 @@
-"""Transfer frames: the frame format of collectives (frame version 4).
+"""Transfer frames: the frame format of collectives (frame version 5).
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -15,14 +15,21 @@ which of that peer's transfers it has rebuilt (`Ack`: all tids up to `cum`,
 plus a bitmap of the 32 after `cum + 1`). A sender keeps showing a transfer
 (source packets, then fresh repair packets) until every rank it is meant for
 acknowledges it, so no schedule has to guess how many frames a camera will
-lose. A *status* frame (tid 0, no packet) carries acknowledgements alone.
+lose. A *status* frame (tid 0, no packet) carries acknowledgements alone, and the
+sender's echo of every rank's run nonce (the handshake of protocols.security).
+
+Every frame names the sender's run nonce (random, drawn when its node
+started) and the ranks whose nonces it trusts; its check is a MAC under the
+room key (protocols.security), and the tensor bytes of a transfer are sealed
+(AEAD) before they are fountain coded: `transfer_len` and `digest` are the
+sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 4 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
-      part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the tensor bytes, frames.digest) |
-      packet_size u16 | shown_us i64 | acks: 8 x (cum u32, mask u32)
-    packet (packet_size bytes: RaptorQ payload id + symbol; none in a status frame)
-    check (8 bytes: BLAKE2b-64 of header + packet)
+      magic 0xC7 | version 5 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
+      packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32)
+    packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces)
+    check (8 bytes: keyed BLAKE2b-64 of header + packet)
     zero padding up to the message size
 
 Pure functions and frozen dataclasses: no I/O, no asyncio, no torch.
@@ -30,7 +37,6 @@ Pure functions and frozen dataclasses: no I/O, no asyncio, no torch.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,11 +46,15 @@ import raptorq
 from protocols import frames
 from protocols.frames import CHECK_BYTES, MAGIC, PAYLOAD_ID_BYTES, FrameError, Transfer
 from protocols.frames import digest as frame_digest
+from protocols.security import NO_KEY, RoomKey
 
-VERSION = 4
+VERSION = 5
 MAX_RANKS = 8
-_HEAD = struct.Struct(">BBHBBIIBBHBII8sHq")
+_HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQB")
 _ACK = struct.Struct(">II")
+_ECHO = struct.Struct(f">{MAX_RANKS}Q")
+_AAD = struct.Struct(">HBIIBBHI")
+PERSON = b"wccl-xfer"
 HEADER_BYTES = _HEAD.size + MAX_RANKS * _ACK.size
 OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 ACK_WINDOW = 32
@@ -56,10 +66,6 @@ OP_NAMES = {v: k for k, v in OPS.items()}
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,
           "int8": 8, "int16": 9, "bool": 10}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-
-
-def _check(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=CHECK_BYTES, person=b"wccl-xfer").digest()
 
 
 def packet_size_for(message_bytes: int) -> int:
@@ -119,7 +125,8 @@ class TransferHeader:
 @dataclass(frozen=True, slots=True)
 class TransferFrame:
     """One trusted frame: its transfer's header (None for a status frame), its packet, the sender's
-    acknowledgements (one per rank), and when the sender showed it (its own clock, microseconds)."""
+    acknowledgements (one per rank), when the sender showed it (its own clock, microseconds), the
+    sender's run nonce and trust mask, and (status frames) its echo of every rank's run nonce."""
 
     session: int
     sender: int
@@ -127,6 +134,9 @@ class TransferFrame:
     packet: bytes
     acks: tuple[Ack, ...]
     shown_us: int = 0
+    run_nonce: int = 0
+    trusts: int = 0
+    echo: tuple[int, ...] | None = None  # status frames: the sender's echo of each rank's run nonce
 
     @property
     def packet_id(self) -> int:
@@ -140,28 +150,40 @@ def _pack_acks(acks: tuple[Ack, ...]) -> bytes:
     return b"".join(_ACK.pack(a.cum, a.mask) for a in acks)
 
 
+def aad(header: TransferHeader) -> bytes:
+    """The associated data a transfer's payload is sealed with: everything that gives it meaning."""
+    return _AAD.pack(header.session, header.sender, header.tid, header.seq, OPS[header.op], DTYPES[header.dtype],
+                     header.part, header.numel)
+
+
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
-                  acks: tuple[Ack, ...], shown_us: int = 0) -> bytes:
+                  acks: tuple[Ack, ...], shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
+                  key: RoomKey = NO_KEY) -> bytes:
     """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
     head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, 0, header.tid, header.seq, OPS[header.op],
                       DTYPES[header.dtype], header.part, header.dest, header.length, header.numel, header.digest,
-                      transfer.packet_size, shown_us)
+                      transfer.packet_size, shown_us, run_nonce, trusts)
     body = head + _pack_acks(acks) + transfer.packets[index]
-    msg = body + _check(body)
+    msg = body + key.check(body, PERSON)
     if len(msg) > message_bytes:
         raise ValueError(f"frame message of {len(msg)} bytes exceeds {message_bytes}")
     return msg + bytes(message_bytes - len(msg))
 
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
-                   shown_us: int = 0) -> bytes:
-    """A status frame's message: acknowledgements only."""
+                   shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
+                   key: RoomKey = NO_KEY) -> bytes:
+    """A status frame's message: acknowledgements, and the echo of every rank's run nonce."""
+    if len(echo) > MAX_RANKS:
+        raise ValueError(f"at most {MAX_RANKS} ranks")
     head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, 0, 0, OPS["status"], 0, 0, 0, 0, 0,
-                      bytes(8), 0, shown_us)
-    body = head + _pack_acks(acks)
-    return body + _check(body) + bytes(message_bytes - len(body) - CHECK_BYTES)
+                      bytes(8), _ECHO.size, shown_us, run_nonce, trusts)
+    body = head + _pack_acks(acks) + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
+    if len(body) + CHECK_BYTES > message_bytes:
+        raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
+    return body + key.check(body, PERSON) + bytes(message_bytes - len(body) - CHECK_BYTES)
 
 
 def is_transfer_message(msg: bytes) -> bool:
@@ -169,20 +191,22 @@ def is_transfer_message(msg: bytes) -> bool:
     return len(msg) >= 2 and msg[0] == MAGIC and msg[1] == VERSION
 
 
-def parse_message(msg: bytes) -> TransferFrame:
+def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     """Check and decode one transfer frame message; raises FrameError for anything untrustworthy."""
     if len(msg) < OVERHEAD_BYTES:
         raise FrameError("short_frame", f"{len(msg)} bytes")
     (magic, version, session, sender, flags, tid, seq, op, dtype, part, dest, length, numel, dig, psize,
-     shown) = _HEAD.unpack_from(msg)
+     shown, nonce, trusts) = _HEAD.unpack_from(msg)
     if magic != MAGIC:
         raise FrameError("bad_magic")
     status = bool(flags & FLAG_STATUS)
-    end = HEADER_BYTES + (0 if status else psize)
-    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES):
+    end = HEADER_BYTES + psize
+    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize != _ECHO.size):
         raise FrameError("bad_length", f"packet_size {psize}")
-    if _check(msg[:end]) != msg[end:end + CHECK_BYTES]:
+    if not key.verify(msg[:end], PERSON, msg[end:end + CHECK_BYTES]):
         raise FrameError("check_mismatch")
+    if msg[end + CHECK_BYTES:].count(0) != len(msg) - end - CHECK_BYTES:
+        raise FrameError("bad_padding")  # the check does not cover the padding: it must be zeros
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))
@@ -192,7 +216,8 @@ def parse_message(msg: bytes) -> TransferFrame:
         raise FrameError("unknown_sender", str(sender))
     acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(MAX_RANKS))
     if status:
-        return TransferFrame(session, sender, None, b"", acks, shown)
+        echo = _ECHO.unpack_from(msg, HEADER_BYTES)
+        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo)
     if op not in OP_NAMES or op == OPS["status"]:
         raise FrameError("unknown_op", str(op))
     if dtype not in DTYPE_NAMES:
@@ -201,16 +226,16 @@ def parse_message(msg: bytes) -> TransferFrame:
         raise FrameError("bad_length", "empty transfer")
     header = TransferHeader(session, sender, tid, seq, OP_NAMES[op], DTYPE_NAMES[dtype], numel, length, dig,
                             part, dest)
-    return TransferFrame(session, sender, header, bytes(msg[HEADER_BYTES:end]), acks, shown)
+    return TransferFrame(session, sender, header, bytes(msg[HEADER_BYTES:end]), acks, shown, nonce, trusts)
 
 
 @dataclass
 class TransferAssembler:
     """Rebuilds transfers from trusted transfer frames and keeps this rank's acknowledgements.
 
-    `add` returns the transfer's bytes once any sufficient set of its packets arrived and the bytes
-    match the digest (else None); a frame of a transfer already rebuilt is counted in `duplicates`
-    and flagged by `add` returning `DUPLICATE`, so the caller can show its acknowledgement again.
+    `add` returns the transfer's bytes once any sufficient set of its packets arrived, the bytes
+    match the digest and open under the room key (else None); a frame of a transfer already rebuilt
+    is counted in `duplicates` and flagged by `add` returning `DUPLICATE`, so the caller can show its acknowledgement again.
     `acks()` is this rank's acknowledgement of every sender. Losses are counted by reason.
     """
 
@@ -225,7 +250,7 @@ class TransferAssembler:
         floor, above = self._received.get(sender, (0, set()))
         return tid <= floor or tid in above
 
-    def add(self, f: TransferFrame) -> bytes | None | object:
+    def add(self, f: TransferFrame, room_key: RoomKey = NO_KEY) -> bytes | None | object:
         h = f.header
         if h is None:
             return None
@@ -260,8 +285,13 @@ class TransferAssembler:
             # Not acknowledged: the sender keeps showing it, and fresh packets rebuild it again.
             self.losses["tensor_digest_mismatch"] += 1
             return None
+        opened = room_key.open(f.run_nonce, h.tid, data, aad(h))
+        if opened is None:
+            # Sealed under another key, nonce or header: never delivered, never acknowledged.
+            self.losses["payload_not_authentic"] += 1
+            return None
         self._mark(h.sender, h.tid)
-        return data
+        return opened
 
     def _mark(self, sender: int, tid: int) -> None:
         floor, above = self._received.get(sender, (0, set()))

@@ -191,3 +191,24 @@ def test_sizes_match_numpy_expectations():
     assert get_codec("topk_ef", ratio=0.01).encoded_size(n) == 4 + 10 * 3
     assert get_codec("topk_ef", ratio=0.01).encoded_size(70_000) == 4 + 700 * 5
     assert np.dtype("<f4").itemsize == 4
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_a_nonfinite_tensor_is_sent_as_nan_left_out_of_the_average_and_out_of_the_residual(name):
+    from wccl.distributed.hooks import NONFINITE, average_decoded
+
+    codec = get_codec(name)
+    ef = ErrorFeedback(codec)
+    good = torch.linspace(-1, 1, 600)
+    ef.encode(good)
+    residual = None if ef.residual is None else ef.residual.clone()
+    bad = good.clone()
+    bad[17] = float("nan") if name != "fp32" else float("inf")
+    data, decoded = ef.encode(bad)
+    assert not bool(torch.isfinite(decoded).all())
+    assert (residual is None and ef.residual is None) or torch.equal(ef.residual, residual)
+    other, _ = ErrorFeedback(codec).encode(good)
+    before = NONFINITE[1]
+    avg = average_decoded(codec, [other, data], 600)
+    assert torch.equal(avg, codec.decode(other, 600)) and NONFINITE[1] == before + 1
+    assert torch.equal(average_decoded(codec, [data, data], 600), torch.zeros(600))

@@ -21,7 +21,7 @@ from wccl.training.data import (
     shard,
 )
 from wccl.training.model import HackathonCNN, build_model, flatten_params, param_count
-from wccl.training.replica import DEFAULT_RECIPE, Replica, average_gradients, reference_run
+from wccl.training.replica import DEFAULT_RECIPE, Replica, average_gradients, finite_only, reference_run
 
 torch.set_num_threads(1)
 
@@ -387,3 +387,9 @@ def test_models_have_their_sizes_and_build_the_same_from_a_seed(name, count):
     assert torch.equal(flatten_params(a), flatten_params(b))
     assert not torch.equal(flatten_params(a), flatten_params(build_model(name, init, 4)))
     assert a(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_gradients_with_nan_or_inf_are_left_out():
+    g = {"bob": torch.ones(4), "alice": torch.tensor([1.0, float("nan"), 0, 0]), "carol": torch.full((4,), float("inf"))}
+    kept, bad = finite_only(g)
+    assert bad == ["alice", "carol"] and list(kept) == ["bob"] and torch.equal(average_gradients(kept).float(), torch.ones(4))

@@ -17,7 +17,7 @@ from protocols.layout import GridLayout
 from protocols.link import LinkCodec
 
 NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
-Role = Literal["server", "worker", "observer"]
+Role = Literal["server", "worker", "observer", "intruder"]
 PhaseName = Literal["compute", "uplink", "reduce", "downlink", "apply", "guard"]
 PHASE_ORDER: tuple[str, ...] = ("compute", "uplink", "reduce", "downlink", "apply")
 ACTOR_NAMES: tuple[str, ...] = (
@@ -81,7 +81,7 @@ SCREENS_OF_MEDIUM = {"room": ("simulated",), "window": ("hardware", "desktop")}
 
 class NodeSpec(_Strict):
     name: NodeName  # lowercase, unique in the room
-    roles: list[Role] = Field(min_length=1)  # built-in run: one server, workers, observers; every non-observer is a rank
+    roles: list[Role] = Field(min_length=1)  # built-in run: one server, workers, observers; ranks: all but observers and intruders
     camera: str = "room"  # camera by registry name: "room", "fake", "file", "webcam", "x11grab"
     screen: str = "room"  # screen by registry name: "room", "recording", "window"
     camera_file: str | None = None  # the recording a camera "file" replays
@@ -99,9 +99,10 @@ class NodeSpec(_Strict):
     def _unique_roles(self) -> NodeSpec:
         if len(set(self.roles)) != len(self.roles):
             raise ValueError(f"node {self.name!r} lists a role twice")
-        if "observer" in self.roles and len(self.roles) > 1:
-            raise ValueError(f"node {self.name!r}: an observer only watches; it cannot also be "
-                             f"{' or '.join(r for r in self.roles if r != 'observer')}")
+        for alone, what in (("observer", "an observer only watches"), ("intruder", "an intruder only attacks")):
+            if alone in self.roles and len(self.roles) > 1:
+                raise ValueError(f"node {self.name!r}: {what}; it cannot also be "
+                                 f"{' or '.join(r for r in self.roles if r != alone)}")
         if self.camera == "file" and not self.camera_file:
             raise ValueError(f"node {self.name!r}: camera 'file' needs camera_file (a recording)")
         if self.webcam is not None and self.camera != "webcam":
@@ -124,6 +125,9 @@ class RoomConfig(_Strict):
     clock: Literal["virtual", "realtime"] = "virtual"  # virtual: time jumps when every node waits
     seed: int = 0  # seeds the room (camera phases, noise, the laptops' clocks)
     session: int = Field(default=1, ge=0, le=0xFFFF)  # written in every frame: other sessions' frames are ignored
+    key_file: str | None = None  # the room key (32 bytes: python -m wccl.keys new FILE), relative to the config file
+    key_env: str | None = None  # or: the environment variable holding the room's passphrase (stretched with scrypt)
+    security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this
     nodes: list[NodeSpec] = Field(min_length=2, max_length=255)  # the laptops, in rank order
@@ -153,6 +157,14 @@ class RoomConfig(_Strict):
             )
         if not any("worker" in n.roles for n in self.nodes):
             raise ValueError("at least one node must have the 'worker' role")
+        if self.intruders and self.medium != "simulated":
+            raise ValueError(f"intruder node {self.intruders[0]!r}: intruders are a test of the simulated room")
+        if self.security == "off" and (self.key_file is not None or self.key_env is not None):
+            raise ValueError("security = \"off\" runs without a key: leave out key_file and key_env")
+        if self.key_file is not None and self.key_env is not None:
+            raise ValueError("give the room key one way: key_file or key_env, not both")
+        if self.key_env is not None and not self.key_env.strip():
+            raise ValueError("key_env: the name of an environment variable, not empty")
         return self
 
     def node(self, name: str) -> NodeSpec:
@@ -180,7 +192,12 @@ class RoomConfig(_Strict):
     @property
     def ranks(self) -> list[str]:
         """The training nodes in room order: rank r of a torch.distributed group is `ranks[r]`."""
-        return [n.name for n in self.nodes if "observer" not in n.roles]
+        return [n.name for n in self.nodes if not {"observer", "intruder"} & set(n.roles)]
+
+    @property
+    def intruders(self) -> list[str]:
+        """Nodes that attack the room (a test of its key): their screens show frames nobody may accept."""
+        return [n.name for n in self.nodes if "intruder" in n.roles]
 
 
 class ScreenConfig(_Strict):
@@ -510,6 +527,11 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
     ckpt = Path(cfg.recovery.checkpoint_dir)
     if not ckpt.is_absolute() and base_dir is not None:
         cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"checkpoint_dir": str(base_dir / ckpt)})})
+    if cfg.room.key_file is not None:
+        key = Path(cfg.room.key_file).expanduser()
+        if not key.is_absolute() and base_dir is not None:
+            key = base_dir / key
+        cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"key_file": str(key)})})
     for i, node in enumerate(cfg.room.nodes):
         if node.camera_file is not None:
             path = Path(node.camera_file)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from wccl.cli import HelpFormatter
 from wccl.config import ConfigError, load_config
+from wccl.keys import RUN_KEY_ENV, new_ephemeral, room_key
 
 EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 ROOM_START_S = 60.0  # how long the room process may take to open its socket
@@ -135,6 +136,7 @@ def launch(args: argparse.Namespace) -> int:
     if args.node is not None and args.node not in ranks:
         raise LaunchError(f"--node {args.node}: not a training node of the room ({', '.join(ranks)})")
     simulated = cfg.room.medium == "simulated"
+    room_key(cfg)  # a key file or passphrase that cannot be had: one line here, before anything starts
     if args.node is not None and simulated:
         raise LaunchError("--node runs one laptop's rank on real devices; the simulated room runs every rank "
                           "(leave out --node)")
@@ -146,6 +148,7 @@ def launch(args: argparse.Namespace) -> int:
     if args.clock:
         base["WCCL_CLOCK"] = args.clock
     procs: list[subprocess.Popen] = []
+    intruders: list[subprocess.Popen] = []
     room = None
     log = open(args.room_log, "w") if args.room_log else None  # noqa: SIM115 - closed below
     interrupted = False
@@ -159,8 +162,16 @@ def launch(args: argparse.Namespace) -> int:
     try:
         if simulated:
             base["WCCL_ROOM_AUTHKEY"] = secrets.token_hex(16)
-            room, sock = _start_room(config_path, ranks, args.clock, base, log)
+            if (cfg.room.key_file is None and cfg.room.key_env is None and cfg.room.security == "auto"
+                    and not base.get(RUN_KEY_ENV)):
+                base[RUN_KEY_ENV] = new_ephemeral().hex()  # the run's room key (wccl.keys): every rank's
+            room, sock = _start_room(config_path, ranks + cfg.room.intruders, args.clock, base, log)
             base["WCCL_ROOM"] = sock
+            # Intruders (a test of the room key): their own processes, without the run's key.
+            bare = {k: v for k, v in base.items() if k != RUN_KEY_ENV}
+            intruders += [subprocess.Popen([sys.executable, "-m", "wccl.intruder"], env=dict(bare, WCCL_NODE=n),
+                                           stdout=log or sys.stderr, stderr=log or sys.stderr)
+                          for n in cfg.room.intruders]
         for local, node in enumerate(run):
             env = dict(base, RANK=str(ranks.index(node)), LOCAL_RANK=str(local), WCCL_NODE=node)
             procs.append(subprocess.Popen([sys.executable, str(script), *args.args], env=env))
@@ -172,6 +183,7 @@ def launch(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         _stop(procs)
+        _stop(intruders)
         if room is not None:
             _stop([room])
         if log is not None:

@@ -48,6 +48,7 @@ class RoomRun:
 
     def __init__(self, config: WcclConfig, only: str | None = None, faults: tuple[Fault, ...] = ()) -> None:
         import actors  # noqa: F401  (registers the standard actors)
+        from wccl.keys import new_ephemeral
         from wccl.supervisor import NodeSupervisor
 
         self.config = config
@@ -67,9 +68,11 @@ class RoomRun:
             from wccl.dashboard import Hub
 
             self.monitor = Hub(config)
-        # Each node gets its own copy of the config, as each laptop reads its own file.
+        # A simulated room that names no key gets a fresh one for this run (wccl.keys), as if copied to
+        # every laptop; each node gets its own copy of the config, as each laptop reads its own file.
+        self.run_key = new_ephemeral() if config.room.medium == "simulated" else None
         self.supervisors = [NodeSupervisor(config.model_copy(deep=True), n, self.medium, self.stop, origin,
-                                           monitor=self.monitor)
+                                           monitor=self.monitor, run_key=self.run_key)
                             for n in self.names]
         self.result: dict[str, Any] = {}
         self.faults = {f.node: f for f in faults}
@@ -97,7 +100,8 @@ class RoomRun:
         cfg = self.config.model_copy(deep=True)
         if fault.resume:
             cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
-        fresh = NodeSupervisor(cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor)
+        fresh = NodeSupervisor(cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
+                               run_key=self.run_key)
         self.supervisors[self.supervisors.index(sup)] = fresh
         log.warning("node_restarted", node=sup.node, down_s=fault.down_s)
         fresh.build()
@@ -238,6 +242,9 @@ def builtin_run_check(cfg: WcclConfig) -> None:
     tr = cfg.training
     odd = [f"{k} = {getattr(tr, k)!r}" for k, default in (("codec", "bf16"), ("sync_every", 1), ("split", "iid"))
            if getattr(tr, k) != default]
+    if cfg.room.intruders:
+        raise ConfigError(f"room.nodes: intruder {cfg.room.intruders[0]!r}: intruders attack the rooms of "
+                          "wccl.distributed (python -m wccl.launch); the built-in run has none")
     if odd:
         raise ConfigError(f"training: {', '.join(odd)}: the built-in run (python -m wccl.node) sends bf16 gradients "
                           "every step on an IID split; run these through `python -m wccl.lab train` or "

@@ -1,8 +1,11 @@
 """Checkpoints of the parameter server's state on its own disk.
 
-A checkpoint file holds one JSON line (session, node, schedule, epoch,
-applied, torch's RNG state) followed by the training state as a
-protocols.snapshot blob. It is written to a temporary file and renamed, so a
+A checkpoint file holds a tag line (64 hex digits: a keyed BLAKE2b-256 of
+everything after it, under the room key), one JSON line (session, node,
+schedule, epoch, applied, torch's RNG state) and the training state as a
+protocols.snapshot blob. A truncated or altered file, or one written under
+another room key, fails the tag and is refused whole: nothing of it is
+loaded. It is written to a temporary file and renamed, so a
 kill mid-write leaves the previous checkpoint intact. Read by the server's
 node when it resumes (`--resume` / `recovery.resume`); nothing else reads it:
 other nodes learn the state only from the server's screen.
@@ -11,12 +14,17 @@ other nodes learn the state only from the server's screen.
 from __future__ import annotations
 
 import base64
+import binascii
+import hmac
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from protocols import snapshot as snap
+from protocols.security import NO_KEY, RoomKey
+
+PERSON = b"wccl-ckpt"
 
 
 class CheckpointError(Exception):
@@ -27,29 +35,42 @@ def checkpoint_path(folder: str | Path, session: int, node: str) -> Path:
     return Path(folder) / f"session{session}-{node}.ckpt"
 
 
-def save_checkpoint(path: Path, meta: dict[str, Any], state: snap.Snapshot, rng_state: bytes) -> None:
+def save_checkpoint(path: Path, meta: dict[str, Any], state: snap.Snapshot, rng_state: bytes,
+                    key: RoomKey = NO_KEY) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     head = dict(meta, applied=state.applied, epoch=state.epoch, rng=base64.b64encode(rng_state).decode())
+    body = json.dumps(head).encode() + b"\n" + snap.encode_snapshot(state)
     tmp = path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
-        f.write(json.dumps(head).encode() + b"\n")
-        f.write(snap.encode_snapshot(state))
+        f.write(key.tag(body, PERSON).hex().encode() + b"\n")
+        f.write(body)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: Path, session: int) -> tuple[dict[str, Any], snap.Snapshot, bytes]:
+def load_checkpoint(path: Path, session: int, key: RoomKey = NO_KEY) -> tuple[dict[str, Any], snap.Snapshot, bytes]:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
-    head, sep, blob = raw.partition(b"\n")
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read: {e.strerror}") from None
+    tag, sep, body = raw.partition(b"\n")
+    ok = bool(sep) and hmac.compare_digest(tag, key.tag(body, PERSON).hex().encode())
+    if not ok:
+        raise CheckpointError(f"{path}: refused: the checkpoint is truncated or altered, or was written under "
+                              "another room key (its tag does not match); nothing of it was loaded")
+    head, sep, blob = body.partition(b"\n")
     try:
         meta = json.loads(head)
         state = snap.decode_snapshot(blob)
-    except (json.JSONDecodeError, snap.SnapshotError) as e:
-        raise CheckpointError(f"{path}: corrupt checkpoint ({e})") from None
-    if not sep or meta.get("session") != session:
+        rng = base64.b64decode(meta.pop("rng"), validate=True)
+    except (json.JSONDecodeError, UnicodeDecodeError, snap.SnapshotError, KeyError, TypeError, AttributeError,
+            binascii.Error) as e:
+        raise CheckpointError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e})") from None
+    if not sep:
+        raise CheckpointError(f"{path}: corrupt checkpoint (no training state)")
+    if meta.get("session") != session:
         raise CheckpointError(f"{path}: checkpoint of session {meta.get('session')}, this room is session {session}")
-    return meta, state, base64.b64decode(meta.pop("rng"))
+    return meta, state, rng

@@ -39,6 +39,7 @@ MAILBOXES: dict[str, tuple[int, Overflow]] = {
     "parameter_server": (256, Overflow.BLOCK),
     "observer": (64, Overflow.BLOCK),
     "collectives": (256, Overflow.BLOCK),
+    "intruder": (2, Overflow.DROP_OLDEST),  # what it films: only the latest matters
 }
 SOURCES = ("camera_reader",)  # actors that loop on a source, not on their inbox: cancelled at the end
 
@@ -76,12 +77,13 @@ class NodeResult:
 
 class NodeSupervisor:
     def __init__(self, config: WcclConfig, node: str, medium: Any, stop: asyncio.Event | None = None,
-                 clock_origin: float = 0.0, monitor: Any = None) -> None:
+                 clock_origin: float = 0.0, monitor: Any = None, run_key: bytes | None = None) -> None:
         self.config = config
         self.spec = config.room.node(node)
         self.node = node
         self.medium = medium
         self.clock_origin = clock_origin
+        self.run_key = run_key  # a simulated room's ephemeral key (wccl.keys), if it names none
         self.stop = stop or asyncio.Event()
         self.results: dict[str, Any] = {}
         self.restarts: dict[str, int] = collections.Counter()
@@ -134,6 +136,10 @@ class NodeSupervisor:
             self.camera = RecordingCamera(self.camera, self.spec.record_to, codec="x264rgb")
         screen = REGISTRY.create("screen", self.spec.screen, **kw)
         names = [n.name for n in room.nodes]
+        from wccl.keys import log_key, room_key
+
+        key = room_key(cfg, ephemeral=self.run_key)
+        log_key(structlog.get_logger("wccl"), key)
         replica = None
         if "worker" in self.spec.roles or "observer" in self.spec.roles:
             # Each node loads its own copy of the data: nodes share nothing but the room.
@@ -153,7 +159,7 @@ class NodeSupervisor:
             ckpt_path = checkpoint_path(cfg.recovery.checkpoint_dir, room.session, self.node)
             if cfg.recovery.resume:
                 try:
-                    resume = load_checkpoint(ckpt_path, room.session)
+                    resume = load_checkpoint(ckpt_path, room.session, key)
                 except CheckpointError as e:
                     raise ConfigError(f"recovery.resume: {e}") from None
             # The server's own copy of the training state (snapshots, checkpoints): no data shard needed.
@@ -187,11 +193,11 @@ class NodeSupervisor:
                           min_frames_ok=cfg.link.min_frames_ok),
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=names, reassembler=Reassembler(),
-                                  ladder=[c for c, _ in ladder],
+                                  ladder=[c for c, _ in ladder], key=key,
                                   **({"ticks": False} if "observer" in self.spec.roles else {})),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, sender_id=names.index(self.node),
-                                  node_names=names, ladder=ladder),
+                                  node_names=names, ladder=ladder, key=key),
             "worker": dict(replica=replica, server=room.server, eval_every=tr.eval_every),
             "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, numel=numel, average=average_gradients,
                                      replica=server_replica, hold_s=hold_s,
@@ -199,7 +205,7 @@ class NodeSupervisor:
                                      ladder=[(h, c.frames_needed(state_bytes)) for c, h in ladder],
                                      snapshot_every=cfg.recovery.snapshot_every,
                                      checkpoint_every=cfg.recovery.checkpoint_every, checkpoint=ckpt_path,
-                                     session=room.session, resume=resume),
+                                     session=room.session, resume=resume, key=key),
             "observer": dict(replica=replica, server=room.server, steps=tr.steps),
         }
         self._wire()

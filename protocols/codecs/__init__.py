@@ -97,7 +97,8 @@ class ErrorFeedback:
 
     encode(x) encodes x + residual and keeps residual = (x + residual) - decode(bytes):
     nothing the codec drops is lost, only delayed. For codecs without error
-    feedback it is the plain encode."""
+    feedback it is the plain encode. A tensor that is not finite is sent as
+    all-NaN (readers leave it out) and never enters the residual."""
 
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
@@ -106,6 +107,11 @@ class ErrorFeedback:
     def encode(self, x: torch.Tensor) -> tuple[bytes, torch.Tensor]:
         """(bytes, decoded): what travels, and what every reader will decode from it."""
         x = Codec._flat(x)
+        if not bool(torch.isfinite(x).all()):
+            # A NaN or an Inf (a bad batch): sent as all-NaN, which every reader leaves out of its average,
+            # and kept out of the residual, which would carry it into every later step.
+            data = self.codec.encode(torch.full_like(x, float("nan")))
+            return data, self.codec.decode(data, x.numel())
         if not self.codec.error_feedback:
             data = self.codec.encode(x)
             return data, self.codec.decode(data, x.numel())

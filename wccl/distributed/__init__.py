@@ -118,6 +118,11 @@ def _create(store, rank: int, world: int, timeout: timedelta):
     configure_logging(cfg.logging.format, cfg.logging.level, stream=sys.stderr)  # stdout is the program's
     node_rt = RankNode(cfg, node, timeout_s=timeout.total_seconds(), room_socket=os.environ.get("WCCL_ROOM"))
     node_rt.start()
+    try:
+        node_rt.wait_handshake(timeout.total_seconds())
+    except RuntimeError:
+        node_rt.close()
+        raise
     _nodes.append(node_rt)
     return WcclProcessGroup(rank, world, node_rt)
 

@@ -18,9 +18,12 @@ here is the one-round variant (both factors in one exchange).
 
 from __future__ import annotations
 
+from collections import Counter
+
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import structlog
 import torch
 import torch.distributed as dist
 
@@ -52,12 +55,28 @@ def exchange(data: bytes, group=None) -> torch.futures.Future:
     return fut.then(lambda f: [o.numpy().tobytes() for o in out])
 
 
+NONFINITE = Counter()  # contributions left out of an average because they held a NaN or an Inf, by rank
+
+
 def average_decoded(codec: Codec, parts: list[bytes], numel: int) -> torch.Tensor:
-    """The mean of every rank's decoded tensor, summed in rank order (the same bits on every rank)."""
+    """The mean of every rank's decoded tensor, summed in rank order (the same bits on every rank).
+
+    A contribution with a NaN or an Inf (a bad batch, a bad peer) never enters the mean: it is left out,
+    counted in NONFINITE and logged (`gradient_nonfinite`); every rank sees the same parts, so every rank
+    leaves out the same ones. With none left, the mean is zero: the step goes on without them."""
     total = torch.zeros(numel, dtype=torch.float32)
-    for raw in parts:
-        total += codec.decode(raw, numel)
-    return total / len(parts)
+    used, bad = 0, []
+    for rank, raw in enumerate(parts):
+        x = codec.decode(raw, numel)
+        if not bool(torch.isfinite(x).all()):
+            bad.append(rank)
+            continue
+        total += x
+        used += 1
+    if bad:
+        NONFINITE.update(bad)
+        structlog.get_logger("wccl").warning("gradient_nonfinite", ranks=bad, used=used)
+    return total / used if used else total
 
 
 def _hook(state, bucket):  # no annotations: DDP checks them literally, and this module's are strings

@@ -49,8 +49,9 @@ class CollectiveNode(NodeSupervisor):
 
     def __init__(self, config: WcclConfig, node: str, medium: Any, *, timeout_s: float,
                  on_done: Callable[[CollectiveDone], None], stop: asyncio.Event | None = None,
-                 clock_origin: float = 0.0) -> None:
+                 clock_origin: float = 0.0, key=None) -> None:
         super().__init__(config, node, medium, stop, clock_origin)
+        self.key = key  # the room key (protocols.security.RoomKey); None: the one the room names
         self.ranks = config.room.ranks
         if node not in self.ranks:
             raise ConfigError(f"node {node!r} is an observer, not a rank ({', '.join(self.ranks)})")
@@ -77,13 +78,23 @@ class CollectiveNode(NodeSupervisor):
         screen = REGISTRY.create("screen", self.spec.screen, **kw)
         codec, hold_s = collective_layout(cfg)
         col = cfg.collectives
+        from protocols.security import Handshake
+        from wccl.keys import log_key, room_key
+
+        key = self.key if self.key is not None else room_key(cfg)
+        log_key(structlog.get_logger("wccl"), key)
+        self.key_fingerprint = key.fingerprint
+        # The run handshake: this rank's run nonce, and which of its peers' nonces it trusts.
+        self.handshake = Handshake(self.rank, self.world)
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
-                                  reassembler=Reassembler(), transfers=transfer.TransferAssembler()),
+                                  reassembler=Reassembler(), transfers=transfer.TransferAssembler(), key=key,
+                                  handshake=self.handshake),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
-                                  loss=col.loss, margin_frames=col.margin_frames),
+                                  loss=col.loss, margin_frames=col.margin_frames, key=key,
+                                  run_nonce=self.handshake.nonce),
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
                                 on_drained=self.end),
         }
@@ -227,6 +238,27 @@ class RankNode:
         self._t_mark, self._cpu_mark = loop.time(), self._program_cpu()
         self._ready.set()
         return await self.sup.run()
+
+    def wait_handshake(self, timeout_s: float) -> None:
+        """Block until every peer and this rank trust each other's run nonce (protocols.security), as torch's
+        own backends rendezvous in init_process_group; raise with what is missing after `timeout_s`
+        (seconds of the room's time)."""
+        sup = self.sup
+        while not sup.handshake.complete:
+            if self._error is not None:
+                raise RuntimeError(f"wccl: rank {self.node}'s node stopped: {self._error}")
+            if self.loop.time() - self._t_mark > timeout_s:
+                hs = sup.handshake
+                names = self.config.room.ranks
+                missing = [names[r] for r in range(len(names)) if r != sup.rank
+                           and (r not in hs.trusted or r not in hs.trusted_by)]
+                raise RuntimeError(
+                    f"wccl: rank {self.node} could not greet {', '.join(missing)} within {timeout_s:g} s: "
+                    "their screens are not in view of this camera (or this one of theirs), or they use another "
+                    f"room key (this one's fingerprint: {sup.key_fingerprint}; python -m wccl.keys fingerprint)")
+            time.sleep(0.002)
+        self._t_mark = max(self._t_mark, self.loop.time())  # waiting for the handshake is not compute
+        self._cpu_mark = self._program_cpu()
 
     def close(self) -> None:
         """Let peers read what they still need (until `drain_s`), then stop the node and its thread."""

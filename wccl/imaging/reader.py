@@ -103,6 +103,8 @@ def _refine_corners(contour: np.ndarray, corners: np.ndarray) -> np.ndarray:
 def find_quads(image: np.ndarray, layout: GridLayout, min_cell_px: float = 1.5) -> list[Quad]:
     """Every code's quadrilateral in `image`, left to right."""
     small = _brightest_channel(image[::_DOWN, ::_DOWN])
+    if small.size == 0:
+        return []
     hi = int(small.max())
     if hi < 48:
         return []
@@ -159,9 +161,13 @@ class QuadTracker:
         self.quads: list[Quad] = []
         self._since_full = 0
         self.full_searches = 0
+        self._shape: tuple | None = None
 
     def __call__(self, image: np.ndarray) -> list[Quad]:
         self._since_full += 1
+        if image.shape != (self._shape or image.shape):
+            self.quads = []  # another camera size: nothing tracked still holds
+        self._shape = image.shape
         if self.quads and self._since_full < self.redetect_every:
             found = []
             h, w = image.shape[:2]
@@ -389,6 +395,22 @@ def read_quad(image: np.ndarray, quad: Quad, layout: GridLayout, model: ColourMo
         sender = int(sum(int(b) << (SENDER_BITS - 1 - i) for i, b in enumerate(sbits[0])))
     symbols, confidence = classify(corrected[model.data_idx], layout.colours)
     return ReadCode(quad, sender, parity, mixed, symbols, confidence, cell_px)
+
+
+MIN_IMAGE_PX = 16
+
+
+def image_problem(image) -> str | None:
+    """Why `image` cannot be a camera capture (None: an H x W x 3 uint8 image of at least 16 x 16 px)."""
+    if not isinstance(image, np.ndarray):
+        return "not_an_image"
+    if image.dtype != np.uint8:
+        return "bad_dtype"
+    if image.ndim != 3 or image.shape[2] != 3:
+        return "bad_shape"
+    if image.shape[0] < MIN_IMAGE_PX or image.shape[1] < MIN_IMAGE_PX:
+        return "too_small"
+    return None
 
 
 def read_codes(image: np.ndarray, layout: GridLayout) -> list[ReadCode]:

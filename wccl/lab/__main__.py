@@ -1,7 +1,9 @@
 """`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`; `python -m wccl.lab sweep --out DIR`;
 `python -m wccl.lab sync --config FILE --steps N --json` (clock sync and lockstep over a long run);
 `python -m wccl.lab collectives --config FILE --json` (each collective and size through the wccl backend);
-`python -m wccl.lab train --config FILE --out DIR` (accuracy against simulated time: codecs, local steps)."""
+`python -m wccl.lab train --config FILE --out DIR` (accuracy against simulated time: codecs, local steps);
+`python -m wccl.lab attack --frames N --json` (forged, replayed, foreign, bit-flipped frames against a rank);
+`python -m wccl.lab fuzz --seconds N --json` (random and mutated inputs to every entry point)."""
 
 from __future__ import annotations
 
@@ -52,9 +54,23 @@ def main(argv: list[str] | None = None) -> int:
     from wccl.lab import train as train_lab
 
     train_lab.add_arguments(t)
+    a = sub.add_parser("attack", formatter_class=HelpFormatter,
+                       help="forged, replayed, foreign and bit-flipped frames against a rank: none may be accepted")
+    from wccl.lab import attack as attack_lab
+
+    attack_lab.add_arguments(a)
+    z = sub.add_parser("fuzz", formatter_class=HelpFormatter,
+                       help="random and mutated inputs to every entry point that reads from outside: no crash, no hang")
+    from wccl.lab import fuzz as fuzz_lab
+
+    fuzz_lab.add_arguments(z)
     args = p.parse_args(argv)
+    if args.cmd == "fuzz":
+        return fuzz_lab.run(args)
     if args.cmd == "train":
         return train_lab.run(args)
+    if args.cmd == "attack":
+        return attack_lab.run(args)
     if args.cmd == "collectives":
         return _collectives(args)
     if args.cmd == "sync":

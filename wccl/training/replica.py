@@ -223,6 +223,12 @@ class Replica:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
+def finite_only(grads: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """(the gradients without a NaN or an Inf, the names of those left out, sorted)."""
+    bad = sorted(k for k, g in grads.items() if not bool(torch.isfinite(g).all()))
+    return {k: g for k, g in grads.items() if k not in bad}, bad
+
+
 def average_gradients(grads: dict[str, torch.Tensor]) -> torch.Tensor:
     """The server's reduce: float32 sum in sorted-key order, divided by the
     number of gradients, rounded to bfloat16.  Deterministic."""

@@ -1,0 +1,77 @@
+"""What a rank does with one transfer-frame message: the whole receive path, pure.
+
+`TransferReceiver.receive(message)` checks the frame under the room key
+(protocols.transfer.parse_message), refuses frames of another session, of
+an unknown sender or of this rank itself, asks the run handshake
+(protocols.security.Handshake) whether the frame belongs to this run and is
+recent, and only then uses its acknowledgements and its packet
+(TransferAssembler: a tensor is delivered once rebuilt, its digest matches
+and its sealed bytes open under the key). The FrameDecoder actor calls it
+for every transfer frame it reads; the attack bench and the fuzzer call
+exactly the same code with bytes they make up.
+
+Every refusal has a reason (`Received.refused`), counted by the caller;
+nothing partial or unproven is ever returned as data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocols import transfer
+from protocols.frames import FrameError
+from protocols.security import NO_KEY, Handshake, RoomKey
+
+
+@dataclass(frozen=True)
+class Received:
+    """The outcome of one frame: why it was refused (None: used), the sender's acknowledgement of this
+    rank if it changed, whether the handshake changed, and the transfer it completed (bytes), if any,
+    or `duplicate` (a transfer this rank already has: show the acknowledgement again)."""
+
+    frame: transfer.TransferFrame | None
+    refused: str | None = None
+    peer_ack: transfer.Ack | None = None
+    handshake_changed: bool = False
+    data: bytes | None = None
+    duplicate: bool = False
+
+
+class TransferReceiver:
+    def __init__(self, rank: int, world: int, session: int, key: RoomKey = NO_KEY,
+                 handshake: Handshake | None = None, assembler: transfer.TransferAssembler | None = None) -> None:
+        self.rank, self.world, self.session = rank, world, session
+        self.key = key
+        self.handshake = handshake or Handshake(rank, world)
+        self.assembler = assembler or transfer.TransferAssembler()
+        self._peer_acks: dict[int, transfer.Ack] = {}
+
+    def receive(self, message: bytes) -> Received:
+        """One frame message (after error correction). Never raises for bad input: a frame that fails its
+        check or makes no sense comes back refused with the FrameError's reason."""
+        try:
+            f = transfer.parse_message(message, self.key)
+        except FrameError as e:
+            return Received(None, e.reason)
+        if f.session != self.session:
+            return Received(f, "foreign_session")
+        if f.sender >= self.world or f.sender == self.rank:
+            return Received(f, "unknown_sender")
+        hs = self.handshake
+        before = (hs.echo(), hs.trust_mask(), hs.complete)
+        refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us)
+        changed = (hs.echo(), hs.trust_mask(), hs.complete) != before
+        if refused:
+            # Another run's frame, a replay, or a peer whose proof of freshness has not arrived yet:
+            # neither its transfer nor its acknowledgements are used (the sender shows them again).
+            return Received(f, refused, handshake_changed=changed)
+        ack = f.acks[self.rank]
+        peer_ack = None
+        if self._peer_acks.get(f.sender) != ack:
+            self._peer_acks[f.sender] = peer_ack = ack
+        if f.header is None:
+            return Received(f, None, peer_ack, changed)
+        data = self.assembler.add(f, self.key)
+        if data is transfer.DUPLICATE:
+            return Received(f, None, peer_ack, changed, duplicate=True)
+        return Received(f, None, peer_ack, changed, data)

@@ -1,0 +1,234 @@
+"""The room key: who may speak and read in the room (frame MACs, payload encryption, run handshake).
+
+Every laptop of a room holds the same 32-byte secret (a key file made by
+`python -m wccl.keys new`, or a passphrase stretched with scrypt). From it,
+separate subkeys:
+
+- `mac`: every frame's 8-byte check is a keyed BLAKE2b of its header and
+  packet (in place of the unkeyed hash: no byte more per frame). Without
+  the key nobody can make a frame a node accepts; a flipped bit anywhere
+  fails the check.
+- `aead`: a transfer's tensor bytes are sealed with ChaCha20-Poly1305
+  before they are fountain coded (16 bytes of tag per transfer, not per
+  frame). The nonce is (the sender's run nonce: 8 random bytes drawn when
+  its node starts, transfer number: 4 bytes), so no nonce ever repeats
+  under a key; the associated data binds the transfer's header (session,
+  sender, transfer, collective, op, dtype, size, part).
+- `checkpoint`: a checkpoint file's tag (wccl.recovery).
+
+Freshness (`Handshake`): a frame filmed in one run and shown in another
+carries a valid MAC, so the MAC alone cannot refuse it. Each node draws a
+random run nonce at start and puts it in every frame; its status frames
+also echo the nonce it last saw of each peer. A node accepts a peer's
+transfers and acknowledgements only under the nonce that peer showed in a
+frame echoing this node's own current nonce: proof that the frame was made
+in this run, after this node started. Replayed frames of another run carry
+another nonce and are refused; replays within the run are refused by the
+time window (their `shown_us` is older than the sender's latest by more
+than `REPLAY_WINDOW_S`) or are duplicates of packets already used.
+
+Without a key (`RoomKey(None)`), checks are unkeyed hashes (anyone can
+forge them), payloads travel in the clear, and the handshake still refuses
+other runs' frames. Pure: no I/O, no asyncio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass, field
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+KEY_BYTES = 32
+CHECK_BYTES = 8
+TAG_BYTES = 16
+SCRYPT = dict(n=2 ** 15, r=8, p=1, maxmem=64 * 2 ** 20)  # ~32 MiB and ~0.1 s a derivation
+SCRYPT_SALT = b"wccl room key v1"
+REPLAY_WINDOW_S = 20.0
+
+
+class KeyError_(ValueError):
+    """A room key that cannot be used (wrong size, missing file or variable)."""
+
+
+@dataclass(frozen=True)
+class RoomKey:
+    """A room's secret (None: no key, frames unauthenticated) and the subkeys made from it."""
+
+    secret: bytes | None = None
+    source: str = "none"
+    _subkeys: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.secret is not None and len(self.secret) != KEY_BYTES:
+            raise KeyError_(f"a room key is {KEY_BYTES} bytes, this one is {len(self.secret)}")
+
+    @property
+    def authenticated(self) -> bool:
+        return self.secret is not None
+
+    @property
+    def encrypts(self) -> bool:
+        return self.secret is not None
+
+    @property
+    def fingerprint(self) -> str:
+        """8 hex digits that tell two laptops' keys apart without showing them ('none' without a key)."""
+        if self.secret is None:
+            return "none"
+        return hashlib.blake2b(self.secret, digest_size=4, person=b"wccl-fingerprt").hexdigest()
+
+    def subkey(self, purpose: str) -> bytes:
+        if self.secret is None:
+            return b""
+        k = self._subkeys.get(purpose)
+        if k is None:
+            k = self._subkeys[purpose] = hashlib.blake2b(purpose.encode(), digest_size=KEY_BYTES, key=self.secret,
+                                                         person=b"wccl-subkey").digest()
+        return k
+
+    def check(self, data: bytes, person: bytes) -> bytes:
+        """The 8-byte check of a frame: keyed BLAKE2b (an unkeyed hash without a room key)."""
+        return hashlib.blake2b(data, digest_size=CHECK_BYTES, key=self.subkey("mac"), person=person).digest()
+
+    def verify(self, data: bytes, person: bytes, check: bytes) -> bool:
+        return hmac.compare_digest(self.check(data, person), bytes(check))
+
+    # ---- payloads ------------------------------------------------------------------------------
+
+    @property
+    def overhead(self) -> int:
+        """Bytes a sealed payload adds (the AEAD tag; 0 without a key)."""
+        return TAG_BYTES if self.encrypts else 0
+
+    def _aead(self) -> ChaCha20Poly1305:
+        a = self._subkeys.get("_aead")
+        if a is None:
+            a = self._subkeys["_aead"] = ChaCha20Poly1305(self.subkey("aead"))
+        return a
+
+    def seal(self, run_nonce: int, tid: int, data: bytes, aad: bytes) -> bytes:
+        if not self.encrypts:
+            return data
+        return self._aead().encrypt(payload_nonce(run_nonce, tid), data, aad)
+
+    def open(self, run_nonce: int, tid: int, data: bytes, aad: bytes) -> bytes | None:
+        """The payload, or None if it was not sealed under this key, nonce and header."""
+        if not self.encrypts:
+            return data
+        try:
+            return self._aead().decrypt(payload_nonce(run_nonce, tid), data, aad)
+        except InvalidTag:
+            return None
+
+    def tag(self, data: bytes, person: bytes) -> bytes:
+        """A 32-byte keyed tag of a file's contents (checkpoints); unkeyed without a room key."""
+        return hashlib.blake2b(data, digest_size=32, key=self.subkey("file"), person=person).digest()
+
+
+NO_KEY = RoomKey(None)
+
+
+def payload_nonce(run_nonce: int, tid: int) -> bytes:
+    """The 12-byte AEAD nonce of transfer `tid` of a sender whose run nonce is `run_nonce`."""
+    return run_nonce.to_bytes(8, "big") + tid.to_bytes(4, "big")
+
+
+def new_run_nonce() -> int:
+    """A sender's run nonce: random, never 0 (0 means 'none seen' in an echo)."""
+    while True:
+        n = int.from_bytes(os.urandom(8), "big")
+        if n:
+            return n
+
+
+def key_from_passphrase(passphrase: str) -> bytes:
+    """A 32-byte room key from a passphrase (scrypt: memory-hard, so guessing is slow)."""
+    if not passphrase:
+        raise KeyError_("the passphrase is empty")
+    return hashlib.scrypt(passphrase.encode(), salt=SCRYPT_SALT, dklen=KEY_BYTES, **SCRYPT)
+
+
+def read_key_file(path) -> bytes:
+    """A key file's 32 bytes (raw, or 64 hex digits with optional whitespace)."""
+    try:
+        raw = open(path, "rb").read(4096)
+    except FileNotFoundError:
+        raise KeyError_(f"no key file at {path} (make one with: python -m wccl.keys new {path})") from None
+    except OSError as e:
+        raise KeyError_(f"cannot read key file {path}: {e.strerror}") from None
+    if len(raw) == KEY_BYTES:
+        return raw
+    text = raw.strip()
+    try:
+        key = bytes.fromhex(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise KeyError_(f"{path} is not a room key ({KEY_BYTES} bytes or {2 * KEY_BYTES} hex digits)")
+    return key
+
+
+# ---- freshness --------------------------------------------------------------------------------
+
+
+@dataclass
+class Handshake:
+    """Which run nonce of each peer this node trusts, the echo it shows them, and the replay window.
+
+    `heard(sender, nonce, echo, trusts, shown_us)`: a frame from `sender` (its MAC verified) with its run
+    nonce, in a status frame its echo table (the nonce it last saw of each rank; None in other frames),
+    the ranks it trusts (a bitmask) and when it was shown (the sender's clock). Returns None if the frame
+    belongs to this run and is recent, else why not: `unconfirmed_sender` (no nonce of this sender is
+    proven fresh yet: at start-up, its echo of our nonce has not arrived), `other_run` (a nonce other
+    than the proven one: a frame of another run) or `replayed_old` (shown more than `window_s` before
+    the sender's latest frame).
+    """
+
+    rank: int
+    world: int
+    nonce: int = field(default_factory=new_run_nonce)
+    window_s: float = REPLAY_WINDOW_S
+    trusted: dict[int, int] = field(default_factory=dict)  # peer -> its run nonce, proven fresh
+    seen: dict[int, int] = field(default_factory=dict)  # peer -> the latest nonce heard (not proven)
+    trusted_by: set[int] = field(default_factory=set)  # peers whose fresh frames say they trust us
+    latest_us: dict[int, int] = field(default_factory=dict)  # peer -> newest shown_us of a fresh frame
+
+    def heard(self, sender: int, nonce: int, echo: tuple[int, ...] | None, trusts: int,
+              shown_us: int) -> str | None:
+        if echo is not None and self.rank < len(echo) and echo[self.rank] == self.nonce:
+            if self.trusted.get(sender) != nonce:
+                self.trusted[sender] = nonce  # proven: it saw our nonce, so it was made in this run
+                self.latest_us.pop(sender, None)
+        elif sender not in self.trusted:
+            self.seen[sender] = nonce
+        if sender not in self.trusted:
+            return "unconfirmed_sender"  # normal at start-up: its echo of our nonce has not arrived yet
+        if self.trusted[sender] != nonce:
+            return "other_run"
+        latest = self.latest_us.get(sender)
+        if latest is not None and shown_us < latest - self.window_s * 1e6:
+            return "replayed_old"
+        self.latest_us[sender] = max(shown_us, latest if latest is not None else shown_us)
+        if trusts >> self.rank & 1:
+            self.trusted_by.add(sender)
+        else:
+            self.trusted_by.discard(sender)
+        return None
+
+    def echo(self) -> tuple[int, ...]:
+        """The nonce this node shows for each rank: its own, a trusted one, else the latest heard."""
+        return tuple(self.nonce if r == self.rank else self.trusted.get(r, self.seen.get(r, 0))
+                     for r in range(self.world))
+
+    def trust_mask(self) -> int:
+        return sum(1 << r for r in self.trusted)
+
+    @property
+    def complete(self) -> bool:
+        """Every peer trusts this node's nonce and this node trusts every peer's."""
+        peers = set(range(self.world)) - {self.rank}
+        return peers <= self.trusted_by and peers <= set(self.trusted)

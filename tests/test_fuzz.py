@@ -1,0 +1,64 @@
+"""No input from outside breaks a node: property tests per entry point, and a short run of the fuzzer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocols import fec, frames, snapshot, transfer
+from protocols.layout import GridLayout
+from protocols.link import LinkCodec
+from protocols.receiver import TransferReceiver
+from protocols.security import RoomKey
+
+KEY = RoomKey(bytes(32))
+PREFIX = st.sampled_from([b"", bytes([frames.MAGIC, transfer.VERSION]), bytes([frames.MAGIC, frames.VERSION])])
+
+
+@settings(max_examples=400, deadline=None)
+@given(prefix=PREFIX, body=st.binary(max_size=3000))
+def test_any_bytes_as_a_transfer_frame_are_refused_with_a_reason(prefix, body):
+    rx = TransferReceiver(1, 2, 1, KEY)
+    r = rx.receive(prefix + body)
+    assert r.refused and r.data is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(prefix=PREFIX, body=st.binary(max_size=3000))
+def test_any_bytes_as_a_version3_frame_raise_only_frame_errors(prefix, body):
+    with pytest.raises(frames.FrameError):
+        frames.parse_message(prefix + body, KEY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=2000))
+def test_any_bytes_as_a_snapshot_raise_only_snapshot_errors(data):
+    try:
+        snapshot.decode_snapshot(data)
+    except snapshot.SnapshotError:
+        pass
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(0, 1200), hi=st.integers(1, 300), with_conf=st.booleans(), seed=st.integers(0, 2**31))
+def test_any_cells_raise_only_uncorrectable(n, hi, with_conf, seed):
+    codec = LinkCodec(GridLayout(rows=24, cols=40, colours=8, cell_px=10), code_rate=0.8)
+    rng = np.random.default_rng(seed)
+    sym = rng.integers(0, hi, n).astype(np.uint16 if hi > 255 else np.uint8)
+    conf = rng.random(n).astype(np.float32) if with_conf else None
+    try:
+        codec.decode_message(sym, conf)
+    except fec.UncorrectableFrame:
+        pass
+
+
+def test_the_fuzzer_finds_nothing_in_a_short_run():
+    from wccl.lab.fuzz import ENTRY_POINTS, fuzz
+
+    r = fuzz(16.0, seed=1)
+    assert set(r["entry_points"]) == set(ENTRY_POINTS)
+    for name, v in r["entry_points"].items():
+        assert v["executions"] > 20 and v["crashes"] == 0 and v["hangs"] == 0 and v["wrong_deliveries"] == 0, (name, v)
+    assert r["entry_points"]["camera_images"]["tensors_delivered"] >= 1  # real frames still get through

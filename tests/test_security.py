@@ -1,0 +1,237 @@
+"""The room key: frame MACs, sealed payloads, the run handshake, key files, authenticated checkpoints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import make_config
+from protocols import frames, security, transfer
+from protocols import snapshot as snap
+from protocols.security import Handshake, RoomKey
+from wccl.config import ConfigError, parse_config
+from wccl.keys import room_key
+from wccl.recovery import CheckpointError, load_checkpoint, save_checkpoint
+
+MSG = 1900
+KEY = RoomKey(bytes(range(32)), "test")
+OTHER = RoomKey(bytes(range(1, 33)), "other")
+
+
+def _transfer(data: bytes, key: RoomKey = KEY, nonce: int = 77, tid: int = 3):
+    header = transfer.TransferHeader(7, 1, tid, 11, "allreduce", "float32", len(data) // 4, 0, b"", 0, 0b01)
+    sealed = key.seal(nonce, tid, data, transfer.aad(header))
+    psize = transfer.packet_size_for(MSG)
+    tr = frames.fountain(sealed, message_bytes=MSG, count=frames.source_packets(len(sealed), psize) + 2,
+                         packet_size=psize)
+    return transfer.TransferHeader(7, 1, tid, 11, "allreduce", "float32", len(data) // 4, tr.length, tr.digest,
+                                   0, 0b01), tr
+
+
+def _rebuild(header, tr, key: RoomKey, nonce: int = 77):
+    asm = transfer.TransferAssembler()
+    for i in range(len(tr.packets)):
+        f = transfer.parse_message(transfer.frame_message(header, tr, i, message_bytes=MSG, acks=(),
+                                                          run_nonce=nonce, key=KEY), KEY)
+        got = asm.add(f, key)
+        if got is not None:
+            return got, asm
+    return None, asm
+
+
+def test_payloads_are_sealed_and_open_only_under_their_key_nonce_and_header():
+    data = np.arange(100, dtype=np.float32).tobytes()
+    header, tr = _transfer(data)
+    assert len(tr.packets[0]) and data not in b"".join(tr.packets)  # the tensor bytes never show in the clear
+    got, asm = _rebuild(header, tr, KEY)
+    assert got == data and asm.ack_of(1).has(3)
+    for key, nonce in ((OTHER, 77), (KEY, 78)):
+        got, asm = _rebuild(header, tr, key, nonce)
+        assert got is None and asm.losses["payload_not_authentic"] >= 1 and not asm.ack_of(1).has(3)
+
+
+@settings(max_examples=80, deadline=None)
+@given(pos=st.integers(0, 10_000), bit=st.integers(0, 7))
+def test_a_frame_under_another_key_or_with_a_flipped_bit_is_refused(pos, bit):
+    header, tr = _transfer(b"abcdefgh" * 20)
+    msg = transfer.frame_message(header, tr, 0, message_bytes=MSG, acks=(), run_nonce=5, key=KEY)
+    assert transfer.parse_message(msg, KEY).run_nonce == 5
+    for key in (OTHER, security.NO_KEY):
+        with pytest.raises(frames.FrameError, match="check_mismatch"):
+            transfer.parse_message(msg, key)
+    bad = bytearray(msg)
+    bad[pos % (transfer.HEADER_BYTES + len(tr.packets[0]) + frames.CHECK_BYTES)] ^= 1 << bit
+    with pytest.raises(frames.FrameError):
+        transfer.parse_message(bytes(bad), KEY)
+
+
+def test_version3_frames_are_keyed_too():
+    msg = frames.encode_tensor(b"hello" * 40, message_bytes=600, count=1, session=1, sender=1, stream="grad",
+                               step=0, key=KEY)[0]
+    assert frames.parse_message(msg, KEY).sender == 1
+    with pytest.raises(frames.FrameError, match="check_mismatch"):
+        frames.parse_message(msg, OTHER)
+
+
+def _status(hs: Handshake, shown_us: int = 0) -> transfer.TransferFrame:
+    msg = transfer.status_message(session=1, sender=hs.rank, acks=(), message_bytes=MSG, shown_us=shown_us,
+                                  run_nonce=hs.nonce, trusts=hs.trust_mask(), echo=hs.echo(), key=KEY)
+    return transfer.parse_message(msg, KEY)
+
+
+def _hear(hs: Handshake, f: transfer.TransferFrame) -> str | None:
+    return hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us)
+
+
+def test_the_handshake_trusts_only_this_runs_nonces():
+    a, b = Handshake(0, 2), Handshake(1, 2)
+    old_b = Handshake(1, 2)  # bob in an earlier run, filmed: his frames echo an alice that no longer runs
+    old_b.heard(0, 12345, None, 0, 0)
+    recorded = _status(old_b)
+    assert _hear(a, recorded) == "unconfirmed_sender"
+    assert _hear(b, _status(a)) == "unconfirmed_sender"  # alice has not echoed bob's nonce yet
+    assert _hear(a, _status(b)) is None and a.trusted == {1: b.nonce}  # bob echoes alice: fresh
+    assert not a.complete  # alice trusts bob, but does not know yet that bob trusts her
+    assert _hear(b, _status(a)) is None and b.complete  # alice echoes bob and trusts him: bob is done
+    assert _hear(a, _status(b)) is None and a.complete
+    assert _hear(a, recorded) == "other_run" and a.trusted == {1: b.nonce}  # replays change nothing
+    # Within the run: a frame shown long before bob's latest is a replay.
+    assert _hear(a, _status(b, shown_us=100_000_000)) is None
+    assert _hear(a, _status(b, shown_us=100_000_000 - int(security.REPLAY_WINDOW_S * 1e6) - 1)) == "replayed_old"
+    # Bob restarts: his new nonce is trusted once he echoes alice's again.
+    b2 = Handshake(1, 2)
+    b2.heard(0, a.nonce, None, 0, 0)
+    assert _hear(a, _status(b2)) is None and a.trusted[1] == b2.nonce
+
+
+def test_key_files_passphrases_and_errors(tmp_path, monkeypatch):
+    path = tmp_path / "room.key"
+    out = subprocess.run([sys.executable, "-m", "wccl.keys", "new", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0 and len(path.read_bytes()) == 32 and (path.stat().st_mode & 0o777) == 0o600
+    again = subprocess.run([sys.executable, "-m", "wccl.keys", "new", str(path)], capture_output=True, text=True)
+    assert again.returncode == 2 and "never overwritten" in again.stderr
+    fp = RoomKey(path.read_bytes()).fingerprint
+    raw = make_config().model_dump(mode="json")
+    raw["room"]["key_file"] = "room.key"
+    cfg = parse_config(raw, "t.toml", tmp_path)
+    assert room_key(cfg).fingerprint == fp and room_key(cfg).authenticated
+    (tmp_path / "hex.key").write_text(path.read_bytes().hex() + "\n")
+    raw["room"]["key_file"] = "hex.key"
+    assert room_key(parse_config(raw, "t.toml", tmp_path)).fingerprint == fp
+    (tmp_path / "short.key").write_bytes(b"123")
+    raw["room"]["key_file"] = "short.key"
+    with pytest.raises(ConfigError, match="not a room key"):
+        room_key(parse_config(raw, "t.toml", tmp_path))
+    raw["room"]["key_file"] = "missing.key"
+    with pytest.raises(ConfigError, match="python -m wccl.keys new"):
+        room_key(parse_config(raw, "t.toml", tmp_path))
+    del raw["room"]["key_file"]
+    raw["room"]["key_env"] = "WCCL_TEST_PASSPHRASE"
+    monkeypatch.delenv("WCCL_TEST_PASSPHRASE", raising=False)
+    with pytest.raises(ConfigError, match="WCCL_TEST_PASSPHRASE is not set"):
+        room_key(parse_config(raw, "t.toml", tmp_path))
+    monkeypatch.setenv("WCCL_TEST_PASSPHRASE", "correct horse battery staple")
+    k1 = room_key(parse_config(raw, "t.toml", tmp_path))
+    assert k1.secret == security.key_from_passphrase("correct horse battery staple")
+    monkeypatch.setenv("WCCL_TEST_PASSPHRASE", "correct horse battery stapler")
+    assert room_key(parse_config(raw, "t.toml", tmp_path)).fingerprint != k1.fingerprint
+    raw["room"]["key_file"] = "room.key"
+    with pytest.raises(ConfigError, match="not both"):
+        parse_config(raw, "t.toml", tmp_path)
+    # A simulated room that names no key: the run's ephemeral key, else none.
+    monkeypatch.delenv("WCCL_RUN_KEY", raising=False)
+    plain = make_config()
+    assert not room_key(plain).authenticated
+    assert room_key(plain, ephemeral=os.urandom(32)).authenticated
+    monkeypatch.setenv("WCCL_RUN_KEY", "zz")
+    with pytest.raises(ConfigError, match="WCCL_RUN_KEY"):
+        room_key(plain)
+
+
+def test_checkpoints_are_refused_whole_when_truncated_altered_or_foreign(tmp_path):
+    path = tmp_path / "c.ckpt"
+    state = snap.Snapshot(5, 1, {"w": np.arange(6, dtype=np.float32)})
+    save_checkpoint(path, {"session": 3, "node": "alice"}, state, b"rng!", KEY)
+    meta, got, rng = load_checkpoint(path, 3, KEY)
+    assert got.digest() == state.digest() and rng == b"rng!" and meta["node"] == "alice"
+    raw = path.read_bytes()
+    for bad in (raw[:-1], raw[: len(raw) // 2], raw[:-4] + b"\0\0\0\1", raw.replace(b'"alice"', b'"mallo"')):
+        path.write_bytes(bad)
+        with pytest.raises(CheckpointError, match="truncated or altered"):
+            load_checkpoint(path, 3, KEY)
+    path.write_bytes(raw)
+    with pytest.raises(CheckpointError, match="another room key"):
+        load_checkpoint(path, 3, OTHER)
+    with pytest.raises(CheckpointError, match="session 3"):
+        load_checkpoint(path, 4, KEY)
+
+
+# ---- an intruder in the room (end to end: the launcher, the room process, two ranks, the intruder) ----
+
+
+def _refused(stderr: str) -> dict[str, dict]:
+    from wccl.launch import json_objects
+
+    return {d["node"]: d for d in json_objects(stderr) if d.get("event") == "frames_refused"}
+
+
+@pytest.mark.slow
+def test_an_intruder_changes_nothing(tmp_path):
+    """Random, forged, replayed (this run's and a filmed earlier run's) and bit-flipped frames from a laptop
+    without the key: every one refused by reason; the ranks end bit for bit as without the intruder."""
+    import shutil
+
+    import re
+
+    from test_distributed import EXAMPLES, ROOT, launch
+
+    rooms = tmp_path / "rooms"
+    rooms.mkdir()
+    shutil.copy(ROOT / "rooms" / "demo-room.key", rooms)
+    text = (ROOT / "rooms" / "intruder.toml").read_text().replace('level = "warning"',
+                                                                 'level = "warning"\nformat = "json"')
+    (rooms / "intruder.toml").write_text(text)
+    plain = re.sub(r'\[\[room.nodes\]\]\nname = "mallory"\nroles = \["intruder"\][^\n]*\n', "", text)
+    assert "mallory" not in plain.split("[room]")[1]
+    (rooms / "plain.toml").write_text(plain)
+    filmed = tmp_path / "filmed.txt"
+    steps = ("--steps", "130")
+    proc1, first = launch(rooms / "intruder.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600,
+                          env={"WCCL_INTRUDER_RECORD": str(filmed)})
+    assert proc1.returncode == 0, proc1.stderr[-3000:]
+    assert len(filmed.read_text().split()) > 100
+    proc2, second = launch(rooms / "intruder.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600,
+                           env={"WCCL_INTRUDER_REPLAY": str(filmed)})
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    proc3, plain = launch(rooms / "plain.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600)
+    assert proc3.returncode == 0, proc3.stderr[-3000:]
+    shas = {d["params_sha256"] for d in first + second + plain}
+    assert len(shas) == 1 and len(first) == len(second) == len(plain) == 2
+    assert not _refused(proc3.stderr)
+    refused = _refused(proc2.stderr)
+    assert set(refused) == {"alice", "bob"}
+    for node, r in refused.items():
+        assert r["check_mismatch"] > 50, r  # forged, random and bit-flipped frames
+        assert r.get("other_run", 0) > 10, r  # frames filmed in the first run
+        assert r.get("replayed_old", 0) > 0, r  # this run's frames, shown again after the window
+        assert r["frames_ok"] > 100 and not r["losses"].get("payload_not_authentic"), r
+
+
+def test_the_attack_bench_accepts_nothing():
+    from wccl.lab.attack import KINDS, run_attack
+
+    r = run_attack(400, seed=3)
+    assert set(r["kinds"]) == set(KINDS)
+    for kind, v in r["kinds"].items():
+        assert v["tried"] == 400 and v["accepted"] == 0, (kind, v)
+        assert sum(v["refused"].values()) == 400 and "accepted" not in v["refused"], (kind, v)
+    assert r["kinds"]["forged"]["refused"] == {"check_mismatch": 400}
+    assert r["kinds"]["replayed_old"]["refused"] == {"replayed_old": 400}
+    assert r["kinds"]["foreign_session"]["refused"] == {"foreign_session": 400}
+    assert r["tensors_wrong"] == 0 and r["tensors_delivered"] == r["tensors_sent"] > 100 and r["handshake_complete"]

@@ -1,0 +1,91 @@
+"""An intruder's laptop in the simulated room: `python -m wccl.intruder` (started by wccl.launch).
+
+A node with `roles = ["intruder"]` has a camera and a screen in the room and
+no room key: it films the ranks' screens and shows forged, random, replayed
+and bit-flipped frames (actors/intruder.py) until the launcher stops it.
+The room's ranks must end exactly as they would without it.
+
+Environment (set by wccl.launch): WCCL_CONFIG, WCCL_NODE, WCCL_ROOM (the
+room's socket), WCCL_ROOM_AUTHKEY; optional WCCL_INTRUDER_RECORD (save what
+it filmed) and WCCL_INTRUDER_REPLAY (show frames filmed in an earlier run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+
+import structlog
+
+from wccl.config import ConfigError, WcclConfig, load_config
+from wccl.supervisor import NodeSupervisor
+
+
+class IntruderNode(NodeSupervisor):
+    """A node with a camera, a screen and the Intruder actor; it runs until stopped."""
+
+    def actor_names(self) -> list[str]:
+        return ["camera_reader", "intruder"]
+
+    def build(self) -> None:
+        import actors  # noqa: F401  (registers the actors)
+        from wccl.distributed.runtime import collective_layout
+        from wccl.registry import REGISTRY
+        from wccl.timebase import NodeClock, SyncedClock
+
+        cfg = self.config
+        clock_for = getattr(self.medium, "clock_for", None)
+        self.local_clock = clock_for(self.node, self.clock_origin) if clock_for else NodeClock(origin=self.clock_origin)
+        self.clock = SyncedClock(self.local_clock)
+        kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=cfg)
+        self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
+        screen = REGISTRY.create("screen", self.spec.screen, **kw)
+        codec, hold_s = collective_layout(cfg)
+        self.deps = {
+            "camera_reader": dict(camera=self.camera),
+            "intruder": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
+                             hold_s=hold_s, session=cfg.room.session, world=len(cfg.room.ranks),
+                             seed=cfg.room.seed, record_to=os.environ.get("WCCL_INTRUDER_RECORD"),
+                             replay_from=os.environ.get("WCCL_INTRUDER_REPLAY")),
+        }
+        self._wire()
+
+
+async def _run(cfg: WcclConfig, node: str, medium) -> None:
+    structlog.contextvars.bind_contextvars(node=node)
+    sup = IntruderNode(cfg, node, medium)
+    loop = asyncio.get_running_loop()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(s, sup.stop.set)
+    await sup.run()
+
+
+def main() -> int:
+    from wccl.logs import configure_logging
+    from wccl.room import remote
+
+    try:
+        cfg = load_config(os.environ["WCCL_CONFIG"])
+        node = os.environ["WCCL_NODE"]
+        if node not in cfg.room.intruders:
+            raise ConfigError(f"{node!r} is not an intruder node of the room")
+    except (KeyError, ConfigError) as e:
+        print(f"wccl.intruder: {e}", file=sys.stderr)
+        return 2
+    configure_logging(cfg.logging.format, cfg.logging.level, stream=sys.stderr)
+    medium, loop = remote.connect(os.environ["WCCL_ROOM"], node, cfg.room.clock, busy=lambda: False)
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(_run(cfg, node, medium))
+    finally:
+        close = getattr(medium, "close", None)
+        if close is not None:
+            close()
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Room keys: make one, tell two apart, and find the one a run uses.
+
+    python -m wccl.keys new room.key          32 random bytes (mode 0600); copy the file to every laptop
+    python -m wccl.keys fingerprint room.key  8 hex digits: the same on every laptop of the room
+    python -m wccl.keys fingerprint --config rooms/two-laptops.toml
+
+A room names its key with `[room] key_file = "room.key"` or `key_env =
+"WCCL_ROOM_KEY"` (a passphrase in that environment variable, stretched with
+scrypt). A simulated room that names neither gets a fresh random key for
+each run (`ephemeral`): the process that starts the run (wccl.node, or
+wccl.launch for its ranks through WCCL_RUN_KEY) draws it, as if it had been
+copied to every laptop. A room of real devices that names neither runs
+unauthenticated, and says so loudly; so does any room with `security = "off"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from protocols.security import KEY_BYTES, NO_KEY, KeyError_, RoomKey, key_from_passphrase, read_key_file
+from wccl.config import ConfigError
+
+RUN_KEY_ENV = "WCCL_RUN_KEY"  # the ephemeral key of a simulated run, set by wccl.launch for its ranks
+
+
+def room_key(cfg, *, ephemeral: bytes | None = None) -> RoomKey:
+    """The key a node of this room uses. `ephemeral`: the run's key if the room is simulated and names none
+    (else WCCL_RUN_KEY from the environment); raises ConfigError for a key that cannot be had."""
+    room = cfg.room
+    if room.security == "off":
+        return NO_KEY
+    try:
+        if room.key_file is not None:
+            return RoomKey(read_key_file(room.key_file), f"file {room.key_file}")
+        if room.key_env is not None:
+            value = os.environ.get(room.key_env)
+            if value is None:
+                raise ConfigError(f"room.key_env: the environment variable {room.key_env} is not set "
+                                  "(it holds the room's passphrase)")
+            return RoomKey(key_from_passphrase(value), f"passphrase in ${room.key_env}")
+    except KeyError_ as e:
+        raise ConfigError(f"room.key_file: {e}") from None
+    if room.medium == "simulated":
+        if ephemeral is None and os.environ.get(RUN_KEY_ENV):
+            try:
+                ephemeral = bytes.fromhex(os.environ[RUN_KEY_ENV])
+            except ValueError:
+                raise ConfigError(f"{RUN_KEY_ENV} is not a hex room key") from None
+        if ephemeral is not None:
+            try:
+                return RoomKey(ephemeral, "ephemeral")
+            except KeyError_ as e:
+                raise ConfigError(f"{RUN_KEY_ENV}: {e}") from None
+    return NO_KEY
+
+
+def new_ephemeral() -> bytes:
+    return os.urandom(KEY_BYTES)
+
+
+def log_key(log, key: RoomKey) -> None:
+    """Say which key a node uses; loudly if none."""
+    if key.authenticated:
+        log.info("room_key", source=key.source, fingerprint=key.fingerprint, frames="authenticated",
+                 payloads="encrypted")
+    else:
+        log.warning("frames_unauthenticated",
+                    why="no room key: anything with a screen in view can inject frames and any camera can "
+                        "read the tensors; set [room] key_file (python -m wccl.keys new room.key) or key_env")
+
+
+def write_key(path: Path, force: bool = False) -> None:
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists: a room key is never overwritten (use --force to replace it)")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(KEY_BYTES))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m wccl.keys", description="Room keys: make one, fingerprint one.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    new = sub.add_parser("new", help="write a new random room key (32 bytes, mode 0600)")
+    new.add_argument("path", type=Path)
+    new.add_argument("--force", action="store_true", help="replace an existing key file")
+    fp = sub.add_parser("fingerprint", help="8 hex digits naming a key (compare them across laptops)")
+    fp.add_argument("path", type=Path, nargs="?")
+    fp.add_argument("--config", type=Path, help="the key a room file names")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "new":
+            write_key(args.path, args.force)
+            print(f"{args.path}: new room key, fingerprint {RoomKey(read_key_file(args.path)).fingerprint}; "
+                  "copy this file to every laptop of the room, and to nobody else")
+            return 0
+        if args.config is not None:
+            from wccl.config import load_config
+            key = room_key(load_config(args.config))
+        elif args.path is not None:
+            key = RoomKey(read_key_file(args.path))
+        else:
+            ap.error("fingerprint: give a key file or --config")
+        print(key.fingerprint)
+        return 0
+    except (KeyError_, ConfigError, FileExistsError, OSError) as e:
+        print(f"wccl.keys: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
