@@ -14,13 +14,17 @@ Per capture: find every code (wccl.imaging.reader; tracked near where it
 was, the whole image searched again when one is lost), reject captures that mix
 two frames (parity marks), skip frames identical to one already decoded from
 the same screen, then error-correct, check and reassemble (protocols.link,
-protocols.frames). Transfer frames (frame version 4, the collectives of
-wccl.distributed, with `transfers` set) are rebuilt into `TransferArrived`,
-and their acknowledgements passed on: `PeerAcks` (what a peer has of this
-rank's transfers) and `AcksChanged` (what this rank has of theirs). Frames
-from another session, from this node itself or
-from an unknown sender are ignored and counted; frames that fail are counted
-by reason, never delivered.
+protocols.frames). Transfer frames (frame version 5, the collectives of
+wccl.distributed, with `transfers` set) go through protocols.receiver (the
+room key's MAC, the run handshake, the sealed payload) and are rebuilt into
+`TransferArrived`, their acknowledgements passed on: `PeerAcks` (what a peer
+has of this rank's transfers) and `AcksChanged` (what this rank has of
+theirs, and the handshake's echo). A capture that is not an H x W x 3 uint8
+image is a counted loss. Frames from another session or run, from this node
+itself or from an unknown sender are ignored and counted; frames that fail
+are counted by reason, never delivered; at the end a rank logs
+`frames_refused` (a warning if any frame that read cleanly was refused: a
+wrong key, a replay).
 """
 
 from __future__ import annotations

@@ -13,16 +13,21 @@ FAST = {
 }
 
 
-def _nodes(**bob):
-    return {"nodes": [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"], **bob}]}
+def _nodes(key, **bob):
+    # One room key for both runs: a recording is read with the key it was made under (each run of a
+    # simulated room that names none draws a fresh one, and a fresh key refuses the old frames).
+    return {"key_file": str(key),
+            "nodes": [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"], **bob}]}
 
 
 def test_replayed_recording_decodes_identically(tmp_path):
     path = tmp_path / "bob.nut"
+    key = tmp_path / "room.key"
+    key.write_bytes(bytes(range(32)))
     live = \
-        run_room(make_config(**FAST, room=_nodes(record_to=str(path))))
+        run_room(make_config(**FAST, room=_nodes(key, record_to=str(path))))
     assert path.stat().st_size > 0
-    replay = run_room(make_config(**FAST, room=_nodes(camera="file", camera_file=str(path))))
+    replay = run_room(make_config(**FAST, room=_nodes(key, camera="file", camera_file=str(path))))
     assert live["link"]["bob"]["tensors_avg"] == 2  # the live run really delivered through bob's camera
     assert replay["link"]["bob"] == live["link"]["bob"]
     assert replay["nodes"]["bob"]["worker"] == live["nodes"]["bob"]["worker"]
