@@ -158,8 +158,8 @@ def read_key_file(path) -> bytes:
         raw = open(path, "rb").read(4096)
     except FileNotFoundError:
         raise KeyError_(f"no key file at {path} (make one with: python -m wccl.keys new {path})") from None
-    except OSError as e:
-        raise KeyError_(f"cannot read key file {path}: {e.strerror}") from None
+    except (OSError, ValueError) as e:
+        raise KeyError_(f"cannot read key file {str(path)[:200]}: {getattr(e, 'strerror', None) or e}") from None
     if len(raw) == KEY_BYTES:
         return raw
     text = raw.strip()

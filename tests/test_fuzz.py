@@ -62,3 +62,37 @@ def test_the_fuzzer_finds_nothing_in_a_short_run():
     for name, v in r["entry_points"].items():
         assert v["executions"] > 20 and v["crashes"] == 0 and v["hangs"] == 0 and v["wrong_deliveries"] == 0, (name, v)
     assert r["entry_points"]["camera_images"]["tensors_delivered"] >= 1  # real frames still get through
+
+
+def test_what_the_fuzzer_found_stays_fixed(tmp_path):
+    """Each was a crash once: now a one-line error of the entry point's own kind."""
+    import struct
+
+    from protocols import snapshot as snap
+    from wccl import recovery
+    from conftest import shipped_config_dict
+    from wccl.config import ConfigError, load_config, parse_config
+    from wccl.imaging import reader
+    from wccl.training.data import DataError, read_idx
+
+    idx = tmp_path / "x-idx3-ubyte"
+    idx.write_bytes(struct.pack(">HBB3I", 0, 8, 3, 0, 2**32 - 1, 2**32 - 1))  # a zero beside huge dims
+    with pytest.raises(DataError, match="cannot be read"):
+        read_idx(idx)
+    ckpt = tmp_path / "c.ckpt"
+    body = b'{"session": 1, "rng": "\\u00e9"}\n' + snap.encode_snapshot(snap.Snapshot(0, 0, {}))
+    ckpt.write_bytes(KEY.tag(body, recovery.PERSON).hex().encode() + b"\n" + body)  # non-ASCII base64, tagged
+    with pytest.raises(recovery.CheckpointError, match="corrupt"):
+        recovery.load_checkpoint(ckpt, 1, KEY)
+    data = shipped_config_dict()
+    data["training"]["dataset"] = "a" * 5000  # a name the system refuses to look up
+    with pytest.raises(ConfigError, match="no such folder"):
+        parse_config(data, "c.toml", tmp_path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / ("b" * 5000))
+    assert reader.image_problem(np.zeros((720, 1280, 3), np.float32)) == "bad_dtype"
+    assert reader.image_problem(np.zeros((720, 1280), np.uint8)) == "bad_shape"
+    assert reader.image_problem(np.zeros((8, 8, 3), np.uint8)) == "too_small"
+    tracker = reader.QuadTracker(LinkCodec(GridLayout(rows=24, cols=40, colours=8, cell_px=10)).layout)
+    tracker.quads = [reader.Quad(np.array([[600, 300], [700, 300], [700, 400], [600, 400]], np.float32))]
+    assert tracker(np.zeros((32, 32, 3), np.uint8)) == []  # a smaller image than the tracked code's place

@@ -511,6 +511,14 @@ def config_error(e: ValidationError, source: str, prefix: tuple = ()) -> ConfigE
     return ConfigError("\n".join(lines))
 
 
+def _usable(path: Path, check) -> bool:
+    """`check(path)` (Path.is_file, Path.is_dir), False for a path the system refuses (too long, NUL byte)."""
+    try:
+        return check(path)
+    except (OSError, ValueError):
+        return False
+
+
 def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = None) -> WcclConfig:
     """Validate a config dict; raises ConfigError naming `source` and the key."""
     try:
@@ -521,8 +529,8 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
         folder = Path(cfg.training.dataset)
         if not folder.is_absolute() and base_dir is not None:
             folder = base_dir / folder
-        if not folder.is_dir():
-            raise ConfigError(f"{source}: training.dataset: no such folder: {folder}")
+        if not _usable(folder, Path.is_dir):
+            raise ConfigError(f"{source}: training.dataset: no such folder: {str(folder)[:200]}")
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"dataset": str(folder)})})
     ckpt = Path(cfg.recovery.checkpoint_dir)
     if not ckpt.is_absolute() and base_dir is not None:
@@ -537,15 +545,15 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
             path = Path(node.camera_file)
             if not path.is_absolute() and base_dir is not None:
                 path = base_dir / path
-            if not path.is_file():
-                raise ConfigError(f"{source}: room.nodes[{i}].camera_file: no such recording: {path}")
+            if not _usable(path, Path.is_file):
+                raise ConfigError(f"{source}: room.nodes[{i}].camera_file: no such recording: {str(path)[:200]}")
     return cfg
 
 
 def load_config(path: str | Path) -> WcclConfig:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+    if not _usable(path, Path.is_file):
+        raise ConfigError(f"{str(path)[:200]}: config file not found")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:

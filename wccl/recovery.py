@@ -14,7 +14,6 @@ other nodes learn the state only from the server's screen.
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
 import json
 import os
@@ -66,8 +65,7 @@ def load_checkpoint(path: Path, session: int, key: RoomKey = NO_KEY) -> tuple[di
         meta = json.loads(head)
         state = snap.decode_snapshot(blob)
         rng = base64.b64decode(meta.pop("rng"), validate=True)
-    except (json.JSONDecodeError, UnicodeDecodeError, snap.SnapshotError, KeyError, TypeError, AttributeError,
-            binascii.Error) as e:
+    except (ValueError, snap.SnapshotError, KeyError, TypeError, AttributeError) as e:  # JSON, UTF-8, base64 too
         raise CheckpointError(f"{path}: corrupt checkpoint ({type(e).__name__}: {e})") from None
     if not sep:
         raise CheckpointError(f"{path}: corrupt checkpoint (no training state)")

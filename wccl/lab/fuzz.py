@@ -464,7 +464,8 @@ def fuzz(seconds: float, only: list[str] | None = None, seed: int = 0, images_sh
                     except Exception as e:  # noqa: BLE001 - a crash: what the fuzzer is for
                         stats["crashes"] += 1
                         if first_crash is None:
-                            first_crash = "".join(traceback.format_exception(e)[-4:])[-1200:]
+                            tb = "".join(traceback.format_tb(e.__traceback__)[-3:])[-900:]
+                            first_crash = f"{tb}{type(e).__name__}: {str(e)[:300]}"
                     finally:
                         signal.setitimer(signal.ITIMER_REAL, 0)
                     stats["executions"] += 1

@@ -8,6 +8,7 @@ touches torch's or numpy's global RNG.
 from __future__ import annotations
 
 import gzip
+import math
 import importlib.util
 import struct
 from dataclasses import dataclass
@@ -139,10 +140,13 @@ def read_idx(path: Path) -> np.ndarray:
         raise DataError(f"{path}: truncated IDX header")
     dims = struct.unpack(f">{ndim}I", data[4:header])
     dtype = np.dtype(_IDX_DTYPES[dtype_code])
-    expected = int(np.prod(dims)) * dtype.itemsize
+    expected = math.prod(dims) * dtype.itemsize  # Python ints: huge dims must not wrap around
     if len(data) - header != expected:
         raise DataError(f"{path}: IDX dims {dims} need {expected} data bytes, file has {len(data) - header}")
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+    try:
+        return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims)
+    except ValueError as e:  # e.g. a zero dimension beside dimensions too large to index
+        raise DataError(f"{path}: IDX dims {dims} cannot be read: {e}") from None
 
 
 def _find_idx(folder: Path, stem: str) -> Path:
