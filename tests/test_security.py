@@ -184,12 +184,11 @@ def _refused(stderr: str) -> dict[str, dict]:
 @pytest.mark.slow
 def test_an_intruder_changes_nothing(tmp_path):
     """Random, forged, replayed (this run's and a filmed earlier run's) and bit-flipped frames from a laptop
-    without the key: every one refused by reason; the ranks end bit for bit as without the intruder."""
+    without the key: every one refused by reason; the ranks end bit for bit as without the intruder (whose
+    run ends as gloo's: the same data, the same collectives, the same result)."""
     import shutil
 
-    import re
-
-    from test_distributed import EXAMPLES, ROOT, launch
+    from test_distributed import EXAMPLES, ROOT, launch, torchrun
 
     rooms = tmp_path / "rooms"
     rooms.mkdir()
@@ -197,11 +196,8 @@ def test_an_intruder_changes_nothing(tmp_path):
     text = (ROOT / "rooms" / "intruder.toml").read_text().replace('level = "warning"',
                                                                  'level = "warning"\nformat = "json"')
     (rooms / "intruder.toml").write_text(text)
-    plain = re.sub(r'\[\[room.nodes\]\]\nname = "mallory"\nroles = \["intruder"\][^\n]*\n', "", text)
-    assert "mallory" not in plain.split("[room]")[1]
-    (rooms / "plain.toml").write_text(plain)
     filmed = tmp_path / "filmed.txt"
-    steps = ("--steps", "130")
+    steps = ("--steps", "120")  # about 23 simulated seconds: longer than the 20 s replay window
     proc1, first = launch(rooms / "intruder.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600,
                           env={"WCCL_INTRUDER_RECORD": str(filmed)})
     assert proc1.returncode == 0, proc1.stderr[-3000:]
@@ -209,11 +205,9 @@ def test_an_intruder_changes_nothing(tmp_path):
     proc2, second = launch(rooms / "intruder.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600,
                            env={"WCCL_INTRUDER_REPLAY": str(filmed)})
     assert proc2.returncode == 0, proc2.stderr[-3000:]
-    proc3, plain = launch(rooms / "plain.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600)
-    assert proc3.returncode == 0, proc3.stderr[-3000:]
-    shas = {d["params_sha256"] for d in first + second + plain}
-    assert len(shas) == 1 and len(first) == len(second) == len(plain) == 2
-    assert not _refused(proc3.stderr)
+    reference = torchrun(EXAMPLES / "ddp_mnist.py", 2, *steps)
+    shas = {d["params_sha256"] for d in first + second + reference}
+    assert len(shas) == 1 and len(first) == len(second) == len(reference) == 2
     refused = _refused(proc2.stderr)
     assert set(refused) == {"alice", "bob"}
     for node, r in refused.items():
@@ -221,7 +215,6 @@ def test_an_intruder_changes_nothing(tmp_path):
         assert r.get("other_run", 0) > 10, r  # frames filmed in the first run
         assert r.get("replayed_old", 0) > 0, r  # this run's frames, shown again after the window
         assert r["frames_ok"] > 100 and not r["losses"].get("payload_not_authentic"), r
-
 
 def test_the_attack_bench_accepts_nothing():
     from wccl.lab.attack import KINDS, run_attack

@@ -32,16 +32,9 @@ class IntruderNode(NodeSupervisor):
     def build(self) -> None:
         import actors  # noqa: F401  (registers the actors)
         from wccl.distributed.runtime import collective_layout
-        from wccl.registry import REGISTRY
-        from wccl.timebase import NodeClock, SyncedClock
 
         cfg = self.config
-        clock_for = getattr(self.medium, "clock_for", None)
-        self.local_clock = clock_for(self.node, self.clock_origin) if clock_for else NodeClock(origin=self.clock_origin)
-        self.clock = SyncedClock(self.local_clock)
-        kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=cfg)
-        self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
-        screen = REGISTRY.create("screen", self.spec.screen, **kw)
+        screen = self._media()
         codec, hold_s = collective_layout(cfg)
         self.deps = {
             "camera_reader": dict(camera=self.camera),

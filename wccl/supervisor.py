@@ -110,6 +110,16 @@ class NodeSupervisor:
             names.append("parameter_server")
         return names
 
+    def _media(self) -> Any:
+        """Set the node's own clock (in the simulated room: its laptop's), a SyncedClock over it, and the
+        camera; return the screen. For nodes without a schedule (ranks, intruders)."""
+        clock_for = getattr(self.medium, "clock_for", None)
+        self.local_clock = clock_for(self.node, self.clock_origin) if clock_for else NodeClock(origin=self.clock_origin)
+        self.clock = SyncedClock(self.local_clock)
+        kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=self.config)
+        self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
+        return REGISTRY.create("screen", self.spec.screen, **kw)
+
     def build(self) -> None:
         """Create engines, mailboxes and routes (no I/O beyond loading data)."""
         from wccl.training.data import load_dataset  # torch: imported when a node is built

@@ -35,7 +35,6 @@ from protocols.messages import CollectiveDone, CollectiveRequest, Drain, Message
 from wccl.config import ConfigError, WcclConfig
 from wccl.registry import REGISTRY
 from wccl.supervisor import NodeSupervisor
-from wccl.timebase import NodeClock, SyncedClock
 
 
 def collective_layout(cfg: WcclConfig):
@@ -69,13 +68,7 @@ class CollectiveNode(NodeSupervisor):
         from protocols.frames import Reassembler
 
         cfg, room = self.config, self.config.room
-        clock_for = getattr(self.medium, "clock_for", None)
-        self.local_clock = clock_for(self.node, self.clock_origin) if clock_for else NodeClock(origin=self.clock_origin)
-        # No schedule to sync to: a rank's collectives run on demand, on its own clock.
-        self.clock = SyncedClock(self.local_clock)
-        kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=cfg)
-        self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
-        screen = REGISTRY.create("screen", self.spec.screen, **kw)
+        screen = self._media()  # no schedule to sync to: a rank's collectives run on demand, on its own clock
         codec, hold_s = collective_layout(cfg)
         col = cfg.collectives
         from protocols.security import Handshake

@@ -365,6 +365,8 @@ class CameraImages(_Entry):
         self.loop.run_until_complete(start())
         self.k = 0
         self.delivered = 0
+        for img in self.images:  # first the real captures in order: the decoder must deliver alice's tensor
+            self.run(img)
 
     def input(self):
         rng = self.rng
