@@ -196,6 +196,7 @@ class Handshake:
     seen: dict[int, int] = field(default_factory=dict)  # peer -> the latest nonce heard (not proven)
     trusted_by: set[int] = field(default_factory=set)  # peers whose fresh frames say they trust us
     latest_us: dict[int, int] = field(default_factory=dict)  # peer -> newest shown_us of a fresh frame
+    on_complete: list = field(default_factory=list)  # called (no arguments) each time it becomes complete
 
     def heard(self, sender: int, nonce: int, echo: tuple[int, ...] | None, trusts: int,
               shown_us: int) -> str | None:
@@ -213,10 +214,14 @@ class Handshake:
         if latest is not None and shown_us < latest - self.window_s * 1e6:
             return "replayed_old"
         self.latest_us[sender] = max(shown_us, latest if latest is not None else shown_us)
+        was = self.complete
         if trusts >> self.rank & 1:
             self.trusted_by.add(sender)
         else:
             self.trusted_by.discard(sender)
+        if self.complete and not was:
+            for f in self.on_complete:
+                f()
         return None
 
     def echo(self) -> tuple[int, ...]:

@@ -159,6 +159,7 @@ class RankNode:
         self._handles = itertools.count(1)
         self._callbacks: dict[int, Callable[[CollectiveDone], None]] = {}
         self._ready = threading.Event()
+        self._greeted = threading.Event()  # the run handshake is complete
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -228,6 +229,7 @@ class RankNode:
         if bind_stop is not None:
             bind_stop(self.sup.stop.set)
         self.sup.build()
+        self.sup.handshake.on_complete.append(self._greeted.set)
         self._t_mark, self._cpu_mark = loop.time(), self._program_cpu()
         self._ready.set()
         return await self.sup.run()
@@ -238,6 +240,9 @@ class RankNode:
         (seconds of the room's time)."""
         sup = self.sup
         while not sup.handshake.complete:
+            # Block, not poll: a program thread that keeps waking up counts as computing, and virtual
+            # time stands still while it does.
+            self._greeted.wait(0.05)
             if self._error is not None:
                 raise RuntimeError(f"wccl: rank {self.node}'s node stopped: {self._error}")
             if self.loop.time() - self._t_mark > timeout_s:
@@ -249,7 +254,6 @@ class RankNode:
                     f"wccl: rank {self.node} could not greet {', '.join(missing)} within {timeout_s:g} s: "
                     "their screens are not in view of this camera (or this one of theirs), or they use another "
                     f"room key (this one's fingerprint: {sup.key_fingerprint}; python -m wccl.keys fingerprint)")
-            time.sleep(0.002)
         self._t_mark = max(self._t_mark, self.loop.time())  # waiting for the handshake is not compute
         self._cpu_mark = self._program_cpu()
 
