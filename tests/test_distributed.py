@@ -33,8 +33,9 @@ def room_file(tmp_path: Path, n: int = 2, profile: str = "exact", extra: str = "
     return path
 
 
-def launch(config: Path, script: Path, *args: str, timeout: float = 300, env: dict | None = None):
-    cmd = [sys.executable, "-m", "wccl.launch", "--config", str(config), str(script), *args]
+def launch(config: Path, script: Path, *args: str, timeout: float = 300, env: dict | None = None,
+           launcher_args: tuple[str, ...] = ()):
+    cmd = [sys.executable, "-m", "wccl.launch", "--config", str(config), *launcher_args, str(script), *args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env=dict(os.environ, **(env or {})))
     lines = [d for d in json_objects(proc.stdout) if "rank" in d]
@@ -133,7 +134,9 @@ def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
 # ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------
 
 def test_a_dead_rank_fails_the_others_clearly_after_the_timeout(tmp_path):
-    proc, lines = launch(room_file(tmp_path), SCRIPTS / "dead_rank.py", timeout=120)
+    # The launcher stops the survivors `--grace-s` wall seconds after a rank fails; alice needs 5 simulated
+    # seconds (her timeout), which on a loaded 2-core machine can take longer than the default 30 s.
+    proc, lines = launch(room_file(tmp_path), SCRIPTS / "dead_rank.py", timeout=240, launcher_args=("--grace-s", "150"))
     assert proc.returncode == 3, proc.stderr[-3000:]  # the first failing rank's status: bob's
     (alice,) = [d for d in lines if d["rank"] == 0]
     assert alice["type"] == "WcclError"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from datetime import timedelta
 
 import torch
@@ -17,6 +18,9 @@ rank = dist.get_rank()
 x = torch.ones(4)
 dist.all_reduce(x)
 if rank == 1:
+    # Bob has alice's part, but she may not have read his yet: stay on screen a moment (the room's time
+    # runs on while he sleeps) so that the collective that fails is the next one, as the test says.
+    time.sleep(1.0)
     os._exit(3)  # the laptop is gone: no goodbye
 y = torch.full((4,), 7.0)
 try:
