@@ -43,10 +43,10 @@ from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.actor import Actor, ActorContext
 from wccl.imaging import reader
 
-SAME_FRAME = 0.97
+SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
-           "unknown_op", "unknown_dtype", "bad_length", "unknown_sender")  # share of identical data cells above which a read is the frame already decoded
+           "unknown_op", "unknown_dtype", "bad_length", "unknown_sender")
 
 
 class FrameDecoder(Actor):
@@ -78,8 +78,8 @@ class FrameDecoder(Actor):
         # Collectives (a rank of wccl.distributed): transfer frames are rebuilt here and acknowledged.
         self.transfers = transfers
         self.key = key
-        self.handshake = handshake or Handshake(self.me, len(node_names))
-        self.receiver = (TransferReceiver(self.me, len(node_names), session, key, self.handshake, transfers)
+        # Collectives only: the receive path of transfer frames, with the run handshake it keeps.
+        self.receiver = (TransferReceiver(self.me, len(node_names), session, key, handshake, transfers)
                          if transfers is not None else None)
 
     async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
@@ -216,7 +216,7 @@ class FrameDecoder(Actor):
         self._count_cells(code, corrected)
         self.last[code.sender] = code.symbols
         if r.handshake_changed:
-            hs = self.handshake
+            hs = self.receiver.handshake
             self.log.info("handshake", peer=self.node_names[f.sender], trusted=sorted(hs.trusted),
                           trusted_by=sorted(hs.trusted_by), complete=hs.complete)
             await self.emit(self._acks_message())
@@ -248,7 +248,7 @@ class FrameDecoder(Actor):
 
     def _acks_message(self, repeat: bool = False) -> AcksChanged:
         acks = self.transfers.acks(len(self.node_names))
-        hs = self.handshake
+        hs = self.receiver.handshake
         return AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=tuple((a.cum, a.mask) for a in acks),
                            repeat=repeat, echo=hs.echo(), trusts=hs.trust_mask(), greeting=not hs.complete)
 

@@ -35,6 +35,7 @@ import signal
 import tempfile
 import time
 import traceback
+from abc import ABC, abstractmethod
 from collections import Counter
 from pathlib import Path
 
@@ -106,7 +107,7 @@ def mutate(rng: random.Random, data: bytes, others: list[bytes]) -> bytes:
 # ---- entry points -----------------------------------------------------------------------------------
 
 
-class _Entry:
+class _Entry(ABC):
     """Seeds, one execution on an input, and what counts as a failure."""
 
     allowed: tuple[type[BaseException], ...] = ()
@@ -119,8 +120,9 @@ class _Entry:
     def input(self) -> object:
         return mutate(self.rng, self.rng.choice(self.seeds), self.seeds)
 
+    @abstractmethod
     def run(self, x) -> None:
-        raise NotImplementedError
+        """One execution on input `x`."""
 
     def close(self) -> None:
         pass
