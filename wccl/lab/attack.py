@@ -53,9 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 class _Rank:
     """One rank's screen and camera at the message level: the TransferWriter's framing, the receive path."""
 
-    def __init__(self, rank: int, key: RoomKey, session: int = SESSION) -> None:
+    def __init__(self, rank: int, key: RoomKey, session: int = SESSION, nonce: int | None = None) -> None:
         self.rank, self.key, self.session = rank, key, session
-        self.rx = TransferReceiver(rank, 2, session, key)
+        hs = Handshake(rank, 2) if nonce is None else Handshake(rank, 2, nonce=nonce)
+        self.rx = TransferReceiver(rank, 2, session, key, handshake=hs)
         self.hs = self.rx.handshake
         self.tid = 0
         self.out: list[tuple[transfer.TransferHeader, frames.Transfer]] = []

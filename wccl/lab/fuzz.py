@@ -315,6 +315,8 @@ class Idx(_Entry):
 class CameraImages(_Entry):
     """Captures through a FrameDecoder (the one a rank runs), on its own event loop."""
 
+    FRAMES, HOLD_S, SETTLE_S = 8, 0.3, 1.0
+
     def __init__(self, rng, tmp):
         super().__init__(rng, tmp)
         from actors.frame_decoder import FrameDecoder
@@ -333,26 +335,29 @@ class CameraImages(_Entry):
         cfg = load_config(root / "rooms" / "two-laptops-sim.toml")
         codec, _ = collective_layout(cfg)
         room = SimulatedRoom.from_config(cfg)
-        key = RoomKey(os.urandom(32))
-        alice = _Rank(0, key, cfg.room.session)
+        key = RoomKey(bytes(range(32)))  # fixed, with fixed run nonces: the same captures every run
+        alice = _Rank(0, key, cfg.room.session, nonce=0x0A11CE)
         # Bob's decoder and alice have done their handshake, so alice's real frames are accepted and
         # delivered: the fuzzer can tell a wrong delivery from a right one.
-        bob_hs = Handshake(1, 2)
+        bob_hs = Handshake(1, 2, nonce=0x0B0B)
         bob_hs.heard(0, alice.hs.nonce, None, 0, 0)
         alice.rx.receive(transfer.status_message(session=cfg.room.session, sender=1, acks=(), message_bytes=1900,
                                                  run_nonce=bob_hs.nonce, trusts=0, echo=bob_hs.echo(), key=key))
         self.genuine = set()
         self.images: list[np.ndarray] = []
         for i in range(3):
-            payload = rng.randbytes(4 * rng.randint(10, 300))
+            payload = rng.randbytes(4 * rng.randint(10, 300))  # one packet each (up to 1,772 B)
             self.genuine.add(payload)
             alice.post(payload, i + 1)
-        for n in range(6):
+        # Each frame stays on alice's screen HOLD_S and is filmed once the webcam's exposure and rolling
+        # readout (100 ms) fit inside it; the camera's auto exposure settles on the first frame for 1 s.
+        for n in range(self.FRAMES):
             msg = alice.next_message(n * 100_000) if n else alice.status(0)
             msg = msg[: codec.message_bytes] + bytes(max(0, codec.message_bytes - len(msg)))
             img = lay.render(codec.seal(msg), codec.layout, cfg.screen.width, cfg.screen.height, sender=0, parity=n % 2)
-            room.show_at("alice", img, n * 0.1)
-            self.images.append(room.capture_at("bob", n * 0.1 + 0.05, k=n))
+            t = self.SETTLE_S + n * self.HOLD_S
+            room.show_at("alice", img, 0.0 if n == 0 else t)
+            self.images.append(room.capture_at("bob", t + 0.1, k=n))
         self.Capture, self.TransferArrived = Capture, TransferArrived
         self.loop = asyncio.new_event_loop()
 
