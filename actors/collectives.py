@@ -7,13 +7,14 @@ checked), `PeerAcks` (what each peer has of this rank's transfers), `Drain`
 `CollectiveDone` with every rank's parts in rank order, or an error.
 
 Every rank issues the same collectives in the same order (torch's rule), so
-the k-th request of every rank is collective `seq` k. Each request is
-posted when its rank's program issued it (`ready_at`: the program's compute
-is charged to the node's clock), as transfers this rank shows: its input for
-all_reduce, all_gather, reduce_scatter and barrier; the root's tensor for
-broadcast. Every camera reads every screen (all-see-all): a collective is
-done on a rank when it has every part it needs, and every rank reduces the
-same parts in rank order, so results agree bit for bit. A peer's transfer
+the k-th request of every rank is collective `seq` k. Each request starts
+when its rank's program issued it (`ready_at`: the program's compute is
+charged to the node's clock). How its bytes move is an algorithm of
+protocols.algorithms (all_see_all, ring, star), the same on every rank:
+chosen by the cost model on the room's sight graph for the op and size, or
+the configured one; its plan says which transfers to show (each to the ranks
+that must read it) and when it has what it needs. Every rank ends with the
+same bytes (see protocols.algorithms). A peer's transfer
 that disagrees with this rank's own call (another op, dtype or size) fails
 the collective with a message naming both; one that does not arrive within
 `timeout_s` fails it with what was and was not received. Nothing partial is
@@ -24,15 +25,15 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import structlog
 
 from protocols import transfer
+from protocols.algorithms import AlgorithmError, Plan, Sight, choose
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain, PeerAcks, PostTransfer, TransferArrived
 from wccl.actor import Actor, ActorContext
 
-SENDS_ALL = ("allreduce", "allgather", "reduce_scatter", "barrier")
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
 
 
@@ -40,17 +41,21 @@ LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the l
 class _Pending:
     req: CollectiveRequest
     deadline: float
-    needed: set[tuple[int, int]]  # (rank, part) still missing
-    parts: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    plan: Plan
 
 
 class Collectives(Actor):
     consumes = (CollectiveRequest, TransferArrived, PeerAcks, Drain)
 
     def __init__(self, ctx: ActorContext, rank: int, world: int, timeout_s: float,
-                 names: list[str] | None = None, on_drained=None) -> None:
+                 names: list[str] | None = None, on_drained=None, sight: Sight | None = None,
+                 algorithm: str = "auto") -> None:
         super().__init__(ctx)
         self.rank, self.world = rank, world
+        self.sight = sight or Sight.complete(world, 20_000.0, 0.3)
+        self.algorithm = algorithm
+        self._chosen: dict[str, str] = {}  # op -> the algorithm it last ran (logged when it changes)
+        self._dests: dict[int, int] = {}  # tid -> the ranks that must acknowledge it
         self.timeout_s = timeout_s
         self.names = names or [f"rank{r}" for r in range(world)]
         self.on_drained = on_drained
@@ -107,30 +112,40 @@ class Collectives(Actor):
         if self.world == 1 or req.numel == 0:
             await self._done(req, tuple(req.inputs for _ in range(self.world)))
             return
-        others = [r for r in range(self.world) if r != self.rank]
-        if req.op == "broadcast":
-            needed = set() if self.rank == req.root else {(req.root, 0)}
-            shows = self.rank == req.root
-        else:
-            needed = {(r, p) for r in others for p in range(len(req.inputs))}
-            shows = True
-        dest = sum(1 << r for r in others)
-        if shows:
-            for part, payload in enumerate(req.inputs):
-                await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=self._next_tid,
-                                             seq=req.seq, op=req.op, dtype=req.dtype, numel=req.numel, part=part,
-                                             dest=dest, payload=payload))
-                self._next_tid += 1
-                self.results["transfers_posted"] += 1
-                self.results["bytes_posted"] += len(payload)
-        pend = _Pending(req, self.clock.now() + self.timeout_s, needed)
-        for part, payload in enumerate(req.inputs):
-            pend.parts[(self.rank, part)] = payload
+        payload = req.inputs[0] if len(req.inputs) == 1 else b"".join(req.inputs)
+        try:
+            cls = choose(self.sight, req.op, len(payload), req.root, self.algorithm)
+        except AlgorithmError as e:
+            self.results["failed"] += 1
+            self.log.error("collective_failed", seq=req.seq, op=req.op, error=str(e))
+            await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=req.seq,
+                                           handle=req.handle, error=str(e)))
+            return
+        if self._chosen.get(req.op) != cls.name:
+            self._chosen[req.op] = cls.name
+            self.log.info("algorithm_chosen", op=req.op, bytes=len(payload), algorithm=cls.name,
+                          configured=self.algorithm)
+        plan = cls(self.rank, self.world, req.op, req.dtype, req.numel, payload, req.root, req.reduce_op,
+                   self.sight)
+        pend = _Pending(req, self.clock.now() + self.timeout_s, plan)
         self._pending[req.seq] = pend
+        await self._post(req, plan.start())
         for early in self._early.pop(req.seq, []):
-            await self._arrived(pend, early)
-        if not pend.needed and req.seq in self._pending:
+            if req.seq in self._pending:
+                await self._arrived(pend, early)
+        if plan.done and req.seq in self._pending:
             await self._complete(pend)
+
+    async def _post(self, req: CollectiveRequest, sends) -> None:
+        for s in sends:
+            tid = self._next_tid
+            self._next_tid += 1
+            self._dests[tid] = s.dest
+            await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=tid, seq=req.seq,
+                                         op=req.op, dtype=req.dtype, numel=req.numel, part=s.part, dest=s.dest,
+                                         payload=s.payload))
+            self.results["transfers_posted"] += 1
+            self.results["bytes_posted"] += len(s.payload)
 
     async def _arrived(self, pend: _Pending, msg: TransferArrived) -> None:
         req = pend.req
@@ -141,24 +156,18 @@ class Collectives(Actor):
                                    f"{req.op}({req.dtype}, {req.numel} elements): every rank must issue the same "
                                    "collectives in the same order")
             return
-        key = (msg.origin, msg.part)
-        if key not in pend.needed:
-            return
-        pend.needed.discard(key)
-        pend.parts[key] = msg.payload
-        if not pend.needed:
+        await self._post(req, pend.plan.received(msg.origin, msg.part, msg.payload))
+        if pend.plan.done and req.seq in self._pending:
             await self._complete(pend)
 
     async def _complete(self, pend: _Pending) -> None:
         req = pend.req
-        if req.op == "broadcast":
-            root = pend.parts[(req.root, 0)]
-            parts = tuple((root,) for _ in range(self.world))
-        else:
-            nparts = len(req.inputs)
-            parts = tuple(tuple(pend.parts[(r, p)] for p in range(nparts)) for r in range(self.world))
+        parts, reduced = pend.plan.result()
         del self._pending[req.seq]
-        await self._done(req, parts)
+        self.results["done"] += 1
+        await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=req.seq,
+                                       handle=req.handle, parts=parts, reduced=reduced,
+                                       algorithm=pend.plan.name))
 
     async def _done(self, req: CollectiveRequest, parts) -> None:
         self.results["done"] += 1
@@ -178,7 +187,7 @@ class Collectives(Actor):
             await self.clock.sleep_until(self.clock.now() + period)
             now = self.clock.now()
             for pend in [p for p in self._pending.values() if p.deadline <= now]:
-                missing = sorted({r for r, _ in pend.needed})
+                missing = sorted(pend.plan.waiting_for())
                 who = ", ".join(f"rank {r} ({self.names[r]}): "
                                 + (f"last transfer {now - self._heard[r]:.1f} s ago" if r in self._heard
                                    else "nothing received yet")
@@ -188,8 +197,8 @@ class Collectives(Actor):
 
     def _check_drained(self) -> None:
         last = self._next_tid - 1
-        others = [r for r in range(self.world) if r != self.rank]
-        if all(self._acks.get(r, transfer.Ack()).has(t) for r in others for t in range(1, last + 1)):
+        if all(self._acks.get(r, transfer.Ack()).has(t) for t in range(1, last + 1)
+               for r in range(self.world) if self._dests.get(t, 0) >> r & 1):
             self._drained.set()
 
     async def _finish_drain(self) -> None:

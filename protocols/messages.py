@@ -166,17 +166,21 @@ class CollectiveRequest(Message):
     numel: int = Field(ge=0)
     inputs: tuple[bytes, ...]
     root: int = 0
+    reduce_op: str = "sum"  # for allreduce/reduce_scatter: how an algorithm that reduces on the way folds
     ready_at: float
     handle: int
 
 
 class CollectiveDone(Message):
-    """A collective's outcome for the backend: every rank's parts (`parts[rank]`, in rank order) or
-    an `error` saying why it failed (timeout, mismatch)."""
+    """A collective's outcome for the backend: every rank's parts (`parts[rank]`, in rank order), or for
+    an algorithm that reduces on the way (protocols.algorithms) the `reduced` bytes ("avg" still to be
+    divided), or an `error` saying why it failed (timeout, mismatch). `algorithm`: the one that ran."""
 
     seq: int
     handle: int
     parts: tuple[tuple[bytes, ...], ...] = ()
+    reduced: bytes | None = None
+    algorithm: str = ""
     error: str | None = None
 
 

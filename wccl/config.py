@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from protocols.layout import GridLayout
 from protocols.link import LinkCodec
@@ -453,6 +453,18 @@ class CollectivesConfig(_Strict):
     # At exit a rank keeps showing until its peers acknowledge its last transfers; it gives up after
     # this long without a new acknowledgement.
     drain_s: float = Field(default=10.0, gt=0, le=3600)
+    # How a collective's bytes move (protocols.algorithms): "auto" lets the cost model choose per
+    # collective from which screens each camera reads; or "all_see_all", "ring", "star" for every one.
+    algorithm: str = "auto"
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, v: str) -> str:
+        from protocols.algorithms import ALGORITHMS
+
+        if v != "auto" and v not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {v!r} (known: auto, {', '.join(ALGORITHMS)})")
+        return v
 
 
 class WcclConfig(_Strict):

@@ -7,10 +7,12 @@ the light (or fail with a clear error: a timeout, a mismatched call).
 
 Each call becomes one `CollectiveRequest` (numbered in call order: the
 group's sequence number) for the rank's node (wccl.distributed.runtime). The
-tensors travel as their raw bytes (little endian, C order), one transfer
-per rank; every rank reduces the same parts in rank order with the same
-torch operations, so every rank's result is the same bit for bit. Zero-element
-tensors complete at once (they still take their sequence number).
+tensors travel as their raw bytes (little endian, C order); an algorithm of
+protocols.algorithms moves them (all_see_all: one transfer per rank, and
+every rank reduces the same parts in rank order; ring and star reduce on the
+way, with these same torch operations) so every rank's result is the same
+bit for bit. Zero-element tensors complete at once (they still take their
+sequence number).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ DTYPES: dict[torch.dtype, str] = {
 R = dist.ReduceOp.RedOpType
 _OPS: dict = {R.SUM: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum, R.MAX: torch.maximum,
               R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
+_OP_NAMES = {R.SUM: "sum", R.PRODUCT: "product", R.MIN: "min", R.MAX: "max", R.BAND: "band", R.BOR: "bor",
+             R.BXOR: "bxor", R.AVG: "avg"}  # as protocols.algorithms.fold names them
 
 
 class WcclError(RuntimeError):
@@ -74,6 +78,21 @@ def _reduce(parts: list[torch.Tensor], op, world: int) -> torch.Tensor:
     if avg:
         out = out / world
     return out
+
+
+def _op_name(op, tensors: list[torch.Tensor]) -> str:
+    """The reduce op's name for the algorithms; a WcclError now (before anything is sent) if unsupported."""
+    red = getattr(op, "op", op)
+    if red not in _OP_NAMES:
+        raise WcclError(f"wccl: reduce op {red} is not supported")
+    if red == R.AVG and tensors and not tensors[0].is_floating_point():
+        raise WcclError("wccl: ReduceOp.AVG needs a floating-point tensor")
+    return _OP_NAMES[red]
+
+
+def _finish_reduce(flat: torch.Tensor, op, world: int) -> torch.Tensor:
+    """An algorithm's reduced bytes (protocols.algorithms) as the result `_reduce` would give: AVG divides."""
+    return flat / world if getattr(op, "op", op) == R.AVG else flat
 
 
 def _write(outputs: list[torch.Tensor], flat: torch.Tensor) -> None:
@@ -143,9 +162,11 @@ class WcclProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ plumbing
     def _issue(self, op: str, tensors: list[torch.Tensor], finish: Callable[[list[torch.Tensor]], list[torch.Tensor]],
-               root: int = 0, inputs: list[torch.Tensor] | None = None) -> dist.Work:
+               root: int = 0, inputs: list[torch.Tensor] | None = None, reduce_op=None,
+               finish_reduced: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dist.Work:
         """Send `inputs` (default `tensors`) as this rank's part; `finish(parts per rank)` writes the outputs
-        (called on the node's thread) and returns the future's value."""
+        (called on the node's thread) and returns the future's value; for a reducing op (`reduce_op`, a
+        torch ReduceOp) an algorithm may instead hand back the reduced tensor: `finish_reduced(flat)`."""
         inputs = tensors if inputs is None else inputs
         dtypes = {_dtype_name(t) for t in inputs} or {"uint8"}
         if len(dtypes) > 1:
@@ -153,6 +174,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         dtype = dtypes.pop()
         torch_dtype = next(k for k, v in DTYPES.items() if v == dtype)
         numel = sum(t.numel() for t in inputs)
+        op_name = _op_name(reduce_op, inputs) if reduce_op is not None else "sum"
         payload = _to_bytes(inputs) if numel else b""
         fut: torch.futures.Future = torch.futures.Future()
 
@@ -161,7 +183,13 @@ class WcclProcessGroup(dist.ProcessGroup):
                 fut.set_exception(WcclError(f"wccl: {msg.error}"))
                 return
             try:
-                value = finish([_from_bytes(p[0], torch_dtype) for p in msg.parts])
+                if msg.reduced is not None:
+                    if finish_reduced is None:
+                        raise WcclError(f"wccl: {op} came back reduced by {msg.algorithm}, which it cannot use")
+                    value = finish_reduced(_finish_reduce(_from_bytes(msg.reduced, torch_dtype), reduce_op,
+                                                          self._world))
+                else:
+                    value = finish([_from_bytes(p[0], torch_dtype) for p in msg.parts])
             except Exception as e:  # noqa: BLE001 - the future carries it to the program
                 fut.set_exception(e)
                 return
@@ -169,7 +197,8 @@ class WcclProcessGroup(dist.ProcessGroup):
 
         with self._lock:
             seq = next(self._seq)
-            self._node.submit(seq=seq, op=op, dtype=dtype, numel=numel, inputs=(payload,), root=root, callback=done)
+            self._node.submit(seq=seq, op=op, dtype=dtype, numel=numel, inputs=(payload,), root=root, callback=done,
+                              reduce_op=op_name)
         return WcclWork(fut)
 
     # ------------------------------------------------------------------ collectives
@@ -180,7 +209,11 @@ class WcclProcessGroup(dist.ProcessGroup):
             _write(tensors, _reduce(parts, op, self._world))
             return tensors
 
-        return self._issue("allreduce", tensors, finish)
+        def finish_reduced(flat):
+            _write(tensors, flat)
+            return tensors
+
+        return self._issue("allreduce", tensors, finish, reduce_op=op, finish_reduced=finish_reduced)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts)
@@ -245,13 +278,18 @@ class WcclProcessGroup(dist.ProcessGroup):
         if len(chunks) != self._world:
             raise ValueError(f"wccl: reduce_scatter needs {self._world} input tensors, got {len(chunks)}")
 
+        off = sum(c.numel() for c in chunks[:self._rank])
+        n = chunks[self._rank].numel()
+
         def finish(parts):
-            off = sum(c.numel() for c in chunks[:self._rank])
-            n = chunks[self._rank].numel()
             _write([out], _reduce([p[off:off + n] for p in parts], op, self._world))
             return output_tensors
 
-        return self._issue("reduce_scatter", list(chunks), finish)
+        def finish_reduced(flat):
+            _write([out], flat[off:off + n])
+            return output_tensors
+
+        return self._issue("reduce_scatter", list(chunks), finish, reduce_op=op, finish_reduced=finish_reduced)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -264,7 +302,11 @@ class WcclProcessGroup(dist.ProcessGroup):
             _write([output], _reduce([p[self._rank * n:(self._rank + 1) * n] for p in parts], op, self._world))
             return [output]
 
-        return self._issue("reduce_scatter", [input], finish)
+        def finish_reduced(flat):
+            _write([output], flat[self._rank * n:(self._rank + 1) * n])
+            return [output]
+
+        return self._issue("reduce_scatter", [input], finish, reduce_op=op, finish_reduced=finish_reduced)
 
     def reduce_scatter_single(self, output, input, opts=None):  # torch >= 2.13's name for _reduce_scatter_base
         return self._reduce_scatter_base(output, input, opts)
@@ -281,7 +323,15 @@ class WcclProcessGroup(dist.ProcessGroup):
                 off += inp.numel()
             return outputs
 
-        return self._issue("reduce_scatter", list(inputs), finish)
+        def finish_reduced(flat):
+            off = 0
+            for out, inp in zip(outputs, inputs):
+                n = out.numel()
+                _write([out], flat[off + self._rank * n: off + (self._rank + 1) * n])
+                off += inp.numel()
+            return outputs
+
+        return self._issue("reduce_scatter", list(inputs), finish, reduce_op=op, finish_reduced=finish_reduced)
 
     def reduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -292,7 +342,12 @@ class WcclProcessGroup(dist.ProcessGroup):
                 _write(tensors, _reduce(parts, op, self._world))
             return tensors
 
-        return self._issue("allreduce", tensors, finish)
+        def finish_reduced(flat):
+            if self._rank == root:
+                _write(tensors, flat)
+            return tensors
+
+        return self._issue("allreduce", tensors, finish, reduce_op=op, finish_reduced=finish_reduced)
 
     def gather(self, output_tensors, input_tensors, opts=None):
         root = opts.rootRank if opts is not None else 0

@@ -43,6 +43,19 @@ def collective_layout(cfg: WcclConfig):
     return cfg.link.ladder_codecs()[0]
 
 
+ROUND_HOLDS = 4  # a round's fixed cost in frame holds: shown, filmed, decoded, acknowledged (measured ~3.6)
+
+
+def room_sight(cfg: WcclConfig, codec, hold_s: float):
+    """The sight graph the collectives' cost model uses: every camera reads every other screen at the
+    layout's goodput (what the room's ranks are given today: discovery over the light, which measures
+    it, is issue 14's next step)."""
+    from protocols.algorithms import Sight
+
+    goodput = transfer.packet_size_for(codec.message_bytes) / hold_s * (1 - cfg.collectives.loss)
+    return Sight.complete(len(cfg.room.ranks), goodput, ROUND_HOLDS * hold_s)
+
+
 class CollectiveNode(NodeSupervisor):
     """A rank's node: its camera and screen, and the actors that move its collectives."""
 
@@ -89,7 +102,8 @@ class CollectiveNode(NodeSupervisor):
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,
                                   run_nonce=self.handshake.nonce),
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
-                                on_drained=self.end),
+                                on_drained=self.end, sight=room_sight(cfg, codec, hold_s),
+                                algorithm=col.algorithm),
         }
         self._wire({"screen_writer": "transfers"})
 
@@ -284,7 +298,7 @@ class RankNode:
         return any(w.busy() for w in watched)
 
     def submit(self, *, seq: int, op: str, dtype: str, numel: int, inputs: tuple[bytes, ...], root: int,
-               callback: Callable[[CollectiveDone], None]) -> None:
+               callback: Callable[[CollectiveDone], None], reduce_op: str = "sum") -> None:
         """Issue a collective; `callback(CollectiveDone)` runs on the node's thread when it ends."""
         if self._error is not None or self.loop is None or self._closed:
             raise RuntimeError(f"wccl: rank {self.node}'s node is not running"
@@ -305,6 +319,7 @@ class RankNode:
             ready = (max(ready_loop, loop.time()) - clock.origin) * clock.rate + clock.offset
             await self.sup.submit(CollectiveRequest(sender=self.node, time=clock.now(), seq=seq, op=op, dtype=dtype,
                                                     numel=numel, inputs=inputs, root=root, ready_at=ready,
+                                                    reduce_op=reduce_op,
                                                     handle=handle))
 
         asyncio.run_coroutine_threadsafe(_put(), loop)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from wccl.room.geometry import PinholeCamera, ScreenPlane, ScreenView
+from wccl.room.geometry import Lid, PinholeCamera, ScreenPlane, ScreenView, plane_hit, project_polygon
 from wccl.room.params import ChannelParams
 
 _MCU = 16           # JPEG macro-block: ROIs snap to it
@@ -135,8 +135,10 @@ class CameraModel:
     """Renders one node's camera images. Build with the screens it could see; heavy set-up is lazy."""
 
     def __init__(self, name: str, index: int, params: ChannelParams, camera: PinholeCamera,
-                 screens: list[tuple[ScreenModel, ScreenView]], seed_seq: list[int]):
+                 screens: list[tuple[ScreenModel, ScreenView]], seed_seq: list[int],
+                 occluders: list[Lid] | None = None):
         self.name, self.index, self.params, self.camera = name, index, params, camera
+        self.occluders = list(occluders or [])  # the other laptops' lids: they hide what is behind them
         self.seed_seq = seed_seq
         self.candidates = [(s, v) for s, v in screens if v.visible]
         self.hidden = {s.name: v.reason for s, v in screens if not v.visible}
@@ -228,6 +230,9 @@ class CameraModel:
         scale_v = np.hypot(dv_dx, dv_dy)
         sw, sh = s.plane.width_px, s.plane.height_px
         inside = ((u >= -0.5) & (u <= sw - 0.5) & (vv >= -0.5) & (vv <= sh - 0.5)).astype(np.float32)
+        occ = self._occluded(s, xn, yn, inside > 0)
+        if occ is not None:
+            inside *= ~occ  # another laptop's lid is in front: that part of the screen is not seen
         on = inside > 0
         finest = float(np.minimum(scale_u, scale_v)[on].min()) if on.any() else 1.0
         # Area-reduce by 2 while even the nearest part of the screen stays at least sensor-fine.
@@ -250,6 +255,9 @@ class CameraModel:
             to_cam = cam.position[None, None, :] - (p0 + u[..., None] * eu + vv[..., None] * ev)
             cos = (to_cam @ s.plane.normal) / np.linalg.norm(to_cam, axis=2)
             gain *= (np.clip(cos, 0, 1) ** sp.screen_angle_falloff).astype(np.float32)
+        if occ is not None:  # the lid's edge is as blurred as the screen's
+            seen = (~occ).astype(np.float32)
+            gain *= cv2.GaussianBlur(seen, (0, 0), p.blur_sigma_px) if p.blur_sigma_px > 0 else seen
         field *= gain[..., None]
         if p.shading > 0 or p.shading_chroma > 0:
             field *= self._shading(s, u, vv)
@@ -263,6 +271,20 @@ class CameraModel:
         iv._cover = cover  # type: ignore[attr-defined]
         iv._uv = (u, vv)   # type: ignore[attr-defined]
         return iv
+
+    def _occluded(self, s: ScreenModel, xn: np.ndarray, yn: np.ndarray, on: np.ndarray) -> np.ndarray | None:
+        """Where (camera pixels of the ROI) another laptop's lid lies between this camera and screen `s`."""
+        lids = [lid for lid in self.occluders if lid.name != s.name]
+        if not lids or not on.any():
+            return None
+        R = self.camera.R
+        dirs = xn[..., None] * R[:, 0] + yn[..., None] * R[:, 1] + R[:, 2]
+        t_screen = plane_hit(s.plane, self.camera.position, dirs)
+        occ = np.zeros(on.shape, dtype=bool)
+        for lid in lids:
+            occ |= lid.hit(self.camera.position, dirs) < t_screen
+        occ &= on
+        return occ if occ.any() else None
 
     def _shading(self, s: ScreenModel, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Smooth non-uniformity: brightness attached to the screen (a coarse random grid over it), colour
@@ -292,10 +314,22 @@ class CameraModel:
         coarse = rng.uniform(0.25, 0.9, (9, 16, 1)) * rng.uniform(0.85, 1.15, (9, 16, 3))
         room = cv2.resize(coarse.astype(np.float32), (W, H), interpolation=cv2.INTER_CUBIC)
         room = np.clip(room, 0.05, 1.2) * np.float32(p.ambient)
-        for iv in self.views:
-            if iv.view.lid is not None:
-                cv2.fillPoly(room, [np.round(iv.view.lid * 16).astype(np.int32)], (0.06 * p.ambient,) * 3,
-                             lineType=cv2.LINE_AA, shift=4)
+        # Lids, far to near: those of the screens in view (dark bezels), then any other laptop's lid in the
+        # frame: a screen not read (dark) or a lid's back (dark grey), hiding what is behind it.
+        lids = [(iv.view.distance_m, iv.view.lid, 0.06) for iv in self.views if iv.view.lid is not None]
+        shown = {iv.screen.name for iv in self.views}
+        for lid in self.occluders:
+            if lid.name in shown:
+                continue
+            poly = project_polygon(cam, lid.corners())
+            if poly is None:
+                continue
+            back = float(np.dot(lid.body.R[:, 2], cam.position - lid.body.origin)) < 0
+            lids.append((float(np.linalg.norm(lid.body.origin - cam.position)), poly, 0.2 if back else 0.06))
+        lids.sort(key=lambda e: -e[0])
+        for _, poly, level in lids:
+            cv2.fillPoly(room, [np.round(poly * 16).astype(np.int32)], (level * p.ambient,) * 3,
+                         lineType=cv2.LINE_AA, shift=4)
         xs, ys = np.meshgrid(np.arange(W, dtype=np.float32), np.arange(H, dtype=np.float32))
         vig = self._vignette(xs, ys)
         A = room * vig[..., None]

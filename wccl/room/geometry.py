@@ -117,9 +117,21 @@ def screen_size_m(diag_in: float, width_px: int, height_px: int) -> tuple[float,
     return d * width_px / a, d * height_px / a
 
 
-def layout(params: list[ChannelParams], screen_w: int, screen_h: int) -> list[Body]:
-    """Every node's body pose: its `position_m`, or a place on the circle; aimed at the others, then turned."""
+def layout(params: list[ChannelParams], screen_w: int, screen_h: int, names: list[str] | None = None) -> list[Body]:
+    """Every node's body pose: its `position_m`, or a place on the circle; aimed at the others (or at the node
+    its `aim` names, by `names`), then turned. ValueError for an `aim` that names no other node."""
     n = len(params)
+    aims: list[int | None] = []
+    for i, p in enumerate(params):
+        if p.aim is None:
+            aims.append(None)
+            continue
+        who = names[i] if names is not None else f"node {i}"
+        known = [m for j, m in enumerate(names or []) if j != i]
+        if names is None or p.aim not in known:
+            raise ValueError(f"room.nodes[{i}].channel.aim: {who} aims at {p.aim!r}, which is not another node "
+                             f"of the room; known: {', '.join(known) or '(none)'}")
+        aims.append(names.index(p.aim))
     positions = []
     for i, p in enumerate(params):
         if p.position_m is not None:
@@ -133,7 +145,10 @@ def layout(params: list[ChannelParams], screen_w: int, screen_h: int) -> list[Bo
     up = np.array([0.0, 1.0, 0.0])
     for i, p in enumerate(params):
         others = [positions[j] for j in range(n) if j != i]
-        target = np.mean(others, axis=0) if others else positions[i] + np.array([0, 0, 1.0])
+        if aims[i] is not None:
+            target = positions[aims[i]]
+        else:
+            target = np.mean(others, axis=0) if others else positions[i] + np.array([0, 0, 1.0])
         fwd = target - positions[i]
         fwd = fwd / (np.linalg.norm(fwd) or 1.0)
         right = np.cross(up, fwd)
@@ -249,5 +264,78 @@ def view(camera: PinholeCamera, screen: ScreenPlane, bezel_m: float = 0.0) -> Sc
     return ScreenView(True, Hm, outline, lid, angle, dist)
 
 
-__all__ = ["Body", "ScreenPlane", "PinholeCamera", "ScreenView", "layout", "screen_of", "camera_of", "view",
+@dataclass(frozen=True)
+class Lid:
+    """A laptop's lid: its screen grown by the bezel, an opaque rectangle (both faces) in the room."""
+
+    name: str
+    body: Body
+    half_w: float
+    half_h: float
+
+    def corners(self) -> np.ndarray:
+        """The four corners in world coordinates (4 x 3)."""
+        return np.array([self.body.to_world((x * self.half_w, y * self.half_h, 0.0))
+                         for x, y in ((-1, 1), (1, 1), (1, -1), (-1, -1))])
+
+    def hit(self, origin: np.ndarray, dirs: np.ndarray) -> np.ndarray:
+        """Per ray `origin + t * dirs` (dirs: ... x 3): the t > 0 where it meets the lid, inf where it misses."""
+        ex, ey, ez = self.body.R[:, 0], self.body.R[:, 1], self.body.R[:, 2]
+        rel = np.asarray(origin, dtype=float) - self.body.origin
+        dz = dirs @ ez
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = -(rel @ ez) / dz
+            x = rel @ ex + t * (dirs @ ex)
+            y = rel @ ey + t * (dirs @ ey)
+            ok = (np.abs(dz) > 1e-12) & (t > 1e-9) & (np.abs(x) <= self.half_w) & (np.abs(y) <= self.half_h)
+        return np.where(ok, t, np.inf)
+
+
+def lid_of(name: str, screen: ScreenPlane, bezel_m: float) -> Lid:
+    return Lid(name, screen.body, screen.width_m / 2 + bezel_m, screen.height_m / 2 + bezel_m)
+
+
+def plane_hit(plane: ScreenPlane, origin: np.ndarray, dirs: np.ndarray) -> np.ndarray:
+    """Per ray: the t where it meets the screen's (unbounded) plane; inf if never in front."""
+    n = plane.normal
+    dz = dirs @ n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = ((plane.body.origin - np.asarray(origin, dtype=float)) @ n) / dz
+    return np.where((np.abs(dz) > 1e-12) & (t > 0), t, np.inf)
+
+
+def occluder(camera: PinholeCamera, target: np.ndarray, lids: list[Lid]) -> str | None:
+    """The nearest lid between `camera` and the world point `target` (its name), or None."""
+    d = np.asarray(target, dtype=float) - camera.position
+    best, name = 1.0 - 1e-6, None
+    for lid in lids:
+        t = float(lid.hit(camera.position, d[None])[0])
+        if t < best:
+            best, name = t, lid.name
+    return name
+
+
+def project_polygon(camera: PinholeCamera, corners: np.ndarray, per_edge: int = 24) -> np.ndarray | None:
+    """Distorted pixel polygon of a flat world polygon (clipped to the space in front of the camera), or None."""
+    z_near = 0.02
+    cam = np.array([camera.to_camera(c) for c in corners])
+    kept = []
+    for a, b in zip(cam, np.roll(cam, -1, axis=0)):  # Sutherland-Hodgman against z = z_near
+        if a[2] >= z_near:
+            kept.append(a)
+        if (a[2] >= z_near) != (b[2] >= z_near):
+            kept.append(a + (b - a) * (z_near - a[2]) / (b[2] - a[2]))
+    if len(kept) < 3:
+        return None
+    pts = _edge(np.array(kept), per_edge)
+    xn, yn = pts[:, 0] / pts[:, 2], pts[:, 1] / pts[:, 2]
+    # Beyond the lens's field the distortion polynomial may fold back: pull such points in radially.
+    lim = 4 * ((camera.width / 2 / camera.f) ** 2 + (camera.height / 2 / camera.f) ** 2)
+    r2 = xn * xn + yn * yn
+    s = np.where(r2 > lim, np.sqrt(lim / np.maximum(r2, 1e-12)), 1.0)
+    px, py = camera.distort(xn * s, yn * s)
+    return np.stack([px, py], axis=1)
+
+
+__all__ = ["Body", "Lid", "lid_of", "plane_hit", "occluder", "project_polygon", "ScreenPlane", "PinholeCamera", "ScreenView", "layout", "screen_of", "camera_of", "view",
            "screen_size_m"]

@@ -63,6 +63,7 @@ class ChannelParams:
     pitch_deg: float = 0.0             # tilt up(+)/down(-) from that aim
     roll_deg: float = 0.0              # roll about the viewing axis
     camera_offset_m: tuple[float, float] | None = None  # camera (x right, y up) from the screen centre; None: top bezel
+    aim: str | None = None             # a node's name: face that node's screen centre (None: the mean of the others)
 
     # -- screen --
     screen_diag_in: float = 13.3       # physical diagonal; aspect from the resolution
@@ -241,6 +242,10 @@ def _check_value(name: str, value: Any, where: str) -> Any:
         return None if value is None else triple(value)
     if name == "camera_offset_m":
         return None if value is None else triple(value, 2)
+    if name == "aim":
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{bad}: expected a node's name, got {value!r}")
+        return value
     if name in ("white_balance",):
         return triple(value, lo=0)
     if name in ("black_level", "flare"):

@@ -29,7 +29,7 @@ from wccl.room.timing import CaptureSchedule, Exposure, capture_rng
 from wccl.timebase import NodeClock
 
 
-POSE_KEYS = frozenset({"distance_m", "position_m", "yaw_deg", "pitch_deg", "roll_deg", "camera_offset_m"})
+POSE_KEYS = frozenset({"distance_m", "position_m", "yaw_deg", "pitch_deg", "roll_deg", "camera_offset_m", "aim"})
 
 
 class SimulatedRoom:
@@ -82,7 +82,7 @@ class SimulatedRoom:
         for i, (n, table) in enumerate(zip(self.nodes, node_channels)):
             self.params[n] = resolve(self.profile, channel, table, f"room.nodes[{i}].channel")
         plist = [self.params[n] for n in self.nodes]
-        bodies = geometry.layout(plist, self.screen_w, self.screen_h)
+        bodies = geometry.layout(plist, self.screen_w, self.screen_h, self.nodes)
         planes = [geometry.screen_of(b, p, self.screen_w, self.screen_h) for b, p in zip(bodies, plist)]
         self.bodies = dict(zip(self.nodes, bodies))
         self.planes = dict(zip(self.nodes, planes))
@@ -92,7 +92,9 @@ class SimulatedRoom:
         self.exposures: dict[str, Exposure] = {}
         self.views: dict[tuple[str, str], geometry.ScreenView] = {}
         log = structlog.get_logger("wccl.room")
-        circle = len(self.nodes) >= 3 and all(p.position_m is None for p in plist)
+        circle = len(self.nodes) >= 3 and all(p.position_m is None and p.aim is None for p in plist)
+        # Every laptop's lid is an opaque rectangle: it hides what lies behind it from the other cameras.
+        self.lids = {n: geometry.lid_of(n, self.planes[n], self.params[n].bezel_m) for n in self.nodes}
         for i, n in enumerate(self.nodes):
             p = self.params[n]
             if circle and "hfov_deg" not in channel and "hfov_deg" not in node_channels[i]:
@@ -108,11 +110,17 @@ class SimulatedRoom:
                 if m == n:
                     continue
                 v = geometry.view(cam, self.planes[m], self.params[m].bezel_m)
+                if v.visible:
+                    by = geometry.occluder(cam, self.planes[m].body.origin,
+                                           [self.lids[k] for k in self.nodes if k not in (n, m)])
+                    if by is not None:  # its centre is behind another laptop's lid: what is left is not read
+                        v = dataclasses.replace(v, visible=False, reason=f"hidden by {by}")
                 self.views[(n, m)] = v
                 seen.append((self.screens[m], v))
             for m, why in ((s.name, v.reason) for s, v in seen if not v.visible):
                 log.warning("room_screen_not_visible", camera=n, screen=m, reason=why)
-            cm = CameraModel(n, i, p, cam, seen, self._seed_seq)
+            cm = CameraModel(n, i, p, cam, seen, self._seed_seq,
+                             occluders=[self.lids[k] for k in self.nodes if k != n])
             self.cams[n] = cm
             self.exposures[n] = Exposure(p, cm.ae_weights, cm.ae_room, self._seed_seq, i)
         self._streams: dict[str, object] = {}
