@@ -31,7 +31,8 @@ import structlog
 
 from protocols import transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
-from protocols.messages import CollectiveDone, CollectiveRequest, Drain, PeerAcks, PostTransfer, TransferArrived
+from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, PeerAcks, PostTransfer, SightKnown,
+                                TransferArrived)
 from wccl.actor import Actor, ActorContext
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
@@ -45,14 +46,20 @@ class _Pending:
 
 
 class Collectives(Actor):
-    consumes = (CollectiveRequest, TransferArrived, PeerAcks, Drain)
+    consumes = (CollectiveRequest, TransferArrived, PeerAcks, Drain, SightKnown)
 
     def __init__(self, ctx: ActorContext, rank: int, world: int, timeout_s: float,
                  names: list[str] | None = None, on_drained=None, sight: Sight | None = None,
-                 algorithm: str = "auto") -> None:
+                 algorithm: str = "auto", goodput: float = 20_000.0, latency_s: float = 0.3) -> None:
+        """`sight`: the sight graph, or None to wait for discovery's (`SightKnown`: each edge's quality
+        times `goodput`, bytes per second, and `latency_s` a round)."""
         super().__init__(ctx)
         self.rank, self.world = rank, world
-        self.sight = sight or Sight.complete(world, 20_000.0, 0.3)
+        self.sight = sight
+        self.goodput, self.latency_s = goodput, latency_s
+        self._sight_known = asyncio.Event()
+        if sight is not None:
+            self._sight_known.set()
         self.algorithm = algorithm
         self._chosen: dict[str, str] = {}  # op -> the algorithm it last ran (logged when it changes)
         self._dests: dict[int, int] = {}  # tid -> the ranks that must acknowledge it
@@ -92,6 +99,10 @@ class Collectives(Actor):
         elif isinstance(msg, Drain):
             self._drain = msg
             self._wake.set()
+        elif isinstance(msg, SightKnown):
+            if self.sight is None:
+                self.sight = Sight(self.world, {(r, s): self.goodput * q for r, s, q in msg.edges}, self.latency_s)
+                self._sight_known.set()
 
     async def _post_when_ready(self) -> None:
         while True:
@@ -103,6 +114,7 @@ class Collectives(Actor):
                 await self._wake.wait()
                 continue
             req = self._queue[0]
+            await self._sight_known.wait()  # (discovery ends inside init_process_group: no wait in practice)
             await self.clock.sleep_until(req.ready_at)
             self._queue.popleft()
             await self._start(req)

@@ -34,9 +34,9 @@ from collections import Counter
 import numpy as np
 import structlog
 
-from protocols import fec, frames, transfer
+from protocols import discovery, fec, frames, transfer
 from protocols.link import LinkCodec
-from protocols.messages import (AcksChanged, Capture, FrameTiming, PeerAcks, ScheduleDone, ScheduleKnown,
+from protocols.messages import (AcksChanged, Capture, FrameTiming, PeerAcks, ScheduleDone, ScheduleKnown, SightKnown,
                                 TensorReceived, Tick, TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
@@ -81,6 +81,7 @@ class FrameDecoder(Actor):
         # Collectives only: the receive path of transfer frames, with the run handshake it keeps.
         self.receiver = (TransferReceiver(self.me, len(node_names), session, key, handshake, transfers)
                          if transfers is not None else None)
+        self._sight_sent = False
 
     async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
         if isinstance(msg, ScheduleKnown):
@@ -208,7 +209,7 @@ class FrameDecoder(Actor):
                                corrected: int) -> TransferArrived | None | bool:
         """A transfer frame (collectives), through the receive path of protocols.receiver: pass on its
         sender's acknowledgements of this rank, and the transfer once rebuilt. False if it failed its check."""
-        r = self.receiver.receive(message)
+        r = self.receiver.receive(message, now=self.clock.now())
         if r.frame is None:
             self.stats[f"frames_rejected_{r.refused}"] += 1
             return False
@@ -220,6 +221,12 @@ class FrameDecoder(Actor):
             self.log.info("handshake", peer=self.node_names[f.sender], trusted=sorted(hs.trusted),
                           trusted_by=sorted(hs.trusted_by), complete=hs.complete)
             await self.emit(self._acks_message())
+            if hs.sight is not None and hs.sight.known and not self._sight_sent:
+                self._sight_sent = True
+                edges = tuple((r_, s_, q) for (r_, s_), q in sorted(hs.sight.goodput(1.0).items()))
+                names = self.node_names
+                self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges})
+                await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges))
         if r.refused:
             self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")
                        else f"frames_{r.refused}"] += 1
@@ -250,7 +257,8 @@ class FrameDecoder(Actor):
         acks = self.transfers.acks(len(self.node_names))
         hs = self.receiver.handshake
         return AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=tuple((a.cum, a.mask) for a in acks),
-                           repeat=repeat, echo=hs.echo(), trusts=hs.trust_mask(), greeting=not hs.complete)
+                           repeat=repeat, echo=hs.echo(), trusts=hs.trust_mask(), greeting=hs.greeting,
+                           rows=discovery.pack_table(hs.sight.table()) if hs.sight is not None else b"")
 
     def _count_cells(self, code: reader.ReadCode, corrected: int) -> None:
         self.stats["cells_wrong"] += corrected

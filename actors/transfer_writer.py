@@ -16,8 +16,10 @@ every reader acknowledges it; when nothing is left to show but this node's
 acknowledgements changed, it shows a few status frames (acknowledgements
 only), and again whenever a peer still shows a transfer this node already
 has (that peer missed them). While the run handshake is not complete (a peer
-does not trust this node's run nonce yet, or this node not theirs), every
-other frame is a status frame: it carries the echo the handshake needs. Otherwise the last frame stays up: readers skip
+does not trust this node's run nonce yet, or this node not theirs, or the
+ranks do not yet agree on which camera reads which screen), and until every
+rank is complete, every other frame is a status frame: it carries the echo
+and the discovery table the others need, relayed camera to camera. Otherwise the last frame stays up: readers skip
 an unchanged frame cheaply.
 """
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from protocols import layout, transfer
+from protocols import discovery, layout, transfer
 from protocols.link import LinkCodec
 from protocols.messages import AcksChanged, PeerAcks, PostTransfer
 from protocols.planner import ScreenPlan
@@ -61,6 +63,7 @@ class TransferWriter(Actor):
         self._greeting = world > 1
         self._greet_turn = False
         self._status_due = 0
+        self._rows: tuple = ()  # the discovery table (protocols.discovery), shown in status frames
         self._wake = asyncio.Event()
         self._parity = 0
         self._blank = layout.blank(screen_w, screen_h)
@@ -76,6 +79,8 @@ class TransferWriter(Actor):
             self._acks = tuple(transfer.Ack(c, m) for c, m in msg.acks)
             if msg.echo:
                 self._echo, self._trusts, self._greeting = msg.echo, msg.trusts, msg.greeting
+            if msg.rows:
+                self._rows = discovery.unpack_table(msg.rows)
             self._status_due = STATUS_REPEATS
         elif isinstance(msg, PeerAcks):
             for b in self.plan.acknowledge(msg.origin, transfer.Ack(*msg.ack)):
@@ -109,7 +114,7 @@ class TransferWriter(Actor):
             return transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                            message_bytes=self.codec.message_bytes, shown_us=shown_us,
                                            run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
-                                           key=self.key)
+                                           rows=self._rows, key=self.key)
         return None
 
     async def _present(self) -> None:

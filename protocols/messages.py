@@ -223,6 +223,15 @@ class AcksChanged(Message):
     echo: tuple[int, ...] = ()
     trusts: int = 0
     greeting: bool = False
+    rows: bytes = b""  # the discovery table (protocols.discovery.pack_table), shown in status frames
+
+
+class SightKnown(Message):
+    """Every rank's row of the discovery table is final (protocols.discovery): which camera reads which
+    screen, as (reader, shown, quality: the share of frames read), the same on every rank."""
+
+    control: ClassVar[bool] = True
+    edges: tuple[tuple[int, int, float], ...]
 
 
 class PeerAcks(Message):

@@ -46,9 +46,10 @@ class TransferReceiver:
         self.assembler = assembler or transfer.TransferAssembler()
         self._peer_acks: dict[int, transfer.Ack] = {}
 
-    def receive(self, message: bytes) -> Received:
-        """One frame message (after error correction). Never raises for bad input: a frame that fails its
-        check or makes no sense comes back refused with the FrameError's reason."""
+    def receive(self, message: bytes, now: float | None = None) -> Received:
+        """One frame message (after error correction), read at `now` on this node's clock (None: time is
+        not kept, no discovery). Never raises for bad input: a frame that fails its check or makes no sense
+        comes back refused with the FrameError's reason."""
         try:
             f = transfer.parse_message(message, self.key)
         except FrameError as e:
@@ -58,9 +59,11 @@ class TransferReceiver:
         if f.sender >= self.world or f.sender == self.rank:
             return Received(f, "unknown_sender")
         hs = self.handshake
-        before = (hs.echo(), hs.trust_mask(), hs.complete)
-        refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us)
-        changed = (hs.echo(), hs.trust_mask(), hs.complete) != before
+        before = self._state()
+        refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us, f.rows)
+        if now is not None:
+            hs.tick(now)
+        changed = self._state() != before
         if refused:
             # Another run's frame, a replay, or a peer whose proof of freshness has not arrived yet:
             # neither its transfer nor its acknowledgements are used (the sender shows them again).
@@ -75,3 +78,7 @@ class TransferReceiver:
         if data is transfer.DUPLICATE:
             return Received(f, None, peer_ack, changed, duplicate=True)
         return Received(f, None, peer_ack, changed, data)
+
+    def _state(self):
+        hs = self.handshake
+        return hs.echo(), hs.trust_mask(), hs.complete, hs.greeting, hs.sight.table() if hs.sight else None

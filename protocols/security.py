@@ -179,13 +179,22 @@ def read_key_file(path) -> bytes:
 class Handshake:
     """Which run nonce of each peer this node trusts, the echo it shows them, and the replay window.
 
-    `heard(sender, nonce, echo, trusts, shown_us)`: a frame from `sender` (its MAC verified) with its run
-    nonce, in a status frame its echo table (the nonce it last saw of each rank; None in other frames),
-    the ranks it trusts (a bitmask) and when it was shown (the sender's clock). Returns None if the frame
-    belongs to this run and is recent, else why not: `unconfirmed_sender` (no nonce of this sender is
-    proven fresh yet: at start-up, its echo of our nonce has not arrived), `other_run` (a nonce other
-    than the proven one: a frame of another run) or `replayed_old` (shown more than `window_s` before
-    the sender's latest frame).
+    `heard(sender, nonce, echo, trusts, shown_us, rows)`: a frame from `sender` (its MAC verified) with its
+    run nonce, in a status frame its echo table (the nonce it last saw of each rank; None in other frames)
+    and its discovery table (protocols.discovery rows; None in other frames), the ranks it trusts (a
+    bitmask) and when it was shown (the sender's clock). Returns None if the frame belongs to this run and
+    is recent, else why not: `unconfirmed_sender` (no nonce of this sender is proven fresh yet: at
+    start-up, its echo of our nonce has not arrived), `other_run` (a nonce other than the proven one: a
+    frame of another run) or `replayed_old` (shown more than `window_s` before the sender's latest frame).
+
+    Echoes are relayed: for a rank this camera does not read, the echo shows the nonce the peers' echoes
+    carry (a trusted peer's wins), so in a room where each camera sees one screen a rank's nonce still
+    goes round to the rank that must prove it has seen it. A relayed nonce proves nothing by itself: a
+    peer is trusted only when its own frame echoes this node's current nonce, which no recording has.
+
+    With a `sight` table (protocols.discovery), the handshake is complete when every rank agrees on which
+    camera reads which screen, this node trusts every peer it reads and every peer that reads it trusts
+    it; without one (every camera reads every screen), when every pair trusts each other.
     """
 
     rank: int
@@ -194,12 +203,17 @@ class Handshake:
     window_s: float = REPLAY_WINDOW_S
     trusted: dict[int, int] = field(default_factory=dict)  # peer -> its run nonce, proven fresh
     seen: dict[int, int] = field(default_factory=dict)  # peer -> the latest nonce heard (not proven)
+    relayed: dict[int, int] = field(default_factory=dict)  # rank not read here -> nonce from peers' echoes
     trusted_by: set[int] = field(default_factory=set)  # peers whose fresh frames say they trust us
     latest_us: dict[int, int] = field(default_factory=dict)  # peer -> newest shown_us of a fresh frame
     on_complete: list = field(default_factory=list)  # called (no arguments) each time it becomes complete
+    sight: object = None  # protocols.discovery.SightTable, or None: every camera reads every screen
 
     def heard(self, sender: int, nonce: int, echo: tuple[int, ...] | None, trusts: int,
-              shown_us: int) -> str | None:
+              shown_us: int, rows=None) -> str | None:
+        was = self.complete
+        if echo is not None:
+            self._relay_echo(sender, echo)
         if echo is not None and self.rank < len(echo) and echo[self.rank] == self.nonce:
             if self.trusted.get(sender) != nonce:
                 self.trusted[sender] = nonce  # proven: it saw our nonce, so it was made in this run
@@ -214,26 +228,68 @@ class Handshake:
         if latest is not None and shown_us < latest - self.window_s * 1e6:
             return "replayed_old"
         self.latest_us[sender] = max(shown_us, latest if latest is not None else shown_us)
-        was = self.complete
         if trusts >> self.rank & 1:
             self.trusted_by.add(sender)
         else:
             self.trusted_by.discard(sender)
+        if self.sight is not None:
+            self.sight.accepted(sender, shown_us)
+            if rows is not None:
+                self.sight.relay(rows)
+        self._fire(was)
+        return None
+
+    def _relay_echo(self, sender: int, echo: tuple[int, ...]) -> None:
+        trusted = sender in self.trusted
+        for r, v in enumerate(echo[:self.world]):
+            if r in (self.rank, sender) or not v or r in self.trusted or r in self.seen:
+                continue
+            if trusted or r not in self.relayed:
+                self.relayed[r] = v
+        if self.sight is not None:
+            self.sight.alive(sum(1 << r for r in range(self.world) if self.echo()[r]))
+
+    def tick(self, now: float) -> bool:
+        """Let the sight table measure up to `now` (this node's clock); True if this node's row changed."""
+        if self.sight is None:
+            return False
+        was = self.complete
+        changed = self.sight.update(now, self.trust_mask(), was)
+        self._fire(was)
+        if self.complete and not was:
+            changed = self.sight.update(now, self.trust_mask(), True) or changed
+        return changed
+
+    def _fire(self, was: bool) -> None:
         if self.complete and not was:
             for f in self.on_complete:
                 f()
-        return None
 
     def echo(self) -> tuple[int, ...]:
-        """The nonce this node shows for each rank: its own, a trusted one, else the latest heard."""
-        return tuple(self.nonce if r == self.rank else self.trusted.get(r, self.seen.get(r, 0))
+        """The nonce this node shows for each rank: its own, a trusted one, else the latest heard (here,
+        else relayed)."""
+        return tuple(self.nonce if r == self.rank else self.trusted.get(r, self.seen.get(r, self.relayed.get(r, 0)))
                      for r in range(self.world))
 
     def trust_mask(self) -> int:
         return sum(1 << r for r in self.trusted)
 
     @property
+    def greeting(self) -> bool:
+        """Keep showing status frames: this node is not complete, or (with a sight table) some rank is
+        not yet, and may need what this node relays."""
+        if not self.complete:
+            return True
+        return self.sight is not None and not self.sight.all_complete
+
+    @property
     def complete(self) -> bool:
-        """Every peer trusts this node's nonce and this node trusts every peer's."""
         peers = set(range(self.world)) - {self.rank}
-        return peers <= self.trusted_by and peers <= set(self.trusted)
+        if self.sight is None:
+            return peers <= self.trusted_by and peers <= set(self.trusted)
+        st = self.sight
+        if not st.known:
+            return False
+        reads = {p for p in peers if st.reads(self.rank, p)}
+        readers = {q for q in peers if st.reads(q, self.rank)}
+        return reads <= set(self.trusted) and all(q in self.trusted_by or st.trusts(q, self.rank) for q in readers)

@@ -1,4 +1,4 @@
-"""Transfer frames: the frame format of collectives (frame version 5).
+"""Transfer frames: the frame format of collectives (frame version 6).
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -15,8 +15,9 @@ which of that peer's transfers it has rebuilt (`Ack`: all tids up to `cum`,
 plus a bitmap of the 32 after `cum + 1`). A sender keeps showing a transfer
 (source packets, then fresh repair packets) until every rank it is meant for
 acknowledges it, so no schedule has to guess how many frames a camera will
-lose. A *status* frame (tid 0, no packet) carries acknowledgements alone, and the
-sender's echo of every rank's run nonce (the handshake of protocols.security).
+lose. A *status* frame (tid 0, no packet) carries acknowledgements alone, the
+sender's echo of every rank's run nonce (the handshake of protocols.security)
+and its discovery table: which screens each rank reads (protocols.discovery).
 
 Every frame names the sender's run nonce (random, drawn when its node
 started) and the ranks whose nonces it trusts; its check is a MAC under the
@@ -28,7 +29,8 @@ sealed bytes'.
       magic 0xC7 | version 5 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32)
-    packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces)
+    packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
+            then the discovery table, 8 x 13-byte rows)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     zero padding up to the message size
 
@@ -43,16 +45,17 @@ from dataclasses import dataclass, field
 
 import raptorq
 
-from protocols import frames
+from protocols import discovery, frames
 from protocols.frames import CHECK_BYTES, MAGIC, PAYLOAD_ID_BYTES, FrameError, Transfer
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 5
+VERSION = 6
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQB")
 _ACK = struct.Struct(">II")
 _ECHO = struct.Struct(f">{MAX_RANKS}Q")
+STATUS_PACKET = _ECHO.size + discovery.TABLE_BYTES
 _AAD = struct.Struct(">HBIIBBHI")
 PERSON = b"wccl-xfer"
 HEADER_BYTES = _HEAD.size + MAX_RANKS * _ACK.size
@@ -137,6 +140,7 @@ class TransferFrame:
     run_nonce: int = 0
     trusts: int = 0
     echo: tuple[int, ...] | None = None  # status frames: the sender's echo of each rank's run nonce
+    rows: tuple | None = None  # status frames: the sender's discovery table (protocols.discovery.Row each)
 
     @property
     def packet_id(self) -> int:
@@ -174,13 +178,15 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
                    shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
-                   key: RoomKey = NO_KEY) -> bytes:
-    """A status frame's message: acknowledgements, and the echo of every rank's run nonce."""
-    if len(echo) > MAX_RANKS:
+                   rows: tuple = (), key: RoomKey = NO_KEY) -> bytes:
+    """A status frame's message: acknowledgements, the echo of every rank's run nonce, the discovery
+    table (`rows`, protocols.discovery.Row each; empty rows where not given)."""
+    if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, 0, 0, OPS["status"], 0, 0, 0, 0, 0,
-                      bytes(8), _ECHO.size, shown_us, run_nonce, trusts)
-    body = head + _pack_acks(acks) + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
+                      bytes(8), STATUS_PACKET, shown_us, run_nonce, trusts)
+    body = (head + _pack_acks(acks) + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
+            + discovery.pack_table(tuple(rows)))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
     return body + key.check(body, PERSON) + bytes(message_bytes - len(body) - CHECK_BYTES)
@@ -201,7 +207,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_magic")
     status = bool(flags & FLAG_STATUS)
     end = HEADER_BYTES + psize
-    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize != _ECHO.size):
+    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize != STATUS_PACKET):
         raise FrameError("bad_length", f"packet_size {psize}")
     if not key.verify(msg[:end], PERSON, msg[end:end + CHECK_BYTES]):
         raise FrameError("check_mismatch")
@@ -217,7 +223,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(MAX_RANKS))
     if status:
         echo = _ECHO.unpack_from(msg, HEADER_BYTES)
-        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo)
+        rows = discovery.unpack_table(msg[HEADER_BYTES + _ECHO.size:end])
+        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows)
     if op not in OP_NAMES or op == OPS["status"]:
         raise FrameError("unknown_op", str(op))
     if dtype not in DTYPE_NAMES:

@@ -245,15 +245,16 @@ def test_ctrl_c_stops_every_process_the_launcher_started(tmp_path):
 
 @pytest.mark.parametrize("scale", [1.0, 0.0])
 def test_a_ranks_compute_is_charged_to_the_room_time(tmp_path, scale):
-    """Rank 0 computes 0.4 s of CPU between two all-reduces: with compute_scale 1 both ranks' second
-    all-reduce ends at least 0.4 simulated seconds after the first (rank 1 waits for rank 0's part);
+    """Rank 0 computes 0.4 s of CPU between two all-reduces: with compute_scale 1 its second all-reduce
+    ends at least 0.4 simulated seconds after the first, and rank 1's nearly so (it waits for rank 0's
+    part, shown 0.4 s after rank 0 had the first result, which rank 1 may have had a frame or two later);
     with compute_scale 0 the compute is free."""
     cfg = room_file(tmp_path, extra=f"[collectives]\ncompute_scale = {scale}\n")
     proc, lines = launch(cfg, SCRIPTS / "charge.py", env={"CPU_S": "0.4"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     took = [d["took_s"] for d in lines]
     if scale:
-        assert all(0.4 <= t < 0.4 + 1.0 for t in took), took
+        assert 0.4 <= took[0] < 0.4 + 1.0 and 0.3 <= took[1] < 0.4 + 1.0, took
     else:
         assert all(t < 0.4 for t in took), took
 

@@ -456,6 +456,9 @@ class CollectivesConfig(_Strict):
     # How a collective's bytes move (protocols.algorithms): "auto" lets the cost model choose per
     # collective from which screens each camera reads; or "all_see_all", "ring", "star" for every one.
     algorithm: str = "auto"
+    # Discovery at start-up: once every rank is up, each camera measures this long (room seconds) which
+    # screens it reads and how well, before the ranks agree on the sight graph the algorithms use.
+    discovery_s: float = Field(default=1.5, gt=0, le=600)
 
     @field_validator("algorithm")
     @classmethod

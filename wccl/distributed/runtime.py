@@ -46,14 +46,10 @@ def collective_layout(cfg: WcclConfig):
 ROUND_HOLDS = 4  # a round's fixed cost in frame holds: shown, filmed, decoded, acknowledged (measured ~3.6)
 
 
-def room_sight(cfg: WcclConfig, codec, hold_s: float):
-    """The sight graph the collectives' cost model uses: every camera reads every other screen at the
-    layout's goodput (what the room's ranks are given today: discovery over the light, which measures
-    it, is issue 14's next step)."""
-    from protocols.algorithms import Sight
-
-    goodput = transfer.packet_size_for(codec.message_bytes) / hold_s * (1 - cfg.collectives.loss)
-    return Sight.complete(len(cfg.room.ranks), goodput, ROUND_HOLDS * hold_s)
+def link_goodput(cfg: WcclConfig, codec, hold_s: float) -> float:
+    """A screen's goodput read at every frame (bytes per second): a packet a hold, less the first guess
+    of frames lost. Discovery scales it by the share of frames each camera actually reads."""
+    return transfer.packet_size_for(codec.message_bytes) / hold_s * (1 - cfg.collectives.loss)
 
 
 class CollectiveNode(NodeSupervisor):
@@ -91,7 +87,10 @@ class CollectiveNode(NodeSupervisor):
         log_key(structlog.get_logger("wccl"), key)
         self.key_fingerprint = key.fingerprint
         # The run handshake: this rank's run nonce, and which of its peers' nonces it trusts.
-        self.handshake = Handshake(self.rank, self.world)
+        from protocols.discovery import SightTable
+
+        sight = SightTable(self.rank, self.world, hold_s, settle_s=col.discovery_s)
+        self.handshake = Handshake(self.rank, self.world, sight=sight)
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
@@ -102,8 +101,8 @@ class CollectiveNode(NodeSupervisor):
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,
                                   run_nonce=self.handshake.nonce),
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
-                                on_drained=self.end, sight=room_sight(cfg, codec, hold_s),
-                                algorithm=col.algorithm),
+                                on_drained=self.end, algorithm=col.algorithm,
+                                goodput=link_goodput(cfg, codec, hold_s), latency_s=ROUND_HOLDS * hold_s),
         }
         self._wire({"screen_writer": "transfers"})
 
@@ -260,16 +259,39 @@ class RankNode:
             if self._error is not None:
                 raise RuntimeError(f"wccl: rank {self.node}'s node stopped: {self._error}")
             if self.loop.time() - self._t_mark > timeout_s:
-                hs = sup.handshake
-                names = self.config.room.ranks
-                missing = [names[r] for r in range(len(names)) if r != sup.rank
-                           and (r not in hs.trusted or r not in hs.trusted_by)]
-                raise RuntimeError(
-                    f"wccl: rank {self.node} could not greet {', '.join(missing)} within {timeout_s:g} s: "
-                    "their screens are not in view of this camera (or this one of theirs), or they use another "
-                    f"room key (this one's fingerprint: {sup.key_fingerprint}; python -m wccl.keys fingerprint)")
+                raise RuntimeError(f"wccl: rank {self.node} {self._greet_problem()} within {timeout_s:g} s")
         self._t_mark = max(self._t_mark, self.loop.time())  # waiting for the handshake is not compute
         self._cpu_mark = self._program_cpu()
+
+    def _greet_problem(self) -> str:
+        """What the handshake still lacks, for init_process_group's error."""
+        sup = self.sup
+        hs, names = sup.handshake, self.config.room.ranks
+        st = hs.sight
+        key = (f"or they use another room key (this one's fingerprint: {sup.key_fingerprint}; "
+               "python -m wccl.keys fingerprint)")
+        silent = [names[r] for r in range(len(names)) if r != sup.rank and not hs.echo()[r]]
+        if silent:
+            return (f"never heard of {', '.join(silent)}: no camera in the room reads their screens (or they "
+                    f"did not start), {key}")
+        if st is not None and not st.known:
+            unread = [names[r] for r in range(len(names)) if r != sup.rank and r not in hs.trusted]
+            if not st.rows[sup.rank].reads:
+                return (f"reads no screen: its camera decoded no frame of this run from "
+                        f"{', '.join(unread)} ({key})")
+            waiting = [names[r] for r in range(len(names)) if not st.rows[r].final]
+            return (f"could not agree on which camera reads which screen: no final word yet from "
+                    f"{', '.join(waiting)} (every rank must read some screen, and their words travel "
+                    "from camera to camera)")
+        if st is not None:
+            missing = [names[r] for r in range(len(names)) if r != sup.rank
+                       and ((st.reads(sup.rank, r) and r not in hs.trusted)
+                            or (st.reads(r, sup.rank) and r not in hs.trusted_by and not st.trusts(r, sup.rank)))]
+        else:
+            missing = [names[r] for r in range(len(names)) if r != sup.rank
+                       and (r not in hs.trusted or r not in hs.trusted_by)]
+        return (f"could not greet {', '.join(missing)}: their screens are not in view of this camera (or this "
+                f"one of theirs), {key}")
 
     def close(self) -> None:
         """Let peers read what they still need (until `drain_s`), then stop the node and its thread."""

@@ -349,8 +349,9 @@ class CameraImages(_Entry):
             payload = rng.randbytes(4 * rng.randint(10, 300))  # one packet each (up to 1,772 B)
             self.genuine.add(payload)
             alice.post(payload, i + 1)
-        # Each frame stays on alice's screen HOLD_S and is filmed once the webcam's exposure and rolling
-        # readout (100 ms) fit inside it; the camera's auto exposure settles on the first frame for 1 s.
+        # Each frame stays on alice's screen HOLD_S and is filmed 0.1 s after it went up, when the panel's
+        # update, the webcam's exposure and its rolling readout (16 + 25 ms) all fall inside it; the
+        # camera's auto exposure settles on the first frame for 1 s.
         for n in range(self.FRAMES):
             msg = alice.next_message(n * 100_000) if n else alice.status(0)
             msg = msg[: codec.message_bytes] + bytes(max(0, codec.message_bytes - len(msg)))

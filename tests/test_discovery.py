@@ -1,0 +1,125 @@
+"""Discovery over the light (protocols.discovery with the run handshake): every rank learns which camera
+reads which screen and they all agree, in rooms where each camera sees every screen, one screen (a ring of
+sight), or a hub; relayed rows and echoes are the only way information goes round."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from protocols import discovery, transfer
+from protocols.algorithms import Sight, choose
+from protocols.receiver import TransferReceiver
+from protocols.security import Handshake, RoomKey
+
+KEY = RoomKey(bytes(range(32)))
+HOLD = 0.083
+MESSAGE = 1900
+
+
+class Node:
+    """One rank at the message level: its status frames (as its TransferWriter makes them while greeting)
+    and its receive path with a sight table."""
+
+    def __init__(self, rank: int, world: int, settle_s: float = 1.0) -> None:
+        self.rank = rank
+        self.hs = Handshake(rank, world, sight=discovery.SightTable(rank, world, HOLD, settle_s=settle_s))
+        self.rx = TransferReceiver(rank, world, 7, KEY, handshake=self.hs)
+
+    def status(self, t: float) -> bytes:
+        hs = self.hs
+        return transfer.status_message(session=7, sender=self.rank, acks=(), message_bytes=MESSAGE,
+                                       shown_us=round(t * 1e6), run_nonce=hs.nonce, trusts=hs.trust_mask(),
+                                       echo=hs.echo(), rows=hs.sight.table(), key=KEY)
+
+
+def simulate(reads: dict[int, set[int]], world: int, seconds: float = 30.0, loss: float = 0.0, seed: int = 0,
+             start: dict[int, float] | None = None):
+    """Every rank shows a status frame every hold while greeting; rank r's camera reads the screens in
+    `reads[r]` (losing `loss` of frames). Returns the nodes and when each completed."""
+    rng = random.Random(seed)
+    nodes = [Node(r, world) for r in range(world)]
+    done: dict[int, float] = {}
+    for r, n in enumerate(nodes):
+        n.hs.on_complete.append(lambda r=r: done.setdefault(r, t))
+    t = 0.0
+    while t < seconds:
+        shown = {r: n.status(t) for r, n in enumerate(nodes)
+                 if (start or {}).get(r, 0.0) <= t and n.hs.greeting}
+        for r, n in enumerate(nodes):
+            if (start or {}).get(r, 0.0) > t:
+                continue
+            for s in sorted(reads[r]):
+                if s in shown and rng.random() >= loss:
+                    n.rx.receive(shown[s], now=t + 0.04)
+        if not shown:
+            break
+        t += HOLD
+    return nodes, done
+
+
+def _agree(nodes) -> dict[tuple[int, int], float]:
+    graphs = [n.hs.sight.goodput(1.0) for n in nodes]
+    assert all(g == graphs[0] for g in graphs), "ranks disagree on the sight graph"
+    return graphs[0]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_all_see_all(world):
+    reads = {r: set(range(world)) - {r} for r in range(world)}
+    nodes, done = simulate(reads, world)
+    assert len(done) == world and max(done.values()) < 5.0
+    g = _agree(nodes)
+    assert set(g) == {(r, s) for r in range(world) for s in reads[r]}
+    assert all(q > 0.9 for q in g.values())
+    assert not any(n.hs.greeting for n in nodes)  # every rank learnt that every rank is done
+
+
+@pytest.mark.parametrize("world", [3, 5, 8])
+def test_a_ring_of_sight(world):
+    reads = {r: {(r + 1) % world} for r in range(world)}  # each camera sees the next laptop's screen only
+    nodes, done = simulate(reads, world, seconds=60.0)
+    assert len(done) == world, f"not complete: {sorted(set(range(world)) - set(done))}"
+    g = _agree(nodes)
+    assert set(g) == {(r, (r + 1) % world) for r in range(world)}
+    sight = Sight(world, {e: 20_000.0 * q for e, q in g.items()}, 0.3)
+    assert choose(sight, "allreduce", 100_000).name == "ring"
+    for n in nodes:  # a rank trusts the screen it reads; the ranks that read it trust it
+        assert set(n.hs.trusted) == {(n.rank + 1) % world}
+    assert not any(n.hs.greeting for n in nodes)
+
+
+def test_a_hub_and_lossy_cameras():
+    world = 4
+    reads = {0: {1, 2, 3}, 1: {0}, 2: {0}, 3: {0}}
+    nodes, done = simulate(reads, world, loss=0.3, seed=3)
+    assert len(done) == world
+    g = _agree(nodes)
+    assert set(g) == {(0, 1), (0, 2), (0, 3), (1, 0), (2, 0), (3, 0)}
+    assert all(0.4 < q < 0.95 for q in g.values()), g  # about 70 % of the frames read (a second's sample)
+    assert 0.55 < sum(g.values()) / len(g) < 0.85, g
+    assert choose(Sight(world, g, 0.3), "allreduce", 2048).name == "star"
+
+
+def test_a_late_rank_is_waited_for_and_a_screen_nobody_reads_never_completes():
+    world = 3
+    reads = {r: set(range(world)) - {r} for r in range(world)}
+    nodes, done = simulate(reads, world, start={2: 4.0})
+    assert len(done) == world and min(done.values()) > 4.0  # nobody settled without carol
+    assert set(_agree(nodes)) == {(r, s) for r in range(world) for s in reads[r]}
+    reads = {0: {1}, 1: {0}, 2: {0}}  # nobody reads carol: nobody can be sure what carol reads
+    nodes, done = simulate(reads, world, seconds=10.0)
+    assert not done
+
+
+def test_rows_of_an_unknown_key_or_another_run_do_not_count():
+    world = 2
+    a, b = Node(0, world), Node(1, world)
+    other = RoomKey(bytes(32))
+    forged = transfer.status_message(session=7, sender=0, acks=(), message_bytes=MESSAGE, shown_us=0,
+                                     run_nonce=a.hs.nonce, echo=(a.hs.nonce, b.hs.nonce),
+                                     rows=(discovery.Row(9, discovery.FINAL, 0b10, 0b10, (0, 255) + (0,) * 6),),
+                                     key=other)
+    assert b.rx.receive(forged, now=0.1).refused == "check_mismatch"
+    assert b.hs.sight.rows[0] == discovery.EMPTY
