@@ -177,6 +177,8 @@ class Collectives(Actor):
         parts, reduced = pend.plan.result()
         del self._pending[req.seq]
         self.results["done"] += 1
+        used = self.results.setdefault("algorithms", {})
+        used[pend.plan.name] = used.get(pend.plan.name, 0) + 1
         await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=req.seq,
                                        handle=req.handle, parts=parts, reduced=reduced,
                                        algorithm=pend.plan.name))

@@ -105,3 +105,80 @@ def test_lab_train_names_a_bad_key(tmp_path):
                                "--out", str(tmp_path / "o"), *extra], capture_output=True, text=True, timeout=120,
                               cwd=ROOT)
         assert proc.returncode == 2 and key in proc.stderr, proc.stderr
+
+
+def test_collectives_room_copy_sets_the_algorithm_in_its_own_table_and_reads_back():
+    import tomllib
+    from pathlib import Path
+
+    from wccl.config import parse_config
+    from wccl.lab.__main__ import RANK_NAMES, _room_variant, _toml_dump
+
+    for name in ("rooms/two-laptops-sim.toml", "rooms/three-laptops.toml", "config.toml"):
+        data = tomllib.loads((ROOT / name).read_text())
+        assert tomllib.loads(_toml_dump(data)) == data  # inline tables, arrays of tables, nested tables
+    data = tomllib.loads((ROOT / "rooms/two-laptops-sim.toml").read_text())
+    text = _toml_dump(_room_variant(data, ROOT / "rooms", 5, "ring"))
+    assert text.count("[collectives]") == 1
+    back = tomllib.loads(text)
+    assert back["collectives"] == dict(data["collectives"], algorithm="ring")
+    assert back["link"] == data["link"] and back["room"]["profile"] == "exact"
+    cfg = parse_config(back, "variant", ROOT / "rooms")
+    assert cfg.room.ranks == list(RANK_NAMES[:5]) and cfg.room.server == "alice"
+    assert cfg.collectives.algorithm == "ring"
+    # a room without a [collectives] table gets one; a relative key file still names the same file
+    data = {"room": {"key_file": "demo-room.key", "nodes": [{"name": "a", "roles": ["server", "worker"]},
+                                                            {"name": "b", "roles": ["worker"]}]}}
+    back = tomllib.loads(_toml_dump(_room_variant(data, ROOT / "rooms", None, "star")))
+    assert back["collectives"] == {"algorithm": "star"}
+    assert Path(back["room"]["key_file"]) == (ROOT / "rooms" / "demo-room.key").resolve()
+
+
+def test_collectives_bytes_a_rank_reads_follow_the_algorithm():
+    from wccl.lab.collectives_rank import _received
+
+    b = 102400
+    for n in (2, 3, 4, 8):
+        assert _received("all_reduce", b, n, "all_see_all") == [(n - 1) * b] * n
+        ring = _received("all_reduce", b, n, "ring")  # reduce-scatter then all-gather: 2(n-1)/n of the tensor
+        assert all(abs(r - 2 * (n - 1) * b / n) <= 8 for r in ring), ring
+        assert _received("all_reduce", b, n, "star") == [(n - 1) * b] + [b] * (n - 1)  # the hub reads everyone
+        assert _received("broadcast", b, n, "ring") == [0] + [b] * (n - 1)
+    assert _received("barrier", 4, 3, "all_see_all") == [2, 2, 2]
+
+
+def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
+    p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--room", "rooms/two-laptops-sim.toml",
+                        "--ranks", "3", "--algorithms", "all_see_all,ring,star,tree", "--ops", "all_reduce",
+                        "--sizes", "4,2048", "--repeat", "1", "--json"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["world"] == 3 and out["ranks"] == 3
+    assert out["algorithms"] == ["all_see_all", "ring", "star", "tree"]
+    rows = {(r["algorithm"], r["bytes"]): r for r in out["rows"]}
+    assert set(rows) == {(a, b) for a in ("all_see_all", "ring", "star") for b in (4, 2048)}
+    for (alg, nbytes), r in rows.items():
+        assert r["correct"] and r["ran"] == alg and r["op"] == "all_reduce", r
+        assert r["latency_s"] >= r["latency_min_s"] > 0
+    # bytes the busiest rank reads: all-see-all and star's hub 2 x the tensor, ring 2(n-1)/n = 4/3 x
+    assert rows[("all_see_all", 2048)]["received_bytes"] == rows[("star", 2048)]["received_bytes"] == 4096
+    assert rows[("star", 2048)]["received_bytes_min"] == 2048
+    assert 2728 <= rows[("ring", 2048)]["received_bytes"] <= 2736
+    # ring takes 2(n-1) rounds, all-see-all one
+    assert rows[("ring", 4)]["latency_s"] > rows[("all_see_all", 4)]["latency_s"]
+    tree = next(r for r in out["runs"] if r["algorithm"] == "tree")
+    assert "unknown algorithm 'tree'" in tree["reason"] and "\n" not in tree["reason"]
+    assert "Traceback" not in p.stderr
+
+
+def test_collectives_lab_says_why_an_algorithm_cannot_run():
+    p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--config", "rooms/two-laptops-sim.toml",
+                        "--algorithms", "tree", "--ops", "all_reduce", "--sizes", "4"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if "tree" in ln)
+    assert "cannot run" in line and "unknown algorithm 'tree' (known: auto, all_see_all, ring, star)" in line
+    p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--ranks", "9"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "2 to 8 ranks" in p.stderr

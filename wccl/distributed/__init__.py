@@ -157,6 +157,13 @@ def bytes_posted() -> int:
     return int(_nodes[0].sup.results.get("collectives", {}).get("bytes_posted", 0))
 
 
+def algorithms_used() -> dict[str, int]:
+    """How many collectives each algorithm (protocols.algorithms) has carried on this rank so far."""
+    if not _nodes or _nodes[0].sup is None:
+        return {}
+    return dict(_nodes[0].sup.results.get("collectives", {}).get("algorithms", {}))
+
+
 def node_results() -> dict:
     """What this rank's node counted (frames shown, transfers, link figures), for reports."""
     if not _nodes or _nodes[0].sup is None:

@@ -1,6 +1,7 @@
 """`python -m wccl.lab bench --config FILE --profile NAME --bytes N --json`; `python -m wccl.lab sweep --out DIR`;
 `python -m wccl.lab sync --config FILE --steps N --json` (clock sync and lockstep over a long run);
-`python -m wccl.lab collectives --config FILE --json` (each collective and size through the wccl backend);
+`python -m wccl.lab collectives --room FILE [--algorithms auto,ring,...] [--ranks N] --json` (each collective and
+size through the wccl backend, per collective algorithm);
 `python -m wccl.lab train --config FILE --out DIR` (accuracy against simulated time: codecs, local steps);
 `python -m wccl.lab attack --frames N --json` (forged, replayed, foreign, bit-flipped frames against a rank);
 `python -m wccl.lab fuzz --seconds N --json` (random and mutated inputs to every entry point)."""
@@ -10,9 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from wccl.cli import HelpFormatter
 from wccl.config import ConfigError, load_config
+
+RANK_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi")  # collectives --ranks N
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.lab", description="Measure the optical link.")
@@ -44,7 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     y.add_argument("--json", action="store_true", help="print one JSON object")
     c = sub.add_parser("collectives", formatter_class=HelpFormatter, help="time each collective and size through the wccl backend "
                                            "(one process per rank, the room as its own process)")
-    c.add_argument("--config", default="rooms/two-laptops-sim.toml", help="the room file (its ranks run the bench)")
+    c.add_argument("--room", "--config", dest="room", default="rooms/two-laptops-sim.toml",
+                   help="the room file (its ranks run the bench); --config is the same option")
+    c.add_argument("--algorithms", help="run the bench once per collective algorithm, e.g. auto,all_see_all,ring,star "
+                                        "(default: once, with the room file's [collectives] algorithm)")
+    c.add_argument("--ranks", type=int, help="run on an `exact`-profile room of N ranks (alice, bob, carol, ...; 2 to "
+                                             f"{len(RANK_NAMES)}) built from the room file's other settings")
     c.add_argument("--sizes", default="4,2048,65536,1048576", help="tensor sizes in bytes")
     c.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier", help="collectives to time")
     c.add_argument("--repeat", type=int, default=3, help="runs of each collective of 2 KB or less (the worst counts)")
@@ -116,41 +126,206 @@ def _print(result: dict, as_json: bool) -> None:
             print(f"{k:>22}: {v}")
 
 
-def _collectives(args: argparse.Namespace) -> int:
+def _toml_key(k: str) -> str:
+    import re
+
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, str)):
+        return json.dumps(v)  # a JSON string is a TOML basic string
+    if isinstance(v, float):
+        return {float("inf"): "inf", float("-inf"): "-inf"}.get(v, "nan" if v != v else repr(v))
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return v.isoformat()  # dates and times, as tomllib reads them
+
+
+def _toml_dump(data: dict, prefix: str = "") -> str:
+    """`data` (as tomllib reads it) as TOML text: tables as [a.b], arrays of tables as [[a.b]] (their own
+    sub-tables inline)."""
+    def aot(v) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) and not aot(v)]
+    out = "\n".join(lines) + ("\n" if lines else "")
+    for k, v in data.items():
+        name = prefix + _toml_key(k)
+        if isinstance(v, dict):
+            out += f"\n[{name}]\n" + _toml_dump(v, name + ".")
+        elif aot(v):
+            for item in v:
+                out += f"\n[[{name}]]\n" + "".join(f"{_toml_key(a)} = {_toml_value(b)}\n" for a, b in item.items())
+    return out
+
+
+def _room_variant(data: dict, base: Path, ranks: int | None, algorithm: str | None) -> dict:
+    """The room file's settings with `--ranks` (an exact-profile simulated room of that many ranks) and an
+    algorithm applied (`[collectives] algorithm`, set in the file's own table if it has one)."""
+    import copy
+
+    d = copy.deepcopy(data)
+    room = d.setdefault("room", {})
+    if room.get("key_file") and not Path(room["key_file"]).is_absolute():
+        room["key_file"] = str((base / room["key_file"]).resolve())  # found wherever the copy is written
+    if ranks is not None:
+        if room.get("medium", "simulated") != "simulated":
+            room["medium"], room["clock"] = "simulated", "virtual"
+        room["profile"] = "exact"
+        room.pop("channel", None)  # the exact profile takes no channel parameters
+        room.pop("desktop", None)
+        room["nodes"] = [{"name": n, "roles": ["server", "worker"] if i == 0 else ["worker"]}
+                         for i, n in enumerate(RANK_NAMES[:ranks])]
+    if algorithm is not None:
+        if not isinstance(d.get("collectives"), dict):
+            d["collectives"] = {}
+        d["collectives"]["algorithm"] = algorithm
+    return d
+
+
+def _run_ranks(room: Path, args: argparse.Namespace, ops: list[str]) -> tuple[int, str, list[dict]]:
+    """Run the rank program on every rank of `room` (wccl.launch); (exit status, its last error line, the
+    ranks' JSON objects in rank order). The ranks' stderr goes on to this one's as it comes."""
+    import collections
     import subprocess
-    from pathlib import Path
+    import threading
 
     from wccl.lab import collectives_rank
-
-    cmd = [sys.executable, "-m", "wccl.launch", "--config", args.config, collectives_rank.__file__,
-           "--sizes", args.sizes, "--ops", args.ops, "--repeat", str(args.repeat)]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        print(f"wccl.lab: the ranks failed (exit status {proc.returncode}); see their errors above", file=sys.stderr)
-        return proc.returncode
     from wccl.launch import json_objects
 
-    ranks = sorted((d for d in json_objects(proc.stdout) if "rows" in d), key=lambda d: d["rank"])
+    cmd = [sys.executable, "-m", "wccl.launch", "--config", str(room), collectives_rank.__file__,
+           "--sizes", args.sizes, "--ops", ",".join(ops), "--repeat", str(args.repeat)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+
+    def forward() -> None:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            tail.append(line.strip())
+
+    t = threading.Thread(target=forward, daemon=True)
+    t.start()
+    out = proc.stdout.read()
+    status = proc.wait()
+    t.join(5)
+    lines = [ln for ln in tail if ln]
+    why = next((ln for ln in reversed(lines) if "error" in ln.lower() or "wccl" in ln.lower()),
+               lines[-1] if lines else "")
+    ranks = sorted((d for d in json_objects(out) if "rows" in d), key=lambda d: d["rank"])
+    return status, why[:300], ranks
+
+
+def _merge(ranks: list[dict], label: str) -> list[dict]:
+    """The ranks' rows as one per op and size: the slowest rank's latency, the most bytes a rank read."""
     rows = []
     for per_rank in zip(*(r["rows"] for r in ranks)):
         worst = max(per_rank, key=lambda r: r["latency_s"])
-        got = max(r["received_bytes"] for r in per_rank)
-        rows.append(dict(op=worst["op"], bytes=worst["bytes"], correct=all(r["correct"] for r in per_rank),
-                         latency_s=worst["latency_s"], latency_min_s=min(r["latency_min_s"] for r in per_rank),
-                         received_bytes=got,
-                         # tensor bytes a rank read off the other screens per simulated second
-                         goodput_kBps=round(got / 1000 / worst["latency_s"], 2) if worst["op"] != "barrier" else None))
-    result = dict(config=str(Path(args.config)), world=ranks[0]["world"], rows=rows,
-                  nodes={r["rank"]: r["node"] for r in ranks})
+        reads = [r.get("received_bytes") for r in per_rank]
+        got = None if None in reads else max(reads)
+        ran = sorted({a for r in per_rank for a in r.get("algorithm", "").split(",") if a})
+        error = next((r["error"] for r in per_rank if r.get("error")), None)
+        row = dict(algorithm=label, ran=",".join(ran) or None, op=worst["op"], bytes=worst["bytes"],
+                   correct=all(r["correct"] for r in per_rank), latency_s=worst["latency_s"],
+                   latency_min_s=min(r["latency_min_s"] for r in per_rank),
+                   received_bytes=got, received_bytes_min=None if got is None else min(reads),
+                   # tensor bytes the busiest rank read off the other screens per simulated second
+                   goodput_kBps=round(got / 1000 / worst["latency_s"], 2)
+                   if worst["op"] != "barrier" and got and worst["latency_s"] > 0 and error is None else None)
+        if error is not None:
+            row["error"] = error
+        rows.append(row)
+    return rows
+
+
+def _collectives(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+    import tomllib
+
+    from wccl.config import parse_config
+    from wccl.logs import configure_logging
+
+    configure_logging("json", "warning", stream=sys.stderr)
+    room = Path(args.room)
+    multi = args.algorithms is not None
+    if args.ranks is not None and not 2 <= args.ranks <= len(RANK_NAMES):
+        print(f"wccl.lab: --ranks {args.ranks}: 2 to {len(RANK_NAMES)} ranks", file=sys.stderr)
+        return 2
+    try:
+        base = load_config(room)
+        data = tomllib.loads(room.read_text(encoding="utf-8"))
+    except (ConfigError, OSError) as e:
+        print(f"wccl.lab: config error: {e}", file=sys.stderr)
+        return 2
+    ops = [o for o in args.ops.split(",") if o]
+    wanted = [a.strip() for a in args.algorithms.split(",") if a.strip()] if multi else [None]
+    runs, rows, status = [], [], 0
+    for want in wanted:
+        label = want or base.collectives.algorithm
+        run = dict(algorithm=label, room=str(room), exit_status=None, reason=None, world=None, nodes={})
+        runs.append(run)
+        variant = None
+        if want is not None or args.ranks is not None:
+            variant = _room_variant(data, room.parent, args.ranks, want)
+        try:
+            cfg = base if variant is None else parse_config(variant, f"{room} (algorithm {label})", room.parent)
+        except (ConfigError, ValueError) as e:  # e.g. an algorithm of no such name
+            run["reason"] = f"cannot run: {str(e).strip().splitlines()[0]}"
+            continue
+        run["world"] = len(cfg.room.ranks)
+        path = room
+        if variant is not None:  # next to the room file: its relative paths still resolve
+            try:
+                fd, name = tempfile.mkstemp(prefix=f".{room.stem}-{label}-", suffix=".toml", dir=room.parent)
+            except OSError:
+                fd, name = tempfile.mkstemp(prefix=f"{room.stem}-{label}-", suffix=".toml")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(f"# written by python -m wccl.lab collectives from {room}\n" + _toml_dump(variant))
+            path = Path(name)
+        try:
+            code, why, ranks = _run_ranks(path, args, ops)
+        finally:
+            if path != room:
+                path.unlink(missing_ok=True)
+        run["exit_status"] = code
+        if code != 0 or not ranks:
+            status = status or code or 1
+            run["reason"] = f"the ranks failed (exit status {code})" + (f": {why}" if why else "")
+            if not multi:
+                print(f"wccl.lab: the ranks failed (exit status {code}); see their errors above", file=sys.stderr)
+                return code or 1
+            continue
+        run["world"], run["nodes"] = ranks[0]["world"], {r["rank"]: r["node"] for r in ranks}
+        rows += _merge(ranks, label)
+    first = next((r for r in runs if r["nodes"]), runs[0])
+    result = dict(config=str(room), world=first["world"], ranks=args.ranks, algorithms=[r["algorithm"] for r in runs],
+                  rows=rows, runs=[{k: v for k, v in r.items() if k != "nodes"} for r in runs], nodes=first["nodes"])
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"{'op':>15} {'bytes':>9} {'latency s':>10} {'(best)':>8} {'goodput kB/s':>13} correct")
-        for r in rows:
-            print(f"{r['op']:>15} {r['bytes']:>9} {r['latency_s']:>10} {r['latency_min_s']:>8} "
-                  f"{str(r['goodput_kBps']):>13} {r['correct']}")
-    return 0
-
+        return status
+    lead = f"{'algorithm':>12} " if multi else ""
+    print(f"{lead}{'op':>15} {'bytes':>9} {'latency s':>10} {'(best)':>8} {'goodput kB/s':>13} correct "
+          f"{'read B':>9} ran")
+    for run in runs:
+        if run["reason"] is not None and not any(r["algorithm"] == run["algorithm"] and "reason" not in r
+                                                 for r in rows):
+            print(f"{run['algorithm']:>12} {run['reason']}" if multi else f"wccl.lab: {run['reason']}")
+            continue
+        for r in (r for r in rows if r["algorithm"] == run["algorithm"]):
+            lead = f"{r['algorithm']:>12} " if multi else ""
+            if "reason" in r:
+                print(f"{lead}{r['op']:>15} {r['reason']}")
+                continue
+            print(f"{lead}{r['op']:>15} {r['bytes']:>9} {r['latency_s']:>10} {r['latency_min_s']:>8} "
+                  f"{str(r['goodput_kBps']):>13} {str(r['correct']):>7} {str(r['received_bytes']):>9} "
+                  f"{r['ran'] or '-'}" + (f"  ({r['error']})" if r.get("error") else ""))
+    return status
 
 def _sync(args: argparse.Namespace) -> int:
     import torch

@@ -7,18 +7,31 @@ issue to result; the program's compute between calls is charged too, and is
 negligible here), from a barrier that every rank leaves together. Every
 rank prints one JSON line with its rows; the lab keeps, per row, the
 slowest rank.
+
+Each row also says which algorithm of protocols.algorithms carried the
+collective (as the rank's node counted them: wccl.distributed.algorithms_used) and
+how many tensor bytes this rank had to read off other screens under that
+algorithm (`_received`: the algorithm's own plans played through in
+memory, counting every transfer shown to this rank). A collective that
+fails (e.g. an algorithm that cannot run in the room) gives a row with its
+error, not a crash.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
 import torch.distributed as dist
 
 import wccl.distributed as wd
+
+# The backend's name for each op the bench issues (wccl.distributed.backend, protocols.algorithms.OPS)
+BACKEND_OP = {"all_reduce": "allreduce", "broadcast": "broadcast", "all_gather": "allgather",
+              "reduce_scatter": "reduce_scatter", "barrier": "barrier"}
 
 
 def _one(op: str, nbytes: int, rank: int, world: int) -> bool:
@@ -51,13 +64,50 @@ def _one(op: str, nbytes: int, rank: int, world: int) -> bool:
     raise ValueError(op)
 
 
-def _received(op: str, nbytes: int, rank: int, world: int) -> int:
-    """Tensor bytes this rank must read off other screens for the collective (all-see-all)."""
+def _call(op: str, nbytes: int, world: int) -> tuple[str, str, int, int]:
+    """What the backend hands the algorithms for `_one(op, nbytes)`: (op, dtype, numel, payload bytes)."""
     n = max(1, nbytes // 4)
-    per = max(1, n // world) * 4  # all_gather / reduce_scatter: one part per rank (as _one makes them)
-    return {"all_reduce": n * 4 * (world - 1), "broadcast": n * 4 if rank != 0 else 0,
-            "all_gather": per * (world - 1), "reduce_scatter": per * world * (world - 1),
-            "barrier": world - 1}[op]
+    per = max(1, n // world)
+    return {"all_reduce": ("allreduce", "float32", n, 4 * n), "broadcast": ("broadcast", "float32", n, 4 * n),
+            "all_gather": ("allgather", "float32", per, 4 * per),
+            "reduce_scatter": ("reduce_scatter", "float32", per * world, 4 * per * world),
+            "barrier": ("barrier", "uint8", 1, 1)}[op]
+
+
+def _received(op: str, nbytes: int, world: int, algorithm: str, sight=None) -> list[int]:
+    """Tensor bytes each rank must read off other screens for `_one(op, nbytes)` carried by `algorithm`
+    (a name of protocols.algorithms): every rank's plan is played through in memory, and each transfer
+    a plan shows counts once for every rank it is shown to (its `dest`). E.g. all_reduce of B bytes:
+    all_see_all (n-1) B on every rank; ring 2(n-1)/n B; star (n-1) B on the hub, B on the others.
+    (On the complete sight graph by default: which rank is the hub or the ring's order may differ in the
+    room, but not the counts' largest and smallest, which the lab reports. A camera that reads a screen
+    also decodes the transfers shown there for others: the node's own `bytes_received` counts those.)"""
+    from protocols.algorithms import ALGORITHMS, Sight
+
+    name, dtype, numel, size = _call(op, nbytes, world)
+    cls = ALGORITHMS[algorithm]
+    sight = sight or Sight.complete(world, 20_000.0, 0.3)
+    plans = [cls(r, world, name, dtype, numel, bytes(size), 0, "sum", sight) for r in range(world)]
+    got = [0] * world
+    queue = [(r, s) for r, p in enumerate(plans) for s in p.start()]
+    steps = 0
+    while queue:
+        origin, send = queue.pop(0)
+        steps += 1
+        if steps > 100_000:
+            raise RuntimeError(f"{algorithm} {name}: the plans do not finish")
+        for r in range(world):
+            if r != origin and send.dest >> r & 1:
+                got[r] += len(send.payload)
+                queue += [(r, s) for s in plans[r].received(origin, send.part, send.payload)]
+    return got
+
+
+def _configured() -> str:
+    """The room's configured collective algorithm ("auto" or a name), from the rank's room file."""
+    from wccl.config import load_config
+
+    return load_config(os.environ["WCCL_CONFIG"]).collectives.algorithm
 
 
 def main() -> None:
@@ -69,21 +119,38 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("wccl")
     rank, world = dist.get_rank(), dist.get_world_size()
+    configured = _configured()
     rows = []
     for op in args.ops.split(","):
         for nbytes in [int(s) for s in args.sizes.split(",")]:
             if op == "barrier" and nbytes != 4:
                 continue
-            times, ok = [], True
+            times, ok, error, ran = [], True, None, set()
             for _ in range(args.repeat if nbytes <= 2048 else 1):
                 dist.barrier()  # not timed: every rank starts the measured call from the same point
+                before = wd.algorithms_used()
                 t0 = wd.sim_seconds()
-                ok &= _one(op, nbytes, rank, world)
+                try:
+                    ok &= _one(op, nbytes, rank, world)
+                except Exception as e:  # noqa: BLE001 - the row says why (e.g. an algorithm the room cannot carry)
+                    ok, error = False, str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 times.append(wd.sim_seconds() - t0)
-            rows.append({"op": op, "bytes": nbytes if op != "barrier" else 1, "correct": bool(ok),
-                         "received_bytes": _received(op, nbytes, rank, world),
-                         "latency_s": round(max(times), 4), "latency_min_s": round(min(times), 4)})
-            print(f"[rank {rank}] {op} {nbytes} B: {max(times):.3f} s", file=sys.stderr, flush=True)
+                ran.update(a for a, k in wd.algorithms_used().items() if k > before.get(a, 0))
+                if error is not None:
+                    break
+            algorithm = ",".join(sorted(ran))
+            try:
+                got = _received(op, nbytes, world, algorithm)[rank] if len(ran) == 1 and error is None else None
+            except Exception:  # noqa: BLE001 - a count the bench cannot make is left out, not a failure
+                got = None
+            row = {"op": op, "bytes": nbytes if op != "barrier" else 1, "correct": bool(ok),
+                   "received_bytes": got, "algorithm": algorithm, "configured": configured,
+                   "latency_s": round(max(times), 4), "latency_min_s": round(min(times), 4)}
+            if error is not None:
+                row["error"] = error
+            rows.append(row)
+            print(f"[rank {rank}] {op} {nbytes} B ({algorithm or configured}): {max(times):.3f} s"
+                  + (f" FAILED: {error}" if error else ""), file=sys.stderr, flush=True)
     dist.barrier()
     print(json.dumps({"rank": rank, "world": world, "rows": rows, "node": wd.node_results()}), flush=True)
     dist.destroy_process_group()

@@ -117,8 +117,12 @@ class SimulatedRoom:
                         v = dataclasses.replace(v, visible=False, reason=f"hidden by {by}")
                 self.views[(n, m)] = v
                 seen.append((self.screens[m], v))
-            for m, why in ((s.name, v.reason) for s, v in seen if not v.visible):
-                log.warning("room_screen_not_visible", camera=n, screen=m, reason=why)
+            hidden = [(s.name, v.reason) for s, v in seen if not v.visible]
+            # With many laptops a camera not seeing some screens is the arrangement (discovery finds what
+            # it reads); a camera that sees no screen at all is a room that cannot work.
+            lone = len(hidden) == len(seen) or len(self.nodes) == 2
+            for m, why in hidden:
+                (log.warning if lone else log.info)("room_screen_not_visible", camera=n, screen=m, reason=why)
             cm = CameraModel(n, i, p, cam, seen, self._seed_seq,
                              occluders=[self.lids[k] for k in self.nodes if k != n])
             self.cams[n] = cm

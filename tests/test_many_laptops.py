@@ -1,0 +1,50 @@
+"""Many laptops end to end (issue 14): eight ranks in rooms/table-8.toml (two rows of four, the `webcam`
+camera), as eight processes and the room as a ninth. Discovery over the light must find exactly the
+screens each camera reads (across and the two diagonals), every rank the same graph; the cost model must
+pick the ring (no camera reads every screen, no laptop sees everyone); every result must be right."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from test_distributed import EXAMPLES, ROOT, launch
+
+
+def _events(stderr: str, event: str) -> list[dict]:
+    out = []
+    for line in stderr.splitlines():
+        if f'"event": "{event}"' in line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return out
+
+
+@pytest.mark.slow
+def test_eight_laptops_at_a_table_discover_their_ring_and_agree(tmp_path):
+    room = (ROOT / "rooms" / "table-8.toml").read_text()
+    room = re.sub(r'level = "warning"', 'level = "info"', room)
+    assert 'level = "info"' in room
+    cfg = tmp_path / "table-8.toml"
+    cfg.write_text(room)
+    proc, lines = launch(cfg, EXAMPLES / "collectives_hello.py", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [d["rank"] for d in lines] == list(range(8))
+    for d in lines:
+        assert d["all_reduce"] == [sum(10 * r + i for r in range(8)) for i in range(4)]
+        assert d["broadcast"] == [42, 7]
+        assert d["all_gather"] == [[r] * 3 for r in range(8)]
+    names = ["a0", "b0", "a1", "b1", "a2", "b2", "a3", "b3"]
+    row = {n: n[0] for n in names}
+    col = {n: int(n[1]) for n in names}
+    want = {f"{r}<-{s}" for r in names for s in names if row[r] != row[s] and abs(col[r] - col[s]) <= 1}
+    known = _events(proc.stderr, "sight_known")
+    assert sorted(e["node"] for e in known) == sorted(names)
+    for e in known:
+        assert set(e["edges"]) == want, (e["node"], sorted(set(e["edges"]) ^ want))
+    chosen = {(e["node"], e["op"]): e["algorithm"] for e in _events(proc.stderr, "algorithm_chosen")}
+    assert {chosen[(n, "allreduce")] for n in names} == {"ring"}
