@@ -140,7 +140,8 @@ class SightTable:
             reads, quality = me.reads, me.quality
         else:
             reads, quality = self._reads()
-            if reads != me.reads or self._since is None or self._alive_new:
+            # (a new trust counts too: the frames of a peer just trusted are about to be counted)
+            if reads != me.reads or trusts != me.trusts or self._since is None or self._alive_new:
                 self._since = now
                 self._alive_new = False
         flags = me.flags

@@ -300,6 +300,12 @@ class TransferAssembler:
         self._mark(h.sender, h.tid)
         return opened
 
+    def skip(self, sender: int, tid: int) -> None:
+        """Count a transfer meant for other ranks as had (acknowledged, never delivered here)."""
+        if not self.has(sender, tid):
+            self._decoders.pop((sender, tid), None)
+            self._mark(sender, tid)
+
     def _mark(self, sender: int, tid: int) -> None:
         floor, above = self._received.get(sender, (0, set()))
         above = set(above) | {tid}

@@ -28,6 +28,7 @@ def run(cls, sight: Sight, op: str, inputs: list[torch.Tensor], root: int = 0, r
     def post(r, sends):
         for s in sends:
             assert s.dest and not s.dest >> r & 1, "a rank shows a transfer to itself or to nobody"
+            assert s.payload, "an empty transfer (unkeyed, it cannot be fountain coded)"
             for d in range(n):
                 if s.dest >> d & 1:
                     assert sight.reads(d, r), f"rank {r} shows to rank {d}, whose camera does not read it"

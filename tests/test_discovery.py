@@ -123,3 +123,36 @@ def test_rows_of_an_unknown_key_or_another_run_do_not_count():
                                      key=other)
     assert b.rx.receive(forged, now=0.1).refused == "check_mismatch"
     assert b.hs.sight.rows[0] == discovery.EMPTY
+
+
+def test_a_transfer_meant_for_others_is_acknowledged_not_delivered():
+    """A camera films every screen in view: a transfer addressed to other ranks is never handed on, but
+    counted as had, so it leaves no gap that would hold back the acknowledgement of later ones."""
+    from protocols import frames
+
+    world = 3
+    nodes = [Node(r, world) for r in range(world)]
+    for _ in range(3):  # the run handshake: everyone trusts everyone (all see all)
+        msgs = [n.status(0.0) for n in nodes]
+        for r, n in enumerate(nodes):
+            for s_, m in enumerate(msgs):
+                if s_ != r:
+                    n.rx.receive(m)
+    carol = nodes[2]
+    assert set(carol.hs.trusted) == {0, 1}
+
+    def frame(tid: int, dest: int, payload: bytes) -> bytes:
+        h = transfer.TransferHeader(7, 0, tid, tid, "allreduce", "float32", len(payload) // 4, 0, b"", 0, dest)
+        sealed = KEY.seal(nodes[0].hs.nonce, tid, payload, transfer.aad(h))
+        psize = transfer.packet_size_for(MESSAGE)
+        tr = frames.fountain(sealed, message_bytes=MESSAGE, count=frames.source_packets(len(sealed), psize) + 2,
+                             packet_size=psize)
+        h = transfer.TransferHeader(7, 0, tid, tid, "allreduce", "float32", h.numel, tr.length, tr.digest, 0, dest)
+        return transfer.frame_message(h, tr, 0, message_bytes=MESSAGE, acks=(), shown_us=1000 * tid,
+                                      run_nonce=nodes[0].hs.nonce, trusts=0b110, key=KEY)
+
+    r1 = carol.rx.receive(frame(1, 0b010, bytes(40)))  # for bob only
+    assert r1.refused is None and r1.data is None
+    r2 = carol.rx.receive(frame(2, 0b100, bytes(range(40))))  # for carol
+    assert r2.data == bytes(range(40))
+    assert carol.rx.assembler.ack_of(0).cum == 2  # both counted: no gap at tid 1

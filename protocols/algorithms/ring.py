@@ -62,12 +62,22 @@ class Ring(Plan):
             self.total = n - 1
 
     # ---- what to show
+    def _reducing(self) -> bool:
+        return self.op in ("allreduce", "reduce_scatter")
+
+    def _chunk_in(self, k: int) -> int:
+        """The chunk this rank gets from its predecessor at step k (reduce-scatter, then all-gather)."""
+        n, pos = self.world, self.pos
+        return (pos - k - 1) % n if k < n - 1 else (pos - (k - (n - 1))) % n
+
     def _send_step(self, k: int) -> list[Send]:
         n, pos = self.world, self.pos
-        if self.op in ("allreduce", "reduce_scatter"):
+        if self._reducing():
             if k >= self.total:
                 return []
             idx = (pos - k) % n if k < n - 1 else (pos + 1 - (k - (n - 1))) % n
+            if self.cuts[idx][0] == self.cuts[idx][1]:
+                return []  # an empty chunk (fewer elements than ranks): both ends skip it
             return [Send(k, self.to_succ, self.acc[idx])]
         if self.op == "broadcast":
             return []
@@ -80,7 +90,7 @@ class Ring(Plan):
             if self.rank != self.root:
                 return []
             return [Send(j, self.to_succ, self.payload[a:b]) for j, (a, b) in enumerate(self.cuts)]
-        return self._send_step(0)
+        return self._send_step(0) + self._advance()
 
     def received(self, origin: int, part: int, payload: bytes) -> list[Send]:
         if origin != self.pred or part < self.next_part or part in self.inbox:
@@ -94,12 +104,21 @@ class Ring(Plan):
         if part >= self.total:
             return []
         self.inbox[part] = payload
+        return self._advance()
+
+    def _advance(self) -> list[Send]:
+        """Use pred's parts in order (an empty chunk's step needs no transfer); returns the sends due."""
         out: list[Send] = []
         n, pos = self.world, self.pos
-        while self.next_part in self.inbox:  # use pred's parts in order
+        while self.next_part < self.total:
             k = self.next_part
-            data = self.inbox.pop(k)
-            if self.op in ("allreduce", "reduce_scatter"):
+            if k in self.inbox:
+                data = self.inbox.pop(k)
+            elif self._reducing() and self.cuts[self._chunk_in(k)][0] == self.cuts[self._chunk_in(k)][1]:
+                data = b""
+            else:
+                break
+            if self._reducing():
                 if k < n - 1:  # reduce-scatter: fold pred's partial sum of this chunk with ours
                     idx = (pos - k - 1) % n
                     self.acc[idx] = fold(data, self.acc[idx], self.dtype, self.reduce_op)

@@ -87,9 +87,11 @@ class CollectiveNode(NodeSupervisor):
         log_key(structlog.get_logger("wccl"), key)
         self.key_fingerprint = key.fingerprint
         # The run handshake: this rank's run nonce, and which of its peers' nonces it trusts.
+        from protocols.algorithms import Sight
         from protocols.discovery import SightTable
 
-        sight = SightTable(self.rank, self.world, hold_s, settle_s=col.discovery_s)
+        # (one rank alone: nothing to discover, nobody to greet)
+        sight = SightTable(self.rank, self.world, hold_s, settle_s=col.discovery_s) if self.world > 1 else None
         self.handshake = Handshake(self.rank, self.world, sight=sight)
         self.deps = {
             "camera_reader": dict(camera=self.camera),
@@ -102,6 +104,7 @@ class CollectiveNode(NodeSupervisor):
                                   run_nonce=self.handshake.nonce),
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
                                 on_drained=self.end, algorithm=col.algorithm,
+                                sight=Sight.complete(1, 1.0, 0.0) if self.world == 1 else None,
                                 goodput=link_goodput(cfg, codec, hold_s), latency_s=ROUND_HOLDS * hold_s),
         }
         self._wire({"screen_writer": "transfers"})
