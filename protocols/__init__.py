@@ -12,3 +12,18 @@
 
 Nothing here imports any other package of ours.
 """
+
+from __future__ import annotations
+
+import importlib
+
+
+def named_subclasses(package: str, modules: tuple[str, ...], base: type) -> dict[str, type]:
+    """The subclasses of `base` with a `name`, defined in `package`'s `modules`, by name: the registry
+    of a folder where each kind (a codec, a collective algorithm) is one file."""
+    found: dict[str, type] = {}
+    for mod in modules:
+        for obj in vars(importlib.import_module(f"{package}.{mod}")).values():
+            if isinstance(obj, type) and issubclass(obj, base) and obj is not base and obj.name:
+                found[obj.name] = obj
+    return found

@@ -247,7 +247,7 @@ class Handshake:
             if trusted or r not in self.relayed:
                 self.relayed[r] = v
         if self.sight is not None:
-            self.sight.alive(sum(1 << r for r in range(self.world) if self.echo()[r]))
+            self.sight.alive(sum(1 << r for r, v in enumerate(self.echo()) if v))
 
     def tick(self, now: float) -> bool:
         """Let the sight table measure up to `now` (this node's clock); True if this node's row changed."""

@@ -24,10 +24,12 @@ subclass with `name = "NAME"` and list the module in `_MODULES` below.
 
 from __future__ import annotations
 
-import importlib
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
+
+from protocols import named_subclasses
 
 __all__ = ["Plan", "Send", "Sight", "ALGORITHMS", "choose", "estimates", "AlgorithmError"]
 
@@ -75,9 +77,13 @@ class Sight:
     def ring(self) -> list[int] | None:
         """A cycle through every rank along which each rank's screen is read by the next (data flows
         forward): the best of the cycles found (the one whose slowest edge is fastest), or None."""
+        return None if self._ring is None else list(self._ring)
+
+    @functools.cached_property
+    def _ring(self) -> tuple[int, ...] | None:  # searched once per graph (a frozen dataclass: cached here)
         n = self.world
         if n < 2:
-            return list(range(n))
+            return tuple(range(n))
         best: tuple[float, list[int]] | None = None
         # Depth-first search for Hamiltonian cycles from rank 0 (n <= 8: small), widest edges first.
         limit = [20000]
@@ -104,7 +110,7 @@ class Sight:
                 path.pop()
 
         dfs([0], 1, float("inf"))
-        return best[1] if best else None
+        return tuple(best[1]) if best else None
 
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int16": 2,
@@ -187,12 +193,7 @@ class Plan(ABC):
 
 
 _MODULES = ("all_see_all", "ring", "star")
-ALGORITHMS: dict[str, type[Plan]] = {}
-for _m in _MODULES:
-    _mod = importlib.import_module(f"{__name__}.{_m}")
-    for _v in vars(_mod).values():
-        if isinstance(_v, type) and issubclass(_v, Plan) and _v is not Plan and _v.name:
-            ALGORITHMS[_v.name] = _v
+ALGORITHMS: dict[str, type[Plan]] = named_subclasses(__name__, _MODULES, Plan)
 
 
 def estimates(sight: Sight, op: str, nbytes: int, root: int = 0) -> dict[str, float | str]:

@@ -15,11 +15,12 @@ its own contribution, not the tensor it encoded.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
 import torch
+
+from protocols import named_subclasses
 
 __all__ = ["Codec", "CodecError", "CODECS", "get_codec", "ErrorFeedback"]
 
@@ -71,13 +72,7 @@ _MODULES = ("fp32", "bf16", "int8", "sign", "topk", "powersgd")
 
 
 def _registry() -> dict[str, type[Codec]]:
-    found: dict[str, type[Codec]] = {}
-    for mod in _MODULES:
-        m = importlib.import_module(f"{__name__}.{mod}")
-        for obj in vars(m).values():
-            if isinstance(obj, type) and issubclass(obj, Codec) and obj is not Codec and obj.name:
-                found[obj.name] = obj
-    return found
+    return named_subclasses(__name__, _MODULES, Codec)
 
 
 CODECS: dict[str, type[Codec]] = _registry()
