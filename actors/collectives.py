@@ -2,9 +2,11 @@
 
 Consumes: `CollectiveRequest` (from the rank's program, through
 wccl.distributed), `TransferArrived` (a peer's transfer, rebuilt and
-checked), `PeerAcks` (what each peer has of this rank's transfers), `Drain`
-(the program is done). Emits: `PostTransfer` (to the screen), and
-`CollectiveDone` with every rank's parts in rank order, or an error.
+checked), `PeerAcks` (what each peer has of this rank's transfers), `HoldsKnown`
+(how many collectives each rank is known to hold), `Drain` (the program is
+done). Emits: `PostTransfer` (to the screen), `HoldsKnown` (this rank's
+own count), and `CollectiveDone` with every rank's parts in rank order, or
+an error.
 
 Every rank issues the same collectives in the same order (torch's rule), so
 the k-th request of every rank is collective `seq` k. Each request starts
@@ -19,6 +21,19 @@ that disagrees with this rank's own call (another op, dtype or size) fails
 the collective with a message naming both; one that does not arrive within
 `timeout_s` fails it with what was and was not received. Nothing partial is
 ever handed on.
+
+Agreement: a rank that has every part of collective `seq` *holds* it, and
+says so in every frame it shows (a count: it holds every collective before
+`count`); frames relay what each rank is known to hold, camera to camera. A
+rank hands a collective's result on only once every rank is known to hold it,
+so a frame that reached some cameras and not others (a hand over a camera,
+someone walking by) delays the collective on every rank, and a camera lost
+for longer than the timeout fails it on every rank: never applied by some
+ranks and not by others. (Whether the *last* news reached every rank before
+a camera went dark cannot be known by any protocol (the two generals): a rank
+that holds a collective but never learns that the others do fails it with
+that reason.) After a failed collective the group is broken, as NCCL's is
+after a timeout: every later collective fails at once, saying why.
 """
 
 from __future__ import annotations
@@ -31,8 +46,8 @@ import structlog
 
 from protocols import transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
-from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, PeerAcks, PostTransfer, SightKnown,
-                                TransferArrived)
+from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks, PostTransfer,
+                                SightKnown, TransferArrived)
 from wccl.actor import Actor, ActorContext
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
@@ -43,10 +58,11 @@ class _Pending:
     req: CollectiveRequest
     deadline: float
     plan: Plan
+    held: bool = False  # this rank has every part (it waits for every rank to hold it too)
 
 
 class Collectives(Actor):
-    consumes = (CollectiveRequest, TransferArrived, PeerAcks, Drain, SightKnown)
+    consumes = (CollectiveRequest, TransferArrived, PeerAcks, Drain, SightKnown, HoldsKnown)
 
     def __init__(self, ctx: ActorContext, rank: int, world: int, timeout_s: float,
                  names: list[str] | None = None, on_drained=None, sight: Sight | None = None,
@@ -75,6 +91,10 @@ class Collectives(Actor):
         self._heard: dict[int, float] = {}  # rank -> node-clock time of its last transfer
         self._drain: Drain | None = None
         self._last_seq = -1  # the latest collective started here
+        self._held: set[int] = set()  # collectives this rank has every part of, beyond `_count`
+        self._count = 0  # this rank holds every collective before this one
+        self._known = [0] * world  # how many collectives each rank is known to hold (from frames)
+        self._broken: str | None = None  # why the group cannot agree any more (a collective failed here)
         self._drained = asyncio.Event()
         self.results = ctx.results.setdefault("collectives", {"done": 0, "failed": 0, "transfers_posted": 0,
                                                               "bytes_posted": 0, "bytes_received": 0})
@@ -96,6 +116,10 @@ class Collectives(Actor):
         elif isinstance(msg, PeerAcks):
             self._acks[msg.origin] = transfer.Ack(*msg.ack)
             self._check_drained()
+        elif isinstance(msg, HoldsKnown):
+            if any(b > a for a, b in zip(self._known, msg.holds)):
+                self._known = [max(a, b) for a, b in zip(self._known, msg.holds)]
+                await self._commit()
         elif isinstance(msg, Drain):
             self._drain = msg
             self._wake.set()
@@ -121,7 +145,15 @@ class Collectives(Actor):
 
     async def _start(self, req: CollectiveRequest) -> None:
         self._last_seq = max(self._last_seq, req.seq)
+        if self._broken is not None:
+            self.results["failed"] += 1
+            await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=req.seq,
+                                           handle=req.handle, error=f"collective #{req.seq} ({req.op}) not run: "
+                                           f"{self._broken}; the ranks cannot agree on later collectives "
+                                           "(destroy the process group and start again)"))
+            return
         if self.world == 1 or req.numel == 0:
+            await self._hold(req.seq)  # nothing moves: every rank has it as soon as it asks
             await self._done(req, tuple(req.inputs for _ in range(self.world)))
             return
         payload = req.inputs[0] if len(req.inputs) == 1 else b"".join(req.inputs)
@@ -145,8 +177,8 @@ class Collectives(Actor):
         for early in self._early.pop(req.seq, []):
             if req.seq in self._pending:
                 await self._arrived(pend, early)
-        if plan.done and req.seq in self._pending:
-            await self._complete(pend)
+        if plan.done and req.seq in self._pending and not pend.held:
+            await self._has_all(pend)
 
     async def _post(self, req: CollectiveRequest, sends) -> None:
         for s in sends:
@@ -169,8 +201,34 @@ class Collectives(Actor):
                                    "collectives in the same order")
             return
         await self._post(req, pend.plan.received(msg.origin, msg.part, msg.payload))
-        if pend.plan.done and req.seq in self._pending:
-            await self._complete(pend)
+        if pend.plan.done and req.seq in self._pending and not pend.held:
+            await self._has_all(pend)
+
+    async def _has_all(self, pend: _Pending) -> None:
+        """This rank has every part of the collective: say so, and apply it once every rank holds it."""
+        pend.held = True
+        await self._hold(pend.req.seq)
+        await self._commit()
+
+    async def _hold(self, seq: int) -> None:
+        self._held.add(seq)
+        count = self._count
+        while count in self._held:
+            self._held.discard(count)
+            count += 1
+        if count != self._count:
+            self._count = count
+            self._known[self.rank] = count
+            await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=tuple(self._known)))
+
+    def _everyone_holds(self, seq: int) -> bool:
+        return all(k > seq for k in self._known)
+
+    async def _commit(self) -> None:
+        for seq in sorted(self._pending):
+            pend = self._pending.get(seq)
+            if pend is not None and pend.held and self._everyone_holds(seq):
+                await self._complete(pend)
 
     async def _complete(self, pend: _Pending) -> None:
         req = pend.req
@@ -190,6 +248,8 @@ class Collectives(Actor):
 
     async def _fail(self, pend: _Pending, error: str) -> None:
         self._pending.pop(pend.req.seq, None)
+        if self._broken is None:
+            self._broken = f"collective #{pend.req.seq} ({pend.req.op}) failed"
         self.results["failed"] += 1
         self.log.error("collective_failed", seq=pend.req.seq, op=pend.req.op, error=error)
         await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=pend.req.seq,
@@ -201,12 +261,21 @@ class Collectives(Actor):
             await self.clock.sleep_until(self.clock.now() + period)
             now = self.clock.now()
             for pend in [p for p in self._pending.values() if p.deadline <= now]:
+                seq = pend.req.seq
+                if pend.held:
+                    unsure = [r for r in range(self.world) if self._known[r] <= seq]
+                    who = ", ".join(f"rank {r} ({self.names[r]})" for r in unsure)
+                    await self._fail(pend, f"collective #{seq} ({pend.req.op}) timed out after {self.timeout_s:g} s: "
+                                           f"this rank has every part, but {who} never showed that it has them "
+                                           "too, so it is not applied here (a rank applies a collective only "
+                                           "once every rank has it)")
+                    continue
                 missing = sorted(pend.plan.waiting_for())
                 who = ", ".join(f"rank {r} ({self.names[r]}): "
                                 + (f"last transfer {now - self._heard[r]:.1f} s ago" if r in self._heard
                                    else "nothing received yet")
                                 for r in missing)
-                await self._fail(pend, f"collective #{pend.req.seq} ({pend.req.op}) timed out after "
+                await self._fail(pend, f"collective #{seq} ({pend.req.op}) timed out after "
                                        f"{self.timeout_s:g} s waiting for {who}")
 
     def _check_drained(self) -> None:

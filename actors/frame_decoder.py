@@ -36,7 +36,7 @@ import structlog
 
 from protocols import discovery, fec, frames, transfer
 from protocols.link import LinkCodec
-from protocols.messages import (AcksChanged, Capture, FrameTiming, PeerAcks, ScheduleDone, ScheduleKnown, SightKnown,
+from protocols.messages import (AcksChanged, Capture, FrameTiming, HoldsKnown, PeerAcks, ScheduleDone, ScheduleKnown, SightKnown,
                                 TensorReceived, Tick, TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
@@ -232,6 +232,8 @@ class FrameDecoder(Actor):
                        else f"frames_{r.refused}"] += 1
             return None
         self.stats["frames_ok"] += 1
+        if r.holds_changed:
+            await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=self.receiver.holds))
         if r.peer_ack is not None:
             await self.emit(PeerAcks(sender=self.ctx.node, time=self.clock.now(), origin=f.sender,
                                      ack=(r.peer_ack.cum, r.peer_ack.mask)))

@@ -45,11 +45,12 @@ class Intruder(Actor):
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, world: int, seed: int = 0, record_to: str | None = None,
-                 replay_from: str | None = None) -> None:
+                 replay_from: str | None = None, replay_window_s: float = REPLAY_WINDOW_S) -> None:
         super().__init__(ctx)
         self.screen, self.codec = screen, codec
         self.screen_w, self.screen_h = screen_w, screen_h
         self.hold_s, self.session, self.world = hold_s, session, world
+        self.replay_window_s = replay_window_s  # the room's: a replay must be older than this to be one
         self.rng = random.Random(seed)
         self.own_key = RoomKey(os.urandom(32), "intruder")
         self.tracker = reader.QuadTracker(codec.layout)
@@ -104,7 +105,7 @@ class Intruder(Actor):
                                                         trusts=(1 << self.world) - 1, key=self.own_key)
         if kind == "replayed":
             now = self.clock.now()
-            old = [f for f in self.filmed if f[0] < now - REPLAY_WINDOW_S - 1.0]
+            old = [f for f in self.filmed if f[0] < now - self.replay_window_s - 1.0]
             if self.old_run and (not old or self.rng.random() < 0.5):
                 return kind, self.rng.randrange(self.world), self.rng.choice(self.old_run)
             if not old:

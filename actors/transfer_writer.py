@@ -3,7 +3,8 @@
 Consumes: `PostTransfer` (a tensor's bytes to show, with the collective it
 belongs to and the ranks that must read it), `AcksChanged` (this node's own
 acknowledgements, shown in every frame from then on), `PeerAcks` (what each
-peer has rebuilt of this node's transfers). Emits: nothing; it drives the
+peer has rebuilt of this node's transfers), `HoldsKnown` (how many collectives
+each rank is known to hold, shown in every frame: relayed). Emits: nothing; it drives the
 injected screen.
 
 Every `hold_s` (on the node's clock) the pure screen planner
@@ -30,7 +31,7 @@ import dataclasses
 
 from protocols import discovery, layout, transfer
 from protocols.link import LinkCodec
-from protocols.messages import AcksChanged, PeerAcks, PostTransfer
+from protocols.messages import AcksChanged, HoldsKnown, PeerAcks, PostTransfer
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey, new_run_nonce
 from wccl.actor import Actor, ActorContext
@@ -41,7 +42,7 @@ REPAIR_SHARE = 0.25  # repair packets made up front, as a share of the source pa
 
 
 class TransferWriter(Actor):
-    consumes = (PostTransfer, AcksChanged, PeerAcks)
+    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown)
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, rank: int, world: int, loss: float = 0.1,
@@ -56,6 +57,7 @@ class TransferWriter(Actor):
         self.plan = ScreenPlan(loss=loss, margin=margin_frames)
         self._out: dict[int, tuple[transfer.TransferHeader, object]] = {}
         self._acks: tuple[transfer.Ack, ...] = transfer.NO_ACKS[:world]
+        self._holds: tuple[int, ...] = (0,) * world
         self.key = key
         self.run_nonce = run_nonce if run_nonce is not None else new_run_nonce()
         self._echo: tuple[int, ...] = tuple(self.run_nonce if r == rank else 0 for r in range(world))
@@ -74,8 +76,14 @@ class TransferWriter(Actor):
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
         await self.run_beside(self._present())
 
-    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks) -> None:
-        if isinstance(msg, AcksChanged):
+    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown) -> None:
+        if isinstance(msg, HoldsKnown):
+            holds = tuple(max(a, b) for a, b in zip(self._holds, msg.holds))
+            if holds == self._holds:
+                return
+            self._holds = holds
+            self._status_due = STATUS_REPEATS  # a rank waits for this news: show it even when idle
+        elif isinstance(msg, AcksChanged):
             self._acks = tuple(transfer.Ack(c, m) for c, m in msg.acks)
             if msg.echo:
                 self._echo, self._trusts, self._greeting = msg.echo, msg.trusts, msg.greeting
@@ -107,14 +115,14 @@ class TransferWriter(Actor):
             return transfer.frame_message(header, fountain, index % len(fountain.packets),
                                           message_bytes=self.codec.message_bytes, acks=self._acks,
                                           shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
-                                          key=self.key)
+                                          holds=self._holds, key=self.key)
         if self._status_due > 0 or self._greeting:
             self._status_due = max(0, self._status_due - 1)
             self.results["status_frames"] += 1
             return transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                            message_bytes=self.codec.message_bytes, shown_us=shown_us,
                                            run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
-                                           rows=self._rows, key=self.key)
+                                           rows=self._rows, holds=self._holds, key=self.key)
         return None
 
     async def _present(self) -> None:

@@ -242,6 +242,15 @@ class PeerAcks(Message):
     ack: AckPair
 
 
+class HoldsKnown(Message):
+    """How many of the group's collectives each rank is known to hold (every part of it), one count
+    per rank: the Collectives actor says its own, the FrameDecoder what the frames it read say (relayed
+    camera to camera); every frame shows the most known (protocols.transfer)."""
+
+    control: ClassVar[bool] = True
+    holds: tuple[int, ...]
+
+
 class Drain(Message):
     """The rank's program is done: show until every posted transfer is acknowledged, linger, stop."""
 

@@ -6,7 +6,9 @@ an unknown sender or of this rank itself, asks the run handshake
 (protocols.security.Handshake) whether the frame belongs to this run and is
 recent, and only then uses its acknowledgements and its packet
 (TransferAssembler: a tensor is delivered once rebuilt, its digest matches
-and its sealed bytes open under the key). The FrameDecoder actor calls it
+and its sealed bytes open under the key), and what it says of every rank's
+holdings (`holds`: the most each rank is known to hold, from any frame of
+this run: counts only grow, so an old frame read late tells nothing new). The FrameDecoder actor calls it
 for every transfer frame it reads; the attack bench and the fuzzer call
 exactly the same code with bytes they make up.
 
@@ -35,6 +37,7 @@ class Received:
     handshake_changed: bool = False
     data: bytes | None = None
     duplicate: bool = False
+    holds_changed: bool = False
 
 
 class TransferReceiver:
@@ -45,6 +48,7 @@ class TransferReceiver:
         self.handshake = handshake or Handshake(rank, world)
         self.assembler = assembler or transfer.TransferAssembler()
         self._peer_acks: dict[int, transfer.Ack] = {}
+        self.holds: tuple[int, ...] = (0,) * world  # how many collectives each rank is known to hold
 
     def receive(self, message: bytes, now: float | None = None) -> Received:
         """One frame message (after error correction), read at `now` on this node's clock (None: time is
@@ -72,18 +76,21 @@ class TransferReceiver:
         peer_ack = None
         if self._peer_acks.get(f.sender) != ack:
             self._peer_acks[f.sender] = peer_ack = ack
+        holds = tuple(max(a, b) for a, b in zip(self.holds, f.holds))
+        more = holds != self.holds
+        self.holds = holds
         if f.header is None:
-            return Received(f, None, peer_ack, changed)
+            return Received(f, None, peer_ack, changed, holds_changed=more)
         if f.header.dest and not f.header.dest >> self.rank & 1:
             # Meant for other readers (a camera films every screen in view): never delivered here, but
             # counted as had, so that a transfer this rank never needed leaves no gap in its
             # acknowledgement of the sender, which would hold back those of later transfers meant for it.
             self.assembler.skip(f.header.sender, f.header.tid)
-            return Received(f, None, peer_ack, changed)
+            return Received(f, None, peer_ack, changed, holds_changed=more)
         data = self.assembler.add(f, self.key)
         if data is transfer.DUPLICATE:
-            return Received(f, None, peer_ack, changed, duplicate=True)
-        return Received(f, None, peer_ack, changed, data)
+            return Received(f, None, peer_ack, changed, duplicate=True, holds_changed=more)
+        return Received(f, None, peer_ack, changed, data, holds_changed=more)
 
     def _state(self):
         hs = self.handshake

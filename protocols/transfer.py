@@ -1,4 +1,4 @@
-"""Transfer frames: the frame format of collectives (frame version 6).
+"""Transfer frames: the frame format of collectives (frame version 7).
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -15,7 +15,12 @@ which of that peer's transfers it has rebuilt (`Ack`: all tids up to `cum`,
 plus a bitmap of the 32 after `cum + 1`). A sender keeps showing a transfer
 (source packets, then fresh repair packets) until every rank it is meant for
 acknowledges it, so no schedule has to guess how many frames a camera will
-lose. A *status* frame (tid 0, no packet) carries acknowledgements alone, the
+lose. Every frame also carries what the sender knows of every rank's
+*holdings* (`holds`: how many of the group's collectives, 0 .. n-1, that rank
+has every part of; its own count, and the others' as read from their frames,
+relayed camera to camera): a rank applies collective `seq` only once every
+rank is known to hold it (actors.collectives), so a frame that reached some
+cameras and not others never leaves the ranks disagreeing. A *status* frame (tid 0, no packet) carries acknowledgements alone, the
 sender's echo of every rank's run nonce (the handshake of protocols.security)
 and its discovery table: which screens each rank reads (protocols.discovery).
 
@@ -28,7 +33,8 @@ sealed bytes'.
     header (big endian)
       magic 0xC7 | version 5 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
-      packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32)
+      packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32) |
+      holds: 8 x u32
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
             then the discovery table, 8 x 13-byte rows)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
@@ -50,15 +56,16 @@ from protocols.frames import CHECK_BYTES, MAGIC, PAYLOAD_ID_BYTES, FrameError, T
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 6
+VERSION = 7
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQB")
 _ACK = struct.Struct(">II")
+_HOLDS = struct.Struct(">8I")
 _ECHO = struct.Struct(f">{MAX_RANKS}Q")
 STATUS_PACKET = _ECHO.size + discovery.TABLE_BYTES
 _AAD = struct.Struct(">HBIIBBHI")
 PERSON = b"wccl-xfer"
-HEADER_BYTES = _HEAD.size + MAX_RANKS * _ACK.size
+HEADER_BYTES = _HEAD.size + MAX_RANKS * _ACK.size + _HOLDS.size
 OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 ACK_WINDOW = 32
 
@@ -141,6 +148,7 @@ class TransferFrame:
     trusts: int = 0
     echo: tuple[int, ...] | None = None  # status frames: the sender's echo of each rank's run nonce
     rows: tuple | None = None  # status frames: the sender's discovery table (protocols.discovery.Row each)
+    holds: tuple[int, ...] = (0,) * MAX_RANKS  # how many collectives each rank is known to hold
 
     @property
     def packet_id(self) -> int:
@@ -154,6 +162,12 @@ def _pack_acks(acks: tuple[Ack, ...]) -> bytes:
     return b"".join(_ACK.pack(a.cum, a.mask) for a in acks)
 
 
+def _pack_holds(holds: tuple[int, ...]) -> bytes:
+    if len(holds) > MAX_RANKS:
+        raise ValueError(f"at most {MAX_RANKS} ranks")
+    return _HOLDS.pack(*(tuple(holds) + (0,) * (MAX_RANKS - len(holds))))
+
+
 def aad(header: TransferHeader) -> bytes:
     """The associated data a transfer's payload is sealed with: everything that gives it meaning."""
     return _AAD.pack(header.session, header.sender, header.tid, header.seq, OPS[header.op], DTYPES[header.dtype],
@@ -162,14 +176,14 @@ def aad(header: TransferHeader) -> bytes:
 
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
                   acks: tuple[Ack, ...], shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
-                  key: RoomKey = NO_KEY) -> bytes:
+                  holds: tuple[int, ...] = (), key: RoomKey = NO_KEY) -> bytes:
     """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
     head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, 0, header.tid, header.seq, OPS[header.op],
                       DTYPES[header.dtype], header.part, header.dest, header.length, header.numel, header.digest,
                       transfer.packet_size, shown_us, run_nonce, trusts)
-    body = head + _pack_acks(acks) + transfer.packets[index]
+    body = head + _pack_acks(acks) + _pack_holds(holds) + transfer.packets[index]
     msg = body + key.check(body, PERSON)
     if len(msg) > message_bytes:
         raise ValueError(f"frame message of {len(msg)} bytes exceeds {message_bytes}")
@@ -178,14 +192,14 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
                    shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
-                   rows: tuple = (), key: RoomKey = NO_KEY) -> bytes:
+                   rows: tuple = (), holds: tuple[int, ...] = (), key: RoomKey = NO_KEY) -> bytes:
     """A status frame's message: acknowledgements, the echo of every rank's run nonce, the discovery
     table (`rows`, protocols.discovery.Row each; empty rows where not given)."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, 0, 0, OPS["status"], 0, 0, 0, 0, 0,
                       bytes(8), STATUS_PACKET, shown_us, run_nonce, trusts)
-    body = (head + _pack_acks(acks) + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
+    body = (head + _pack_acks(acks) + _pack_holds(holds) + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
             + discovery.pack_table(tuple(rows)))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
@@ -221,10 +235,11 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
     acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(MAX_RANKS))
+    holds = _HOLDS.unpack_from(msg, _HEAD.size + MAX_RANKS * _ACK.size)
     if status:
         echo = _ECHO.unpack_from(msg, HEADER_BYTES)
         rows = discovery.unpack_table(msg[HEADER_BYTES + _ECHO.size:end])
-        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows)
+        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds)
     if op not in OP_NAMES or op == OPS["status"]:
         raise FrameError("unknown_op", str(op))
     if dtype not in DTYPE_NAMES:
@@ -233,7 +248,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_length", "empty transfer")
     header = TransferHeader(session, sender, tid, seq, OP_NAMES[op], DTYPE_NAMES[dtype], numel, length, dig,
                             part, dest)
-    return TransferFrame(session, sender, header, bytes(msg[HEADER_BYTES:end]), acks, shown, nonce, trusts)
+    return TransferFrame(session, sender, header, bytes(msg[HEADER_BYTES:end]), acks, shown, nonce, trusts,
+                         holds=holds)
 
 
 @dataclass

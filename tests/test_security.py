@@ -195,9 +195,11 @@ def test_an_intruder_changes_nothing(tmp_path):
     shutil.copy(ROOT / "rooms" / "demo-room.key", rooms)
     text = (ROOT / "rooms" / "intruder.toml").read_text().replace('level = "warning"',
                                                                  'level = "warning"\nformat = "json"')
+    # A short replay window (the room's default is 20 s) so that a short run outlasts it.
+    text = text.replace("session = 12", "session = 12\nreplay_window_s = 4.0")
     (rooms / "intruder.toml").write_text(text)
     filmed = tmp_path / "filmed.txt"
-    steps = ("--steps", "120")  # about 23 simulated seconds: longer than the 20 s replay window
+    steps = ("--steps", "60")  # about 12 simulated seconds: longer than the 4 s replay window
     proc1, first = launch(rooms / "intruder.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600,
                           env={"WCCL_INTRUDER_RECORD": str(filmed)})
     assert proc1.returncode == 0, proc1.stderr[-3000:]
@@ -211,8 +213,8 @@ def test_an_intruder_changes_nothing(tmp_path):
     refused = _refused(proc2.stderr)
     assert set(refused) == {"alice", "bob"}
     for node, r in refused.items():
-        assert r["check_mismatch"] > 50, r  # forged, random and bit-flipped frames
-        assert r.get("other_run", 0) > 10, r  # frames filmed in the first run
+        assert r["check_mismatch"] > 30, r  # forged, random and bit-flipped frames
+        assert r.get("other_run", 0) > 0, r  # frames filmed in the first run
         assert r.get("replayed_old", 0) > 0, r  # this run's frames, shown again after the window
         assert r["frames_ok"] > 100 and not r["losses"].get("payload_not_authentic"), r
 

@@ -92,6 +92,9 @@ class NodeSpec(_Strict):
     # seed within room.clock_offset_max_s / clock_drift_max_ppm when not given).
     clock_offset_s: float | None = Field(default=None, ge=-86400, le=86400)
     clock_drift_ppm: float | None = Field(default=None, ge=-10000, le=10000)
+    # Simulated room only: a hand over this camera from start to end (room seconds after the cameras
+    # started), e.g. [[20.0, 26.0]]: its captures are black then.
+    covered_s: list[tuple[float, float]] = Field(default_factory=list)
     webcam: WebcamOptions | None = None  # camera "webcam": device, resolution, fps, MJPEG, locks
     window: WindowOptions | None = None  # screen "window": fullscreen or placed
 
@@ -105,6 +108,12 @@ class NodeSpec(_Strict):
                                  f"{' or '.join(r for r in self.roles if r != alone)}")
         if self.camera == "file" and not self.camera_file:
             raise ValueError(f"node {self.name!r}: camera 'file' needs camera_file (a recording)")
+        for start, end in self.covered_s:
+            if not 0 <= start < end:
+                raise ValueError(f"node {self.name!r}: covered_s needs [start, end] with 0 <= start < end, "
+                                 f"got [{start}, {end}]")
+        if self.covered_s and self.camera != "room":
+            raise ValueError(f"node {self.name!r}: covered_s covers a simulated room camera (camera is {self.camera!r})")
         if self.webcam is not None and self.camera != "webcam":
             raise ValueError(f"node {self.name!r}: webcam options need camera = 'webcam' (it is {self.camera!r})")
         if self.window is not None and self.screen != "window":
@@ -127,6 +136,8 @@ class RoomConfig(_Strict):
     session: int = Field(default=1, ge=0, le=0xFFFF)  # written in every frame: other sessions' frames are ignored
     key_file: str | None = None  # the room key (32 bytes: python -m wccl.keys new FILE), relative to the config file
     key_env: str | None = None  # or: the environment variable holding the room's passphrase (stretched with scrypt)
+    # A frame shown more than this long before its sender's newest one is a replay (protocols.security).
+    replay_window_s: float = Field(default=20.0, ge=1, le=3600)
     security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this

@@ -40,7 +40,8 @@ class IntruderNode(NodeSupervisor):
             "camera_reader": dict(camera=self.camera),
             "intruder": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                              hold_s=hold_s, session=cfg.room.session, world=len(cfg.room.ranks),
-                             seed=cfg.room.seed, record_to=os.environ.get("WCCL_INTRUDER_RECORD"),
+                             seed=cfg.room.seed, replay_window_s=cfg.room.replay_window_s,
+                             record_to=os.environ.get("WCCL_INTRUDER_RECORD"),
                              replay_from=os.environ.get("WCCL_INTRUDER_REPLAY")),
         }
         self._wire()

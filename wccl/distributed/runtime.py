@@ -92,7 +92,7 @@ class CollectiveNode(NodeSupervisor):
 
         # (one rank alone: nothing to discover, nobody to greet)
         sight = SightTable(self.rank, self.world, hold_s, settle_s=col.discovery_s) if self.world > 1 else None
-        self.handshake = Handshake(self.rank, self.world, sight=sight)
+        self.handshake = Handshake(self.rank, self.world, sight=sight, window_s=room.replay_window_s)
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,

@@ -71,6 +71,9 @@ class SimulatedRoom:
         self._serials: dict[str, list[int]] = {n: [0] for n in self.nodes}
         self._serial = 0
         self.captures = 0
+        # A hand over a camera: (start, end) in room seconds after the first camera started; it sees black.
+        self._covers: dict[str, list[tuple[float, float]]] = {n: [] for n in self.nodes}
+        self._t0: float | None = None  # when the first camera started (room time)
         if not self.exact:
             self._build(channel or {}, node_channels)
 
@@ -156,7 +159,25 @@ class SimulatedRoom:
                    channel=dict(config.room.channel), node_channels=[dict(n.channel) for n in config.room.nodes])
         room.set_clocks(config.room.clock_offset_max_s, config.room.clock_drift_max_ppm,
                         {n.name: (n.clock_offset_s, n.clock_drift_ppm) for n in config.room.nodes})
+        for n in config.room.nodes:
+            for start, end in n.covered_s:
+                room.cover(n.name, start, end)
         return room
+
+    def cover(self, node: str, start_s: float, end_s: float) -> None:
+        """Put a hand over `node`'s camera from `start_s` to `end_s` room seconds after the first camera
+        started: its captures are black then (someone reaching across, a lid knocked shut)."""
+        self._check(node)
+        if not 0 <= start_s < end_s:
+            raise ValueError(f"cover of {node}'s camera: need 0 <= start < end, got {start_s}, {end_s}")
+        self._covers[node].append((start_s, end_s))
+
+    def covered(self, node: str, t: float) -> bool:
+        """Is `node`'s camera covered at true time `t`?"""
+        if not self._covers[node] or self._t0 is None:
+            return False
+        rel = t - self._t0
+        return any(a <= rel < b for a, b in self._covers[node])
 
     # ---- the laptops' clocks -------------------------------------------------------------------
 
@@ -196,7 +217,18 @@ class SimulatedRoom:
 
     def camera(self, node: str, clock: NodeClock) -> RoomCamera:
         self._check(node)
+        self.camera_started(self.now())
         return RoomCamera(self, node, clock)
+
+    @property
+    def cameras_started_at(self) -> float | None:
+        """The true time the first camera started (covers count from it), or None before."""
+        return self._t0
+
+    def camera_started(self, t: float) -> None:
+        """A camera started at true time `t`: the first one sets the time covers count from."""
+        if self._t0 is None:
+            self._t0 = t
 
     def camera_fps(self, node: str) -> float:
         """Captures per second of `node`'s camera (a profile may override config.camera.fps)."""
@@ -301,12 +333,17 @@ class SimulatedRoom:
             return self.capture_at(node, t)
         shown = [self.screen_at(n, t) for n in self.visible_from(node)]
         self.captures += 1
+        if self.covered(node, t):
+            return np.zeros((self.screen_h, self.screen_w * len(shown), 3), np.uint8)
         if len(shown) == 1:
             return shown[0].copy()
         return np.concatenate(shown, axis=1)
 
     def _render(self, node: str, t: float, rng: np.random.Generator, stream: bool) -> np.ndarray:
         cm = self.cams[node]
+        if self.covered(node, t):
+            self.captures += 1
+            return np.zeros((cm.params.camera_height, cm.params.camera_width, 3), np.uint8)
         frames = {s.name: self._history(s.name) for s, _ in cm.candidates}
         ex = self.exposures[node]
         img = cm.render(t, frames, ex.gain(t), ex.white_balance_bgr(t), rng)

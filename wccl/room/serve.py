@@ -69,6 +69,7 @@ class _Camera:
 
     def __init__(self, room: SimulatedRoom, node: str, now: float) -> None:
         self.room, self.node = room, node
+        room.camera_started(now)
         fps = room.camera_fps(node)
         self.period = 1.0 / fps
         self.index = room.nodes.index(node)

@@ -1,0 +1,99 @@
+"""Agreement: every rank ends every collective with the same result, or every rank fails it.
+
+Three ranks in one virtual-time loop share nothing but a simulated room; a hand covers carol's camera
+in the middle of a collective (SimulatedRoom.cover). Shorter than the timeout: every rank waits and ends
+with the same bytes. Longer: every rank fails the collective, none applies it (alice and bob have every
+part, but never learn that carol has hers), and every later collective fails at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import actors  # noqa: F401  (registers the actors)
+from conftest import make_config, run_virtual
+from protocols.messages import CollectiveRequest, Drain
+from wccl.distributed.runtime import CollectiveNode
+from wccl.room import SimulatedRoom
+
+NAMES = ("alice", "bob", "carol")
+ROOM3 = {"nodes": [{"name": n, "roles": ["server", "worker"] if i == 0 else ["worker"]} for i, n in enumerate(NAMES)],
+         "session": 5}
+BIG = 24_000  # bytes per rank: about a second of frames in the exact room, so the hand comes midway
+
+
+def _req(node, seq, data: bytes):
+    return CollectiveRequest(sender=node.node, time=0.0, seq=seq, op="allreduce", dtype="uint8", numel=len(data),
+                             inputs=(data,), root=0, ready_at=node.local_clock.now(), handle=seq)
+
+
+def _run(cover_s: float, timeout_s: float):
+    """seq 0: a small all_reduce; seq 1: a big one, carol's camera covered from 0.3 s into it for
+    `cover_s`; seq 2: a small one after it. Returns each rank's CollectiveDone by seq and how long (its
+    own clock) seq 1 took."""
+    cfg = make_config(room=dict(ROOM3, profile="exact"), link={"choose": "pinned"},
+                      collectives={"algorithm": "all_see_all"})
+
+    async def go():
+        room = SimulatedRoom.from_config(cfg)
+        done: dict[str, list] = {n: [] for n in NAMES}
+        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=timeout_s, on_done=done[n].append)
+                 for n in NAMES}
+        took = {}
+
+        async def until(seq):
+            while not all(any(m.seq == seq for m in done[n]) for n in NAMES):
+                await asyncio.sleep(0.01)
+
+        async def script():
+            for n in NAMES:
+                await nodes[n].submit(_req(nodes[n], 0, bytes([NAMES.index(n) + 1]) * 8))
+            await until(0)
+            t1 = {n: nodes[n].local_clock.now() for n in NAMES}
+            for n in NAMES:
+                await nodes[n].submit(_req(nodes[n], 1, bytes([7 * NAMES.index(n) + 3]) * BIG))
+            start = room.now() - room.cameras_started_at + 0.3
+            room.cover("carol", start, start + cover_s)
+            await until(1)
+            for n in NAMES:
+                took[n] = next(m.time for m in done[n] if m.seq == 1) - t1[n]
+            for n in NAMES:
+                await nodes[n].submit(_req(nodes[n], 2, bytes([9]) * 8))
+            await until(2)
+
+        for n in NAMES:
+            nodes[n].build()
+        async with asyncio.TaskGroup() as tg:
+            for s in nodes.values():
+                tg.create_task(s.run())
+            await script()
+            for n, s in nodes.items():
+                await s.submit(Drain(sender=n, time=0.0, timeout_s=5.0))
+        return {n: {m.seq: m for m in done[n]} for n in NAMES}, took
+
+    return run_virtual(go)
+
+
+def test_a_camera_covered_midway_for_less_than_the_timeout_delays_every_rank_alike():
+    done, took = _run(cover_s=2.5, timeout_s=30.0)
+    want = tuple((bytes([7 * i + 3]) * BIG,) for i in range(3))
+    for n in NAMES:
+        assert [done[n][s].error for s in (0, 1, 2)] == [None, None, None], n
+        assert done[n][1].parts == want
+    # Every rank waited for carol's camera, not only carol: alice and bob had every part long before.
+    assert min(took.values()) > 2.5, took
+
+
+def test_a_camera_covered_midway_for_longer_than_the_timeout_fails_the_collective_on_every_rank():
+    done, _ = _run(cover_s=30.0, timeout_s=4.0)
+    for n in NAMES:
+        assert done[n][0].error is None
+        m = done[n][1]
+        assert m.parts == () and m.reduced is None and m.error, n  # nobody applies it
+        assert "timed out after 4 s" in m.error
+    # alice and bob hold every part (carol's screen is fine); they fail because carol never says she does
+    for n in ("alice", "bob"):
+        assert "this rank has every part, but rank 2 (carol) never showed that it has them" in done[n][1].error
+    assert "waiting for rank 0 (alice)" in done["carol"][1].error
+    for n in NAMES:  # the group is broken: the next collective fails at once, saying why
+        assert "not run: collective #1 (allreduce) failed" in done[n][2].error
