@@ -42,6 +42,7 @@ from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.actor import Actor, ActorContext
 from wccl.imaging import reader
+from wccl.imaging.lens import LensFit
 
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
@@ -55,8 +56,10 @@ class FrameDecoder(Actor):
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
                  reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None,
                  transfers: transfer.TransferAssembler | None = None, key: RoomKey = NO_KEY,
-                 handshake: Handshake | None = None) -> None:
+                 handshake: Handshake | None = None, lens: str = "pinhole") -> None:
         super().__init__(ctx)
+        self.lens_mode = lens
+        self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
         self.ladder = ladder or [codec]
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
         # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
@@ -105,6 +108,10 @@ class FrameDecoder(Actor):
             self.stats[f"captures_rejected_{bad}"] += 1
             return
         previous, self.previous = self.previous, []
+        if self.lens_mode == "fit":
+            h, w = msg.image.shape[:2]
+            if self.lens is None or (self.lens.lens.width, self.lens.lens.height) != (w, h):
+                self.lens = LensFit(w, h)
         for quad in self.tracker(msg.image):
             self.stats["codes_seen"] += 1
             order = [self.current] if self.current is not None else list(self._order)
@@ -123,12 +130,36 @@ class FrameDecoder(Actor):
         self.grid = self.codec.layout
         self.model = self.models[k]
 
+    def _sample(self, image: np.ndarray, quad: reader.Quad) -> tuple[np.ndarray, float]:
+        """The code's cells: through a pinhole, or (lens "fit") through this camera's fitted lens once it
+        has read better than the pinhole on trial (wccl.imaging.lens.LensFit)."""
+        fit = self.lens
+        if fit is None or (fit.used is False and fit.settled):
+            return reader.sample(image, quad, self.grid)
+        sides = fit.edges(image, quad.corners, self.grid)
+        if sides is None or fit.used is False:
+            return reader.sample(image, quad, self.grid)
+        through = reader.sample(image, quad, self.grid, lens=fit.lens, sides=sides)
+        if fit.used:
+            return through
+        pinhole = reader.sample(image, quad, self.grid)
+        a = reader.read_quad(image, quad, self.grid, self.model, sampled=through)
+        b = reader.read_quad(image, quad, self.grid, self.model, sampled=pinhole)
+        if a is None or b is None:
+            return pinhole if a is None else through
+        ca, cb = float(a.confidence.mean()), float(b.confidence.mean())
+        fit.vote(ca, cb)
+        if fit.used is not None:
+            self.log.info("lens_chosen", lens="fit" if fit.used else "pinhole", a=round(fit.lens.a, 4),
+                          b=round(fit.lens.b, 4), fits=fit.fits)
+        return through if ca >= cb else pinhole
+
     async def _read(self, msg: Capture, quad: reader.Quad, previous: list) -> bool:
         """Read one code in the current layout; True if this layout explains it (idle, repeated, read).
 
         While the layout is not chosen, a False sends the caller on to the next candidate layout.
         """
-        sampled = reader.sample(msg.image, quad, self.grid)
+        sampled = self._sample(msg.image, quad)
         if reader.is_idle(sampled[0], self.grid):
             self.stats["idle_screens"] += 1
             return True

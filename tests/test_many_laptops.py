@@ -48,3 +48,29 @@ def test_eight_laptops_at_a_table_discover_their_ring_and_agree(tmp_path):
         assert set(e["edges"]) == want, (e["node"], sorted(set(e["edges"]) ^ want))
     chosen = {(e["node"], e["op"]): e["algorithm"] for e in _events(proc.stderr, "algorithm_chosen")}
     assert {chosen[(n, "allreduce")] for n in names} == {"ring"}
+
+
+@pytest.mark.slow
+def test_four_laptops_on_a_circle_all_see_all_through_their_wide_lenses(tmp_path):
+    """rooms/circle-4.toml: 128-degree lenses bend the neighbours' grids; each camera fits its lens from
+    the codes' edges. Discovery must find all 12 edges, and the collectives run all-see-all."""
+    room = (ROOT / "rooms" / "circle-4.toml").read_text().replace('level = "warning"', 'level = "info"')
+    cfg = tmp_path / "circle-4.toml"
+    cfg.write_text(room)
+    proc, lines = launch(cfg, EXAMPLES / "collectives_hello.py", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [d["rank"] for d in lines] == list(range(4))
+    for d in lines:
+        assert d["all_reduce"] == [sum(10 * r + i for r in range(4)) for i in range(4)]
+        assert d["all_gather"] == [[r] * 3 for r in range(4)]
+    names = ["alice", "bob", "carol", "dave"]
+    want = {f"{r}<-{s}" for r in names for s in names if r != s}
+    known = _events(proc.stderr, "sight_known")
+    assert sorted(e["node"] for e in known) == names
+    for e in known:
+        assert set(e["edges"]) == want, (e["node"], sorted(set(e["edges"]) ^ want))
+    chosen = {(e["node"], e["op"]): e["algorithm"] for e in _events(proc.stderr, "algorithm_chosen")}
+    assert {chosen[(n, "allreduce")] for n in names} == {"all_see_all"}
+    # every camera chose how to read after trying both ways; at least one reads through its fitted lens
+    lens = _events(proc.stderr, "lens_chosen")
+    assert {e["node"] for e in lens} == set(names) and any(e["lens"] == "fit" for e in lens)

@@ -218,6 +218,10 @@ class ScreenConfig(_Strict):
 
 class CameraConfig(_Strict):
     fps: float = Field(default=30.0, gt=0, le=240)  # captures per second
+    # How cells are located: "fit" (each camera fits its lens's radial distortion from the codes' edges
+    # and samples through it when that reads better than a pinhole: wccl.imaging.lens) or "pinhole"
+    # (one homography from a code's corners).
+    lens: Literal["pinhole", "fit"] = "fit"
 
 
 class LadderStep(_Strict):

@@ -203,7 +203,7 @@ class NodeSupervisor:
                           min_frames_ok=cfg.link.min_frames_ok),
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=names, reassembler=Reassembler(),
-                                  ladder=[c for c, _ in ladder], key=key,
+                                  ladder=[c for c, _ in ladder], key=key, lens=cfg.camera.lens,
                                   **({"ticks": False} if "observer" in self.spec.roles else {})),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, sender_id=names.index(self.node),

@@ -97,7 +97,7 @@ class CollectiveNode(NodeSupervisor):
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
                                   reassembler=Reassembler(), transfers=transfer.TransferAssembler(), key=key,
-                                  handshake=self.handshake),
+                                  handshake=self.handshake, lens=cfg.camera.lens),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,

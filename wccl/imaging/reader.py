@@ -195,20 +195,30 @@ def homography(quad: Quad, layout: GridLayout) -> np.ndarray:
     return cv2.getPerspectiveTransform(src, quad.corners.astype(np.float32))
 
 
-def sample(image: np.ndarray, quad: Quad, layout: GridLayout) -> tuple[np.ndarray, float]:
-    """Mean BGR of every cell (n_cells, 3) float32, and camera pixels per cell."""
-    H = homography(quad, layout)
-    centres = layout.cell_centres()
-    offsets = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]], np.float32)
-    pts = (centres[None, :, :] + offsets[:, None, :]).reshape(-1, 2)
-    img_pts = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(len(offsets), -1, 2)
+def sample(image: np.ndarray, quad: Quad, layout: GridLayout, lens=None, sides=None) -> tuple[np.ndarray, float]:
+    """Mean BGR of every cell (n_cells, 3) float32, and camera pixels per cell.
+
+    With `lens` (wccl.imaging.lens.Lens) and the code's edge points `sides` (LensFit.edges): through the
+    corners of the straightened edges, then the lens (a wide lens bends the grid); else one homography
+    from the quad's corners (a pinhole camera)."""
+    out_r, out_c = layout.outer_cells
+    edges = np.linalg.norm(quad.corners - np.roll(quad.corners, -1, axis=0), axis=1)
+    cell_px = float((edges[0] + edges[2]) / (2 * out_c) + (edges[1] + edges[3]) / (2 * out_r)) / 2
+    img_pts = None
+    if lens is not None and sides is not None:
+        from wccl.imaging.lens import sample_points
+
+        img_pts = sample_points(lens, sides, layout)
+    if img_pts is None:
+        H = homography(quad, layout)
+        centres = layout.cell_centres()
+        offsets = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]], np.float32)
+        pts = (centres[None, :, :] + offsets[:, None, :]).reshape(-1, 2)
+        img_pts = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(len(offsets), -1, 2)
     h, w = image.shape[:2]
     xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
     ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
     values = image[ys, xs].astype(np.float32).mean(axis=0)
-    out_r, out_c = layout.outer_cells
-    sides = np.linalg.norm(quad.corners - np.roll(quad.corners, -1, axis=0), axis=1)
-    cell_px = float((sides[0] + sides[2]) / (2 * out_c) + (sides[1] + sides[3]) / (2 * out_r)) / 2
     return values, cell_px
 
 

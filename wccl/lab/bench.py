@@ -81,7 +81,8 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
                             screen_w=cfg.screen.width, screen_h=cfg.screen.height, hold_s=cfg.link.hold_s,
                             session=cfg.room.session, sender_id=names.index(tx)) as writer, \
             ActorHarness(FrameDecoder, node=rx, clock=clock, capacity=8, overflow="drop_oldest", codec=codec,
-                         session=cfg.room.session, node_names=names, reassembler=Reassembler(max_pending=8)) as dec:
+                         session=cfg.room.session, node_names=names, reassembler=Reassembler(max_pending=8),
+                         lens=cfg.camera.lens) as dec:
 
         async def feed_writer() -> None:
             for i in range(n_tensors):

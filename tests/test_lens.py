@@ -1,0 +1,82 @@
+"""A wide lens: fitted from the codes' own edges (wccl.imaging.lens), it reads grids a pinhole misplaces.
+
+rooms/circle-4.toml: four laptops on a circle, 128-degree lenses; each camera sees its two neighbours'
+screens at 47 degrees, where barrel distortion bends their grids by up to a cell or more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from protocols.layout import GridLayout, render
+from wccl.config import load_config
+from wccl.imaging import lens, reader
+from wccl.room import SimulatedRoom
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _circle4():
+    cfg = load_config(ROOT / "rooms" / "circle-4.toml")
+    room = SimulatedRoom.from_config(cfg)
+    grid = GridLayout(cfg.link.rows, cfg.link.cols, cfg.link.colours, cfg.link.cell_px)
+    rng = np.random.default_rng(5)
+    truth = {}
+    for i, n in enumerate(room.nodes):
+        room.show_at(n, render(rng.bytes(grid.frame_bytes), grid, cfg.screen.width, cfg.screen.height, sender=i,
+                               parity=0), 0.0)
+        (code,) = reader.read_codes(np.ascontiguousarray(room.screen_at(n, 1.0)), grid)
+        truth[i] = code.symbols
+    return room, grid, truth
+
+
+def _errors(code, truth) -> float:
+    return min(float((code.symbols != t).mean()) for t in truth.values())
+
+
+def test_the_lens_fitted_from_the_edges_reads_the_neighbours_a_pinhole_misreads():
+    room, grid, truth = _circle4()
+    captures = [room.capture_at("alice", 1.0 + 0.01 * k, k=k) for k in range(4)]
+    h, w = captures[0].shape[:2]
+    fit = lens.LensFit(w, h, fit_at=(6,))
+    for image in captures:
+        for quad in reader.find_quads(image, grid):
+            fit.edges(image, quad.corners, grid)
+    assert fit.fits == 1 and fit.lens.a < 0  # barrel distortion, as the room's lens has
+    image = captures[-1]
+    quads = reader.find_quads(image, grid)
+    assert len(quads) == 3  # bob, carol (across) and dave
+    neighbours = [q for q in quads if abs(q.corners[:, 0].mean() - w / 2) > w / 5]
+    assert len(neighbours) == 2
+    for quad in neighbours:
+        pinhole = reader.read_quad(image, quad, grid, sampled=reader.sample(image, quad, grid))
+        sides = fit.edges(image, quad.corners, grid)
+        through = reader.read_quad(image, quad, grid, sampled=reader.sample(image, quad, grid, fit.lens, sides))
+        assert _errors(through, truth) < 0.02 < 0.04 < _errors(pinhole, truth)
+        assert through.confidence.mean() > pinhole.confidence.mean()
+
+
+def test_a_lens_that_reads_worse_than_a_pinhole_is_not_used():
+    fit = lens.LensFit(1280, 720, trial=4)
+    for _ in range(3):
+        fit.vote(0.5, 0.6)
+    assert fit.used is None  # still on trial
+    fit.vote(0.8, 0.6)
+    assert fit.used is False  # worse on average
+
+
+def test_straight_edges_through_an_undistorted_lens_fit_no_distortion():
+    # A pinhole's view of a flat code: its edges are straight, and the fit finds nothing to undo.
+    room = SimulatedRoom(["a", "b"], 1280, 720, 30.0, profile="ideal",
+                         node_channels=[{"distortion_k1": 0.0, "distortion_k2": 0.0}] * 2)
+    grid = GridLayout(28, 50, 8, 24)
+    room.show_at("b", render(bytes(grid.frame_bytes), grid, 1280, 720, sender=1, parity=0), 0.0)
+    image = room.capture_at("a", 1.0)
+    (quad,) = reader.find_quads(image, grid)
+    sides = lens.LensFit(image.shape[1], image.shape[0]).edges(image, quad.corners, grid)
+    fitted = lens.fit(image.shape[1], image.shape[0], [sides] * 6)
+    corners = lens.straight_corners(fitted, sides)
+    assert abs(fitted.a) < 0.05 and abs(fitted.b) < 0.05
+    assert np.abs(corners - quad.corners).max() < 2.0  # the same corners as the contour's, within 2 px

@@ -1,0 +1,209 @@
+"""A wide lens bends straight lines: fit its radial distortion from the codes' own borders.
+
+`reader.sample` maps the code grid onto the image with one homography from the quad's corners: right
+for a pinhole, wrong by up to a few cells for a screen seen at 45 degrees through a 128-degree lens
+(rooms/circle-4.toml), where barrel distortion bends the code's edges and squeezes its far cells.
+
+Here each code's outer edge (the white ring's border with the black screen around it) is found along
+24 normal profiles per side, to a tenth of a cell. A screen is flat, so through an undistorted lens
+each side is a straight line: `LensFit` finds the radial model (about the image centre, in units of
+half the image width: r' = r (1 + a r^2 + b r^4)) that makes every side seen so far straightest,
+and `sample` maps the grid through the homography of the straightened corners, then through the lens.
+The fit is the camera's (the lens does not change): made from the first captures with codes in
+them, refined now and then. Pure numpy and OpenCV: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from protocols.layout import GridLayout
+
+PROFILES = 24  # normal profiles per side
+_S = np.linspace(2.0, -0.8, 57)  # outward offsets (cells) along a profile: outside (dark) into the white ring
+_NORMALS = (np.array([0.0, -1.0]), np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([-1.0, 0.0]))
+OFFSETS = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]])  # as reader.sample
+
+
+@dataclass(frozen=True)
+class Lens:
+    """Radial distortion about the image centre: undistorted -> distorted is r (1 + a r^2 + b r^4),
+    r in units of half the image width."""
+
+    width: int
+    height: int
+    a: float = 0.0
+    b: float = 0.0
+
+    @property
+    def _c(self) -> np.ndarray:
+        return np.array([(self.width - 1) / 2, (self.height - 1) / 2])
+
+    def distort(self, p: np.ndarray) -> np.ndarray:
+        s = self.width / 2
+        q = (p - self._c) / s
+        r2 = (q * q).sum(axis=1, keepdims=True)
+        return self._c + s * q * (1 + self.a * r2 + self.b * r2 * r2)
+
+    def undistort(self, p: np.ndarray) -> np.ndarray:
+        s = self.width / 2
+        qd = (p - self._c) / s
+        q = qd.copy()
+        for _ in range(20):  # fixed point of q_d = q (1 + a r^2 + b r^4); converges for lens-like a, b
+            r2 = (q * q).sum(axis=1, keepdims=True)
+            q = qd / (1 + self.a * r2 + self.b * r2 * r2)
+        return self._c + s * q
+
+
+def _homography(corners: np.ndarray, layout: GridLayout) -> np.ndarray:
+    out_r, out_c = layout.outer_cells
+    src = np.array([[0, 0], [out_c, 0], [out_c, out_r], [0, out_r]], np.float32)
+    return cv2.getPerspectiveTransform(src, corners.astype(np.float32))
+
+
+def edge_points(bright: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
+    """Image points on the outer edge of each side (top, right, bottom, left), found along normal
+    profiles of the brightest channel `bright` (float32) where it crosses half way from the dark outside
+    to the white ring; None if a side has fewer than 6."""
+    H = _homography(corners, layout)
+    out_r, out_c = layout.outer_cells
+    t = np.linspace(0.04, 0.96, PROFILES)
+    bases = (np.c_[t * out_c, np.zeros_like(t)], np.c_[np.full_like(t, out_c), t * out_r],
+             np.c_[t * out_c, np.full_like(t, out_r)], np.c_[np.zeros_like(t), t * out_r])
+    prof = np.concatenate([b[:, None, :] + _S[None, :, None] * n for b, n in zip(bases, _NORMALS)])
+    img = cv2.perspectiveTransform(prof.reshape(-1, 1, 2).astype(np.float32), H).reshape(-1, 2)
+    vals = cv2.remap(bright, img[:, 0].reshape(1, -1), img[:, 1].reshape(1, -1), cv2.INTER_LINEAR,
+                     borderMode=cv2.BORDER_REPLICATE).reshape(4 * PROFILES, len(_S))
+    lo = vals[:, :10].min(axis=1)  # 1.5 cells and more outside: the screen's black
+    hi = vals[:, _S < -0.05].max(axis=1)  # the white ring
+    thr = (lo + hi) / 2
+    above = vals >= thr[:, None]
+    j = np.argmax(above, axis=1)
+    ok = (hi - lo >= 30) & (j > 0) & above.any(axis=1)
+    rows = np.arange(len(j))
+    jj = np.maximum(j, 1)
+    v0, v1 = vals[rows, jj - 1], vals[rows, jj]
+    f = np.clip((thr - v0) / np.maximum(v1 - v0, 1e-6), 0, 1)
+    s = _S[jj - 1] + f * (_S[jj] - _S[jj - 1])
+    edge = np.concatenate(bases) + s[:, None] * np.repeat(np.stack(_NORMALS), PROFILES, axis=0)
+    pts = cv2.perspectiveTransform(edge.reshape(-1, 1, 2).astype(np.float32), H).reshape(-1, 2).astype(np.float64)
+    sides = []
+    for k in range(4):
+        sel = ok[k * PROFILES:(k + 1) * PROFILES]
+        if sel.sum() < 6:
+            return None
+        sides.append(pts[k * PROFILES:(k + 1) * PROFILES][sel])
+    return sides
+
+
+def _line(p: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """The best line through points: a point on it, its direction, and the squared residual."""
+    m = p.mean(axis=0)
+    _, sv, vt = np.linalg.svd(p - m, full_matrices=False)
+    return m, vt[0], float(sv[-1] ** 2)
+
+
+def straightness(lens: Lens, sides: list[np.ndarray]) -> float:
+    """How far the undistorted sides are from straight lines (sum of squared residuals, pixels^2)."""
+    return sum(_line(lens.undistort(p))[2] for p in sides)
+
+
+def straight_corners(lens: Lens, sides: list[np.ndarray]) -> np.ndarray | None:
+    """The code's corners in undistorted image coordinates: where its straightened sides meet."""
+    lines = [_line(lens.undistort(p))[:2] for p in sides]
+    out = np.empty((4, 2))
+    for i in range(4):
+        (p, d1), (q, d2) = lines[i - 1], lines[i]
+        m = np.array([[d1[0], -d2[0]], [d1[1], -d2[1]]])
+        if abs(np.linalg.det(m)) < 1e-6:
+            return None
+        s, _ = np.linalg.solve(m, q - p)
+        out[i] = p + s * d1
+    return out
+
+
+def sample_points(lens: Lens, sides: list[np.ndarray], layout: GridLayout) -> np.ndarray | None:
+    """Where to sample every cell (len(OFFSETS), n_cells, 2): the grid through the straightened
+    corners' homography, then through the lens."""
+    corners = straight_corners(lens, sides)
+    if corners is None:
+        return None
+    H = _homography(corners, layout).astype(np.float64)
+    pts = (layout.cell_centres().astype(np.float64)[None] + OFFSETS[:, None]).reshape(-1, 2)
+    und = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(-1, 2)
+    return lens.distort(und).reshape(len(OFFSETS), -1, 2)
+
+
+class LensFit:
+    """One camera's lens, fitted from the edges of the codes it saw, and whether it reads better.
+
+    `edges(image, quad, layout)` finds a code's edges and keeps the last `keep` codes'; the fit runs when
+    `fit_at` codes were seen (the lens does not change: a few fits early on, a fraction of a second
+    each, then none). A fit is only a guess until it reads better: for the next `trial` codes the
+    reader samples each code both ways and `vote`s the colour model's mean confidence of each; the
+    fitted lens is `used` if it won on average, else codes are read as through a pinhole.
+    """
+
+    def __init__(self, width: int, height: int, keep: int = 12, fit_at: tuple[int, ...] = (6, 60, 600),
+                 trial: int = 30) -> None:
+        self.lens = Lens(width, height)
+        self._sides: deque[list[np.ndarray]] = deque(maxlen=keep)
+        self.fit_at, self.trial = fit_at, trial
+        self._seen = 0
+        self.fits = 0
+        self.used: bool | None = None  # None: on trial
+        self._votes: list[float] = []
+
+    def edges(self, image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
+        """The code's edge points (see edge_points), found in a crop of `image` around `corners`."""
+        h, w = image.shape[:2]
+        out_r, out_c = layout.outer_cells
+        cell = float(np.linalg.norm(corners[1] - corners[0])) / out_c
+        m = int(3 * cell) + 4  # the profiles reach 2 cells outside the code
+        x0, y0 = (max(0, int(v) - m) for v in corners.min(axis=0))
+        x1, y1 = (int(v) + m for v in corners.max(axis=0))
+        crop = image[y0:min(h, y1), x0:min(w, x1)]
+        bright = np.maximum(np.maximum(crop[..., 0], crop[..., 1]), crop[..., 2]).astype(np.float32)
+        shift = np.array([x0, y0], np.float64)
+        sides = edge_points(bright, (corners - shift).astype(np.float32), layout)
+        if sides is None:
+            return None
+        sides = [p + shift for p in sides]
+        if not self.settled:
+            self._sides.append(sides)
+            self._seen += 1
+            if self._seen in self.fit_at:
+                self.lens = fit(self.lens.width, self.lens.height, list(self._sides))
+                self.fits += 1
+                self.used, self._votes = None, []  # a new guess: on trial again
+        return sides
+
+    @property
+    def settled(self) -> bool:
+        """No fit is due any more (every later code is read the way the last trial chose)."""
+        return self._seen > self.fit_at[-1]
+
+    def vote(self, with_lens: float, pinhole: float) -> None:
+        """One code's mean confidence read through the lens and through a pinhole."""
+        self._votes.append(with_lens - pinhole)
+        if len(self._votes) >= self.trial:
+            self.used = float(np.mean(self._votes)) > 0
+
+
+def fit(width: int, height: int, codes: list[list[np.ndarray]]) -> Lens:
+    """The radial lens that makes every side of these codes straightest (Nelder-Mead on a, b)."""
+    from scipy.optimize import minimize
+
+    def cost(x):
+        lens = Lens(width, height, float(x[0]), float(x[1]))
+        return sum(straightness(lens, sides) for sides in codes)
+
+    r = minimize(cost, np.zeros(2), method="Nelder-Mead", options=dict(xatol=1e-4, fatol=1e-6, maxiter=200))
+    a, b = (float(v) for v in r.x)
+    if not (np.isfinite(a) and np.isfinite(b)) or cost(r.x) >= cost(np.zeros(2)):
+        return Lens(width, height)
+    return Lens(width, height, a, b)
