@@ -18,6 +18,10 @@ def test_bench_delivers_every_tensor_exactly_on_the_exact_profile():
     assert r["raw_cell_error_rate"] == 0.0 and r["captures_mixed"] == 0
     # goodput is what arrived over the link time, no more
     assert 0 < r["goodput_kBps"] <= r["bytes_sent"] / r["sim_seconds"] / 1000 + 0.001
+    # latency: from a tensor's first frame to its delivery; at least the frames it needs (2 x 0.2 s here),
+    # at most its window
+    window = r["frames_per_tensor"] * 0.2
+    assert 0.2 <= r["latency_p50_s"] <= r["latency_p95_s"] <= window + 0.1
 
 
 def test_bench_cli_prints_one_json_object():

@@ -73,6 +73,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     window = per_tensor * cfg.link.hold_s
     start = 1.0
     received: dict[int, bytes] = {}
+    arrived: dict[int, float] = {}  # tensor -> when the decoder delivered it (the bench's clock)
     screen = REGISTRY.create("screen", "room", medium=medium, node=tx, clock=clock, config=cfg)
     camera = REGISTRY.create("camera", "room", medium=medium, node=rx, clock=clock, config=cfg)
     end = start + n_tensors * window
@@ -100,6 +101,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
                 seq += 1
                 for m in dec.of_type(TensorReceived):
                     received.setdefault(m.step, m.payload)
+                    arrived.setdefault(m.step, m.time)
                 dec.outputs.clear()
                 await asyncio.sleep(0)
 
@@ -107,11 +109,14 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         await dec.settle()
         for m in dec.of_type(TensorReceived):
             received.setdefault(m.step, m.payload)
+            arrived.setdefault(m.step, m.time)
     link = dec.results["link"]  # the decoder's totals, reported when it finished
     delivered = sum(1 for i, d in received.items() if sent.get(i) == d)
     undetected = sum(1 for i, d in received.items() if sent.get(i) != d)
     sim_seconds = end - start
     cells_read = link.get("cells_read", 0)
+    # Latency: from the tensor's first frame going up (its window's start) to its delivery.
+    lat = sorted(arrived[i] - (start + i * window) for i, d in received.items() if sent.get(i) == d)
     return dict(
         sender=tx, receiver=rx,
         zero_reason=None if delivered else zero_reason(tx, rx, link),
@@ -119,6 +124,8 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         layout=dict(rows=cfg.link.rows, cols=cfg.link.cols, colours=cfg.link.colours, cell_px=cfg.link.cell_px,
                     hold_s=cfg.link.hold_s, code_rate=cfg.link.code_rate),
         goodput_kBps=round(delivered * tensor_bytes / sim_seconds / 1000, 3),
+        latency_p50_s=round(float(np.percentile(lat, 50)), 4) if lat else None,
+        latency_p95_s=round(float(np.percentile(lat, 95)), 4) if lat else None,
         raw_cell_error_rate=round(link.get("cells_wrong", 0) / cells_read, 6) if cells_read else None,
         frames_shown=writer.results.get("screen", {}).get("frames_shown", 0),
         frames_decoded=link.get("frames_ok", 0),
