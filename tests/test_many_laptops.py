@@ -1,7 +1,9 @@
-"""Many laptops end to end (issue 14): eight ranks in rooms/table-8.toml (two rows of four, the `webcam`
-camera), as eight processes and the room as a ninth. Discovery over the light must find exactly the
+"""Many laptops end to end (issue 14), each rank a process and the room one more. Eight ranks in
+rooms/table-8.toml (two rows of four, the `webcam` camera): discovery over the light must find exactly the
 screens each camera reads (across and the two diagonals), every rank the same graph; the cost model must
-pick the ring (no camera reads every screen, no laptop sees everyone); every result must be right."""
+pick the ring (no camera reads every screen, no laptop sees everyone); every result must be right (and
+agreed: each commit's news goes round the ring). Four ranks in rooms/circle-4.toml: every camera reads all
+three other screens through its fitted wide lens, and the collectives run all-see-all."""
 
 from __future__ import annotations
 

@@ -139,3 +139,34 @@ def test_two_rows_sight_has_a_ring_through_every_rank(path):
     # Without the diagonals (straight across only) the pairs cannot be joined into one ring.
     straight = {(i, j): 1.0 for (i, j) in edges if r.nodes[i][1:] == r.nodes[j][1:]}
     assert Sight(len(r.nodes), straight, 0.3).ring() is None
+
+
+def test_a_hand_over_a_camera_blacks_out_its_captures_for_that_time_only():
+    from protocols.layout import GridLayout, render
+
+    r = SimulatedRoom(["alice", "bob"], 1280, 720, 30.0, profile="exact")
+    grid = GridLayout(28, 50, 8, 24)
+    r.show_at("bob", render(bytes(grid.frame_bytes), grid, 1280, 720, sender=1, parity=0), 0.0)
+    r.camera_started(10.0)  # covers count from the first camera's start
+    r.cover("alice", 2.0, 3.0)
+    assert r.capture_at("alice", 11.9).any()
+    assert not r.capture_at("alice", 12.5).any()  # a black image, the room's size
+    assert r.capture_at("alice", 12.5).shape == r.capture_at("alice", 13.0).shape
+    assert r.capture_at("alice", 13.0).any() and r.capture_at("bob", 12.5) is not None
+    with pytest.raises(ValueError, match="0 <= start < end"):
+        r.cover("alice", 3.0, 2.0)
+
+
+def test_covered_s_in_a_room_file_is_checked():
+    from wccl.config import ConfigError, parse_config
+    from conftest import shipped_config_dict
+
+    data = shipped_config_dict()
+    data["room"]["nodes"][1]["covered_s"] = [[5.0, 4.0]]
+    with pytest.raises(ConfigError, match="covered_s needs"):
+        parse_config(data, "t")
+    data["room"]["nodes"][1]["covered_s"] = [[4.0, 5.0]]
+    room = SimulatedRoom.from_config(parse_config(data, "t"))
+    name = data["room"]["nodes"][1]["name"]
+    room.camera_started(0.0)
+    assert room.covered(name, 4.5) and not room.covered(name, 5.5)
