@@ -24,6 +24,7 @@ import numpy as np
 from protocols.layout import GridLayout
 
 PROFILES = 24  # normal profiles per side
+REUSE_PX = 0.5  # a code whose corners moved less than this keeps the edges found before
 _S = np.linspace(2.0, -0.8, 57)  # outward offsets (cells) along a profile: outside (dark) into the white ring
 _NORMALS = (np.array([0.0, -1.0]), np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([-1.0, 0.0]))
 OFFSETS = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]])  # as reader.sample
@@ -157,9 +158,29 @@ class LensFit:
         self.fits = 0
         self.used: bool | None = None  # None: on trial
         self._votes: list[float] = []
+        self._last: list[tuple[np.ndarray, list[np.ndarray]]] = []  # the last captures' codes: corners, edges
 
     def edges(self, image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
-        """The code's edge points (see edge_points), found in a crop of `image` around `corners`."""
+        """The code's edge points (see edge_points), found in a crop of `image` around `corners`. A code
+        whose corners moved less than REUSE_PX since a recent capture keeps the edges found then (a screen
+        holds still: its edges are found once, not in every capture)."""
+        sides = next((sd for old, sd in self._last if np.abs(old - corners).max() < REUSE_PX), None)
+        if sides is None:
+            sides = self._find(image, corners, layout)
+            if sides is None:
+                return None
+            self._last = [(np.array(corners, np.float64), sides)] + self._last[:7]
+        if not self.settled:
+            self._sides.append(sides)
+            self._seen += 1
+            if self._seen in self.fit_at:
+                self.lens = fit(self.lens.width, self.lens.height, list(self._sides))
+                self.fits += 1
+                self.used, self._votes = None, []  # a new guess: on trial again
+        return sides
+
+    @staticmethod
+    def _find(image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
         h, w = image.shape[:2]
         out_r, out_c = layout.outer_cells
         cell = float(np.linalg.norm(corners[1] - corners[0])) / out_c
@@ -170,17 +191,7 @@ class LensFit:
         bright = np.maximum(np.maximum(crop[..., 0], crop[..., 1]), crop[..., 2]).astype(np.float32)
         shift = np.array([x0, y0], np.float64)
         sides = edge_points(bright, (corners - shift).astype(np.float32), layout)
-        if sides is None:
-            return None
-        sides = [p + shift for p in sides]
-        if not self.settled:
-            self._sides.append(sides)
-            self._seen += 1
-            if self._seen in self.fit_at:
-                self.lens = fit(self.lens.width, self.lens.height, list(self._sides))
-                self.fits += 1
-                self.used, self._votes = None, []  # a new guess: on trial again
-        return sides
+        return None if sides is None else [p + shift for p in sides]
 
     @property
     def settled(self) -> bool:

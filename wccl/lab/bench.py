@@ -76,6 +76,15 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     arrived: dict[int, float] = {}  # tensor -> when the decoder delivered it (the bench's clock)
     screen = REGISTRY.create("screen", "room", medium=medium, node=tx, clock=clock, config=cfg)
     camera = REGISTRY.create("camera", "room", medium=medium, node=rx, clock=clock, config=cfg)
+    # Every other laptop's screen shows its idle grid, as in a run (where every screen is lit from the
+    # start): a camera's auto exposure meters all the screens in view, so black ones would over-expose
+    # the one that sends.
+    from protocols.layout import render_idle
+
+    idle = render_idle(codec.layout, cfg.screen.width, cfg.screen.height)
+    for other in names:
+        if other not in (tx, rx):
+            REGISTRY.create("screen", "room", medium=medium, node=other, clock=clock, config=cfg).show(idle)
     end = start + n_tensors * window
 
     async with ActorHarness(ScreenWriter, node=tx, clock=clock, screen=screen, codec=codec,
