@@ -22,12 +22,12 @@ import cv2
 import numpy as np
 
 from protocols.layout import GridLayout
+from wccl.imaging.reader import SAMPLE_OFFSETS, _brightest_channel, grid_homography
 
 PROFILES = 24  # normal profiles per side
 REUSE_PX = 0.5  # a code whose corners moved less than this keeps the edges found before
 _S = np.linspace(2.0, -0.8, 57)  # outward offsets (cells) along a profile: outside (dark) into the white ring
 _NORMALS = (np.array([0.0, -1.0]), np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([-1.0, 0.0]))
-OFFSETS = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]])  # as reader.sample
 
 
 @dataclass(frozen=True)
@@ -60,17 +60,11 @@ class Lens:
         return self._c + s * q
 
 
-def _homography(corners: np.ndarray, layout: GridLayout) -> np.ndarray:
-    out_r, out_c = layout.outer_cells
-    src = np.array([[0, 0], [out_c, 0], [out_c, out_r], [0, out_r]], np.float32)
-    return cv2.getPerspectiveTransform(src, corners.astype(np.float32))
-
-
 def edge_points(bright: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
     """Image points on the outer edge of each side (top, right, bottom, left), found along normal
     profiles of the brightest channel `bright` (float32) where it crosses half way from the dark outside
     to the white ring; None if a side has fewer than 6."""
-    H = _homography(corners, layout)
+    H = grid_homography(corners, layout)
     out_r, out_c = layout.outer_cells
     t = np.linspace(0.04, 0.96, PROFILES)
     bases = (np.c_[t * out_c, np.zeros_like(t)], np.c_[np.full_like(t, out_c), t * out_r],
@@ -128,15 +122,15 @@ def straight_corners(lens: Lens, sides: list[np.ndarray]) -> np.ndarray | None:
 
 
 def sample_points(lens: Lens, sides: list[np.ndarray], layout: GridLayout) -> np.ndarray | None:
-    """Where to sample every cell (len(OFFSETS), n_cells, 2): the grid through the straightened
+    """Where to sample every cell (len(SAMPLE_OFFSETS), n_cells, 2): the grid through the straightened
     corners' homography, then through the lens."""
     corners = straight_corners(lens, sides)
     if corners is None:
         return None
-    H = _homography(corners, layout).astype(np.float64)
-    pts = (layout.cell_centres().astype(np.float64)[None] + OFFSETS[:, None]).reshape(-1, 2)
+    H = grid_homography(corners, layout).astype(np.float64)
+    pts = (layout.cell_centres().astype(np.float64)[None] + SAMPLE_OFFSETS[:, None]).reshape(-1, 2)
     und = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(-1, 2)
-    return lens.distort(und).reshape(len(OFFSETS), -1, 2)
+    return lens.distort(und).reshape(len(SAMPLE_OFFSETS), -1, 2)
 
 
 class LensFit:
@@ -188,7 +182,7 @@ class LensFit:
         x0, y0 = (max(0, int(v) - m) for v in corners.min(axis=0))
         x1, y1 = (int(v) + m for v in corners.max(axis=0))
         crop = image[y0:min(h, y1), x0:min(w, x1)]
-        bright = np.maximum(np.maximum(crop[..., 0], crop[..., 1]), crop[..., 2]).astype(np.float32)
+        bright = _brightest_channel(crop).astype(np.float32)
         shift = np.array([x0, y0], np.float64)
         sides = edge_points(bright, (corners - shift).astype(np.float32), layout)
         return None if sides is None else [p + shift for p in sides]

@@ -189,10 +189,19 @@ class QuadTracker:
         return self.quads
 
 
+# Where each cell is sampled: its centre and four points 0.22 cells towards its corners (code units).
+SAMPLE_OFFSETS = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]], np.float32)
+
+
 def homography(quad: Quad, layout: GridLayout) -> np.ndarray:
+    return grid_homography(quad.corners, layout)
+
+
+def grid_homography(corners: np.ndarray, layout: GridLayout) -> np.ndarray:
+    """Code units (outer ring corner at 0, 0) -> image pixels, through the code's four outer corners."""
     out_r, out_c = layout.outer_cells
     src = np.array([[0, 0], [out_c, 0], [out_c, out_r], [0, out_r]], np.float32)
-    return cv2.getPerspectiveTransform(src, quad.corners.astype(np.float32))
+    return cv2.getPerspectiveTransform(src, np.asarray(corners, np.float32))
 
 
 def sample(image: np.ndarray, quad: Quad, layout: GridLayout, lens=None, sides=None) -> tuple[np.ndarray, float]:
@@ -211,10 +220,8 @@ def sample(image: np.ndarray, quad: Quad, layout: GridLayout, lens=None, sides=N
         img_pts = sample_points(lens, sides, layout)
     if img_pts is None:
         H = homography(quad, layout)
-        centres = layout.cell_centres()
-        offsets = np.array([[0, 0], [-0.22, -0.22], [0.22, -0.22], [-0.22, 0.22], [0.22, 0.22]], np.float32)
-        pts = (centres[None, :, :] + offsets[:, None, :]).reshape(-1, 2)
-        img_pts = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(len(offsets), -1, 2)
+        pts = (layout.cell_centres()[None, :, :] + SAMPLE_OFFSETS[:, None, :]).reshape(-1, 2)
+        img_pts = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(len(SAMPLE_OFFSETS), -1, 2)
     h, w = image.shape[:2]
     xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
     ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
