@@ -66,13 +66,16 @@ class Collectives(Actor):
 
     def __init__(self, ctx: ActorContext, rank: int, world: int, timeout_s: float,
                  names: list[str] | None = None, on_drained=None, sight: Sight | None = None,
-                 algorithm: str = "auto", goodput: float = 20_000.0, latency_s: float = 0.3) -> None:
+                 algorithm: str = "auto", goodput: float | list[float] = 20_000.0,
+                 latency_s: float | list[float] = 0.3) -> None:
         """`sight`: the sight graph, or None to wait for discovery's (`SightKnown`: each edge's quality
-        times `goodput`, bytes per second, and `latency_s` a round)."""
+        times `goodput`, bytes per second, and `latency_s` a round; one each per layout of the start-up
+        ladder, the layout discovery chose being `SightKnown.layout`)."""
         super().__init__(ctx)
         self.rank, self.world = rank, world
         self.sight = sight
-        self.goodput, self.latency_s = goodput, latency_s
+        self.goodputs = goodput if isinstance(goodput, list) else [goodput]
+        self.latencies = latency_s if isinstance(latency_s, list) else [latency_s] * len(self.goodputs)
         self._sight_known = asyncio.Event()
         if sight is not None:
             self._sight_known.set()
@@ -125,7 +128,9 @@ class Collectives(Actor):
             self._wake.set()
         elif isinstance(msg, SightKnown):
             if self.sight is None:
-                self.sight = Sight(self.world, {(r, s): self.goodput * q for r, s, q in msg.edges}, self.latency_s)
+                k = min(msg.layout, len(self.goodputs) - 1)
+                self.sight = Sight(self.world, {(r, s): self.goodputs[k] * q for r, s, q in msg.edges},
+                                   self.latencies[k])
                 self._sight_known.set()
 
     async def _post_when_ready(self) -> None:

@@ -14,7 +14,7 @@ Per capture: find every code (wccl.imaging.reader; tracked near where it
 was, the whole image searched again when one is lost), reject captures that mix
 two frames (parity marks), skip frames identical to one already decoded from
 the same screen, then error-correct, check and reassemble (protocols.link,
-protocols.frames). Transfer frames (frame version 5, the collectives of
+protocols.frames). Transfer frames (protocols.transfer, the collectives of
 wccl.distributed, with `transfers` set) go through protocols.receiver (the
 room key's MAC, the run handshake, the sealed payload) and are rebuilt into
 `TransferArrived`, their acknowledgements passed on: `PeerAcks` (what a peer
@@ -56,8 +56,10 @@ class FrameDecoder(Actor):
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
                  reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None,
                  transfers: transfer.TransferAssembler | None = None, key: RoomKey = NO_KEY,
-                 handshake: Handshake | None = None, lens: str = "pinhole") -> None:
+                 handshake: Handshake | None = None, lens: str = "pinhole", layout_fits=None) -> None:
         super().__init__(ctx)
+        # Collectives with a start-up ladder: does a sight graph carry the collectives? (discovery's choice)
+        self.layout_fits = layout_fits or (lambda edges: True)
         self.lens_mode = lens
         self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
         self.ladder = ladder or [codec]
@@ -240,7 +242,7 @@ class FrameDecoder(Actor):
                                corrected: int) -> TransferArrived | None | bool:
         """A transfer frame (collectives), through the receive path of protocols.receiver: pass on its
         sender's acknowledgements of this rank, and the transfer once rebuilt. False if it failed its check."""
-        r = self.receiver.receive(message, now=self.clock.now())
+        r = self.receiver.receive(message, now=self.clock.now(), layout=self._layout)
         if r.frame is None:
             self.stats[f"frames_rejected_{r.refused}"] += 1
             return False
@@ -254,10 +256,19 @@ class FrameDecoder(Actor):
             await self.emit(self._acks_message())
             if hs.sight is not None and hs.sight.known and not self._sight_sent:
                 self._sight_sent = True
-                edges = tuple((r_, s_, q) for (r_, s_), q in sorted(hs.sight.goodput(1.0).items()))
+                k, graph = hs.sight.choose_layout(self.layout_fits)
+                edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
                 names = self.node_names
-                self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges})
-                await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges))
+                lay = self.ladder[k].layout
+                self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
+                              layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
+                              **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
+                                              sorted(hs.sight.graph(j).items())} for j in range(len(self.ladder))]}
+                                 if len(self.ladder) > 1 else {}))
+                if self.current != k:
+                    self.current = k
+                    self._use(k)
+                await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k))
         if r.refused:
             self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")
                        else f"frames_{r.refused}"] += 1

@@ -22,6 +22,11 @@ ranks do not yet agree on which camera reads which screen), and until every
 rank is complete, every other frame is a status frame: it carries the echo
 and the discovery table the others need, relayed camera to camera. Otherwise the last frame stays up: readers skip
 an unchanged frame cheaply.
+
+With a start-up ladder of layouts (`ladder`, densest first), the status frames
+go up in each layout in turn (each held for its own hold) until discovery
+says which layout the room's cameras read (`SightKnown.layout`, the same on
+every rank); from then on every frame is in that layout.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import dataclasses
 
 from protocols import discovery, layout, transfer
 from protocols.link import LinkCodec
-from protocols.messages import AcksChanged, HoldsKnown, PeerAcks, PostTransfer
+from protocols.messages import AcksChanged, HoldsKnown, PeerAcks, PostTransfer, SightKnown
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey, new_run_nonce
 from wccl.actor import Actor, ActorContext
@@ -42,16 +47,20 @@ REPAIR_SHARE = 0.25  # repair packets made up front, as a share of the source pa
 
 
 class TransferWriter(Actor):
-    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown)
+    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, SightKnown)
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, rank: int, world: int, loss: float = 0.1,
-                 margin_frames: int = 1, key: RoomKey = NO_KEY, run_nonce: int | None = None) -> None:
+                 margin_frames: int = 1, key: RoomKey = NO_KEY, run_nonce: int | None = None,
+                 ladder: list[tuple[LinkCodec, float]] | None = None) -> None:
         super().__init__(ctx)
         self.screen = screen
         self.codec = codec
         self.screen_w, self.screen_h = screen_w, screen_h
         self.hold_s = hold_s
+        # The layouts status frames cycle through until discovery picks one (one layout: no probing).
+        self.ladder = list(ladder) if ladder and len(ladder) > 1 and world > 1 else None
+        self._probe = 0  # the ladder layout the next status frame goes up in, while probing
         self.session = session
         self.rank, self.world = rank, world
         self.plan = ScreenPlan(loss=loss, margin=margin_frames)
@@ -76,7 +85,15 @@ class TransferWriter(Actor):
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
         await self.run_beside(self._present())
 
-    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown) -> None:
+    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | SightKnown) -> None:
+        if isinstance(msg, SightKnown):
+            if self.ladder is not None:
+                self.codec, self.hold_s = self.ladder[msg.layout]
+                self.ladder = None
+                self.log.info("layout_used", layout=msg.layout, rows=self.codec.layout.rows,
+                              cols=self.codec.layout.cols, colours=self.codec.layout.colours,
+                              cell_px=self.codec.layout.cell_px, hold_s=self.hold_s)
+            return
         if isinstance(msg, HoldsKnown):
             holds = tuple(max(a, b) for a, b in zip(self._holds, msg.holds))
             if holds == self._holds:
@@ -105,24 +122,29 @@ class TransferWriter(Actor):
             self.plan.book(msg.tid, msg.dest, k)
         self._wake.set()
 
-    def _next_message(self, shown_us: int) -> bytes | None:
+    def _next_message(self, shown_us: int) -> tuple[bytes, LinkCodec, float] | None:
+        """The next frame's message, and the layout (codec, hold) it goes up in."""
         greet = self._greeting and self._greet_turn
         self._greet_turn = not self._greet_turn
         nxt = None if greet else self.plan.next()
         if nxt is not None:
             tid, index = nxt
             header, fountain = self._out[tid]
-            return transfer.frame_message(header, fountain, index % len(fountain.packets),
-                                          message_bytes=self.codec.message_bytes, acks=self._acks,
-                                          shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
-                                          holds=self._holds, key=self.key)
+            return (transfer.frame_message(header, fountain, index % len(fountain.packets),
+                                           message_bytes=self.codec.message_bytes, acks=self._acks,
+                                           shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
+                                           holds=self._holds, key=self.key), self.codec, self.hold_s)
         if self._status_due > 0 or self._greeting:
             self._status_due = max(0, self._status_due - 1)
             self.results["status_frames"] += 1
-            return transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
-                                           message_bytes=self.codec.message_bytes, shown_us=shown_us,
-                                           run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
-                                           rows=self._rows, holds=self._holds, key=self.key)
+            codec, hold_s = self.codec, self.hold_s
+            if self.ladder is not None:  # probing: each status frame in the next layout of the ladder
+                codec, hold_s = self.ladder[self._probe]
+                self._probe = (self._probe + 1) % len(self.ladder)
+            return (transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
+                                            message_bytes=codec.message_bytes, shown_us=shown_us,
+                                            run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
+                                            rows=self._rows, holds=self._holds, key=self.key), codec, hold_s)
         return None
 
     async def _present(self) -> None:
@@ -136,16 +158,17 @@ class TransferWriter(Actor):
             if t_next is None or t_next < now - self.hold_s:
                 t_next = now  # the screen was quiet: the next frame goes up at once
             await self.clock.sleep_until(t_next)
-            message = self._next_message(round(self.clock.now() * 1e6))
-            if message is None:
+            nxt = self._next_message(round(self.clock.now() * 1e6))
+            if nxt is None:
                 t_next = None
                 continue
-            image = layout.render(self.codec.seal(message), self.codec.layout, self.screen_w, self.screen_h,
+            message, codec, hold_s = nxt
+            image = layout.render(codec.seal(message), codec.layout, self.screen_w, self.screen_h,
                                   sender=self.rank, parity=self._parity)
             self._parity ^= 1
             self.screen.show(image)
             self.results["frames_shown"] += 1
-            t_next += self.hold_s
+            t_next += hold_s
 
     async def finish(self) -> None:
         self.screen.show(self._blank)

@@ -1,16 +1,20 @@
 """Discovery: which screens each rank's camera reads, learnt over the light and agreed by every rank.
 
 Each rank counts the frames it accepts from each peer (MAC checked, of this
-run: protocols.security.Handshake) and measures, per peer, the share of the
-frames that peer showed that it read (`quality`). That is its *row*: the
-ranks it reads, their quality, the ranks it trusts, and flags. Every status
+run: protocols.security.Handshake) and measures, per peer and per layout of
+the start-up ladder, the share of the frames that peer showed in that layout
+that it read (`quality`): while the layout is not chosen, every rank shows
+its status frames in each layout of the ladder in turn (densest first). That
+is its *row*: the ranks it reads, their quality in each layout, the ranks it
+trusts, and flags. Every status
 frame carries the sender's table of rows (its own and the latest it has of
 every other rank), so rows travel along the cameras' lines of sight: in a
 ring where each camera sees one screen, every rank has every row after n-1
 hops. A rank freezes its row (FINAL) once every rank is alive (its nonce
 known) and `settle_s` passed without a new screen read; when every row is
 FINAL, every rank builds the same `Sight` graph (protocols.algorithms) from
-the same rows. A rank sets COMPLETE in its row once its handshake is
+the same rows, and picks the same layout (`choose_layout`: the densest whose
+graph, edges read at least `min_ok` of the time, carries the collectives). A rank sets COMPLETE in its row once its handshake is
 complete, and keeps greeting (showing status frames) until every row is
 COMPLETE, so the others' rows and echoes still pass through it.
 
@@ -21,11 +25,16 @@ no asyncio; times are the caller's clock.
 
 from __future__ import annotations
 
+import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_RANKS = 8
-ROW = struct.Struct(f">HBBB{MAX_RANKS}B")  # version, flags, reads, trusts, quality per rank (0..255)
+MAX_LAYOUTS = 4  # layouts of the start-up ladder a row measures
+QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
+# version, flags, reads, trusts, quality per rank and layout (a nibble each: rank r layout k at r*4+k)
+ROW = struct.Struct(f">HBBB{MAX_RANKS * MAX_LAYOUTS // 2}s")
 TABLE_BYTES = ROW.size * MAX_RANKS
 FINAL, COMPLETE = 0x01, 0x02
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
@@ -38,7 +47,11 @@ class Row:
     flags: int = 0
     reads: int = 0
     trusts: int = 0
-    quality: tuple[int, ...] = (0,) * MAX_RANKS
+    # quality[r][k]: the share of rank r's frames in layout k read, in fifteenths (0: not read)
+    quality: tuple[tuple[int, ...], ...] = ((0,) * MAX_LAYOUTS,) * MAX_RANKS
+
+    def share(self, shown: int, layout: int = 0) -> float:
+        return self.quality[shown][layout] / QUALITY_LEVELS
 
     @property
     def final(self) -> bool:
@@ -52,16 +65,27 @@ class Row:
 EMPTY = Row()
 
 
+def _pack_quality(q: tuple[tuple[int, ...], ...]) -> bytes:
+    flat = [min(QUALITY_LEVELS, max(0, v)) for per in q for v in per]
+    return bytes(flat[i] << 4 | flat[i + 1] for i in range(0, len(flat), 2))
+
+
+def _unpack_quality(b: bytes) -> tuple[tuple[int, ...], ...]:
+    flat = [v for byte in b for v in (byte >> 4, byte & 15)]
+    return tuple(tuple(flat[r * MAX_LAYOUTS:(r + 1) * MAX_LAYOUTS]) for r in range(MAX_RANKS))
+
+
 def pack_table(rows: tuple[Row, ...]) -> bytes:
     rows = tuple(rows) + (EMPTY,) * (MAX_RANKS - len(rows))
-    return b"".join(ROW.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts, *r.quality) for r in rows)
+    return b"".join(ROW.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts, _pack_quality(r.quality))
+                    for r in rows)
 
 
 def unpack_table(data: bytes) -> tuple[Row, ...]:
     out = []
     for i in range(MAX_RANKS):
-        v, flags, reads, trusts, *q = ROW.unpack_from(data, i * ROW.size)
-        out.append(Row(v, flags, reads, trusts, tuple(q)))
+        v, flags, reads, trusts, q = ROW.unpack_from(data, i * ROW.size)
+        out.append(Row(v, flags, reads, trusts, _unpack_quality(q)))
     return tuple(out)
 
 
@@ -77,31 +101,47 @@ class _Seen:
     frames: set = field(default_factory=set)
 
 
+def level(q: float) -> int:
+    """The fewest fifteenths that mean at least `q`."""
+    return max(1, math.ceil(q * QUALITY_LEVELS - 1e-9))
+
+
 @dataclass
 class SightTable:
-    """This rank's measurement and its copy of every rank's row (see the module docstring)."""
+    """This rank's measurement and its copy of every rank's row (see the module docstring). `hold_s`: how
+    long each frame stays up, per layout of the ladder (one float: one layout); while probing, every rank
+    shows one status frame in each layout in turn, so each layout's frames come once every sum of holds."""
 
     rank: int
     world: int
-    hold_s: float
+    hold_s: float | tuple[float, ...]
     settle_s: float = 2.0
+    min_ok: float = 0.5  # the share of frames a layout must get through on an edge to carry it (not the last)
     rows: list[Row] = field(default_factory=list)
-    _seen: dict[int, _Seen] = field(default_factory=dict)
+    _seen: dict[tuple[int, int], _Seen] = field(default_factory=dict)
     _since: float | None = None  # when the set of ranks read or alive last changed
     _alive: int = 0
     _alive_new: bool = False  # a rank came alive since the last update
+    _edges: tuple = ()  # the edges (per layout, per threshold) at the last update
 
     def __post_init__(self) -> None:
         if not self.rows:
             self.rows = [EMPTY] * self.world
         self._alive = 1 << self.rank
+        self.holds = tuple(self.hold_s) if isinstance(self.hold_s, (tuple, list)) else (float(self.hold_s),)
+        if not 1 <= len(self.holds) <= MAX_LAYOUTS:
+            raise ValueError(f"discovery measures 1 to {MAX_LAYOUTS} layouts, not {len(self.holds)}")
+        self.layouts = len(self.holds)
+        self.cycle_s = sum(self.holds)  # a sender's frames in one layout come once a cycle while probing
 
     # ---- what this rank sees
-    def accepted(self, sender: int, shown_us: int) -> None:
-        """A frame of `sender` (of this run) was read, shown at `shown_us` on the sender's clock."""
-        s = self._seen.get(sender)
+    def accepted(self, sender: int, shown_us: int, layout: int = 0) -> None:
+        """A frame of `sender` (of this run) was read in `layout`, shown at `shown_us` on the sender's clock."""
+        if not 0 <= layout < self.layouts:
+            return
+        s = self._seen.get((sender, layout))
         if s is None:
-            s = self._seen[sender] = _Seen(shown_us, shown_us)
+            s = self._seen[(sender, layout)] = _Seen(shown_us, shown_us)
         s.first_us, s.last_us = min(s.first_us, shown_us), max(s.last_us, shown_us)
         if len(s.frames) < 4096:
             s.frames.add(shown_us)
@@ -112,24 +152,27 @@ class SightTable:
             self._alive |= ranks
             self._alive_new = True
 
-    def quality(self, sender: int) -> float:
-        s = self._seen.get(sender)
+    def quality(self, sender: int, layout: int = 0) -> float:
+        s = self._seen.get((sender, layout))
         if s is None or len(s.frames) < MIN_FRAMES:
             return 0.0
-        # frames read after the first, per hold since it (the first and last are read by definition)
-        shown = (s.last_us - s.first_us) / 1e6 / self.hold_s
+        # frames read after the first, per frame shown since it in this layout (the first and last are
+        # read by definition)
+        shown = (s.last_us - s.first_us) / 1e6 / self.cycle_s
         return min(1.0, (len(s.frames) - 1) / max(shown, 1.0))
 
-    def _reads(self) -> tuple[int, tuple[int, ...]]:
-        q = [0] * MAX_RANKS
+    def _reads(self) -> tuple[int, tuple[tuple[int, ...], ...]]:
+        q = [[0] * MAX_LAYOUTS for _ in range(MAX_RANKS)]
         mask = 0
+        edge = level(MIN_QUALITY)
         for r in range(self.world):
-            if r != self.rank:
-                qr = self.quality(r)
-                if qr >= MIN_QUALITY:
+            if r == self.rank:
+                continue
+            for k in range(self.layouts):
+                q[r][k] = round(QUALITY_LEVELS * self.quality(r, k))
+                if q[r][k] >= edge:
                     mask |= 1 << r
-                    q[r] = max(1, round(255 * qr))
-        return mask, tuple(q)
+        return mask, tuple(tuple(x) for x in q)
 
     # ---- rows
     def update(self, now: float, trusts: int, complete: bool) -> bool:
@@ -140,10 +183,15 @@ class SightTable:
             reads, quality = me.reads, me.quality
         else:
             reads, quality = self._reads()
+            # the edges each layout would give: a row settles only once none of them moves
+            edges = tuple(sum(1 << r for r in range(self.world) if quality[r][k] >= t)
+                          for k in range(self.layouts) for t in (level(MIN_QUALITY), level(self.min_ok)))
             # (a new trust counts too: the frames of a peer just trusted are about to be counted)
-            if reads != me.reads or trusts != me.trusts or self._since is None or self._alive_new:
+            if (reads != me.reads or edges != self._edges or trusts != me.trusts or self._since is None
+                    or self._alive_new):
                 self._since = now
                 self._alive_new = False
+                self._edges = edges
         flags = me.flags
         # FINAL: every rank is up, this camera reads some screen, and nothing changed for settle_s
         if not me.final and self._alive & everyone == everyone and reads and now - self._since >= self.settle_s:
@@ -190,12 +238,34 @@ class SightTable:
     def trusts(self, truster: int, trusted: int) -> bool:
         return bool(self.rows[truster].trusts >> trusted & 1)
 
-    def goodput(self, nominal: float) -> dict[tuple[int, int], float]:
-        """The graph's edges, (reader, shown) -> bytes per second: `nominal` times the measured quality."""
+    def graph(self, layout: int = 0, min_quality: float = MIN_QUALITY) -> dict[tuple[int, int], float]:
+        """The edges read in `layout` at least `min_quality` of the time: (reader, shown) -> share read."""
         out = {}
+        need = level(min_quality)
         for r in range(self.world):
             row = self.rows[r]
             for s in range(self.world):
-                if s != r and row.reads >> s & 1:
-                    out[(r, s)] = nominal * row.quality[s] / 255
+                if s != r and row.quality[s][layout] >= need:
+                    out[(r, s)] = row.share(s, layout)
         return out
+
+    def goodput(self, nominal: float, layout: int = 0) -> dict[tuple[int, int], float]:
+        """The graph's edges in `layout`, (reader, shown) -> bytes per second: `nominal` times the measured
+        quality."""
+        return {e: nominal * q for e, q in self.graph(layout).items()}
+
+    def choose_layout(self, fits: Callable[[dict[tuple[int, int], float]], bool]) -> tuple[int, dict]:
+        """The layout every rank picks from the same FINAL rows, and its graph: the densest (first) layout
+        whose graph of edges read at least `min_ok` of the time `fits` (an algorithm can carry collectives
+        on it); the last layout counts every edge read at least MIN_QUALITY of the time. If none fits, the
+        first whose every-edge graph fits, else the last layout (its collectives then fail, saying why)."""
+        last = self.layouts - 1
+        for k in range(self.layouts):
+            g = self.graph(k, MIN_QUALITY if k == last else max(self.min_ok, MIN_QUALITY))
+            if g and fits(g):
+                return k, g
+        for k in range(self.layouts):
+            g = self.graph(k)
+            if g and fits(g):
+                return k, g
+        return last, self.graph(last)

@@ -72,7 +72,7 @@ class LinkCodec:
         msg = frames.frame_message(transfer, index, message_bytes=self.message_bytes, **header)
         return self._scramble(self.code.encode(msg))
 
-    # ---- transfer frames (frame version 5, protocols.transfer): the collectives' format ----------
+    # ---- transfer frames (protocols.transfer): the collectives' format ----------
 
     @property
     def transfer_packet_size(self) -> int:

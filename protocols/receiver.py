@@ -50,9 +50,9 @@ class TransferReceiver:
         self._peer_acks: dict[int, transfer.Ack] = {}
         self.holds: tuple[int, ...] = (0,) * world  # how many collectives each rank is known to hold
 
-    def receive(self, message: bytes, now: float | None = None) -> Received:
-        """One frame message (after error correction), read at `now` on this node's clock (None: time is
-        not kept, no discovery). Never raises for bad input: a frame that fails its check or makes no sense
+    def receive(self, message: bytes, now: float | None = None, layout: int = 0) -> Received:
+        """One frame message (after error correction) read in `layout` (its index in the start-up ladder),
+        at `now` on this node's clock (None: time is not kept, no discovery). Never raises for bad input: a frame that fails its check or makes no sense
         comes back refused with the FrameError's reason."""
         try:
             f = transfer.parse_message(message, self.key)
@@ -64,7 +64,7 @@ class TransferReceiver:
             return Received(f, "unknown_sender")
         hs = self.handshake
         before = self._state()
-        refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us, f.rows)
+        refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us, f.rows, layout)
         if now is not None:
             hs.tick(now)
         changed = self._state() != before

@@ -210,7 +210,7 @@ class Handshake:
     sight: object = None  # protocols.discovery.SightTable, or None: every camera reads every screen
 
     def heard(self, sender: int, nonce: int, echo: tuple[int, ...] | None, trusts: int,
-              shown_us: int, rows=None) -> str | None:
+              shown_us: int, rows=None, layout: int = 0) -> str | None:
         was = self.complete
         if echo is not None:
             self._relay_echo(sender, echo)
@@ -233,7 +233,7 @@ class Handshake:
         else:
             self.trusted_by.discard(sender)
         if self.sight is not None:
-            self.sight.accepted(sender, shown_us)
+            self.sight.accepted(sender, shown_us, layout)
             if rows is not None:
                 self.sight.relay(rows)
         self._fire(was)

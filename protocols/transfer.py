@@ -1,4 +1,4 @@
-"""Transfer frames: the frame format of collectives (frame version 7).
+"""Transfer frames: the frame format of collectives (frame version 8).
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -31,12 +31,12 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 5 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      magic 0xC7 | version 8 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32) |
       holds: 8 x u32
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
-            then the discovery table, 8 x 13-byte rows)
+            then the discovery table, 8 x 21-byte rows)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     zero padding up to the message size
 
@@ -56,7 +56,7 @@ from protocols.frames import CHECK_BYTES, MAGIC, PAYLOAD_ID_BYTES, FrameError, T
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 7
+VERSION = 8
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQB")
 _ACK = struct.Struct(">II")

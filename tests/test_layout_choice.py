@@ -42,3 +42,34 @@ def test_a_pinned_layout_is_used_as_it_is(_quiet_logs):
     result = run_room(cfg)
     assert not _events(_quiet_logs, "layout_chosen") and not _events(_quiet_logs, "layout_switched")
     assert result["applied"] == 2 and result["replicas_identical"]
+
+
+@pytest.mark.slow
+def test_collectives_pick_the_layout_both_cameras_read(tmp_path):
+    """Two webcam laptops 1 m apart (rooms/two-laptops-sim.toml moved apart, its layout not pinned): the
+    10 and 12 px cells of the ladder's first layouts do not read at that distance, the 16 px ones do.
+    Discovery measures every layout of the ladder on every edge and both ranks pick the same, readable one
+    (the dense layout, pinned as collectives used it before, gives these cameras no screen to read)."""
+    import re
+
+    from test_distributed import EXAMPLES, ROOT, launch
+
+    room = (ROOT / "rooms" / "two-laptops-sim.toml").read_text()
+    room = re.sub(r'choose = "pinned".*', 'choose = "auto"', room)
+    room = re.sub(r'level = "warning"', 'level = "info"', room)
+    room = room.replace('roles = ["worker"]', 'roles = ["worker"]\nchannel = { position_m = [0.0, 0.0, 0.5] }')
+    room = re.sub(r'(roles = \["server", "worker"\].*)', r'\1\nchannel = { position_m = [0.0, 0.0, -0.5] }', room)
+    assert room.count("position_m") == 2 and 'choose = "auto"' in room
+    cfg = tmp_path / "far.toml"
+    cfg.write_text(room)
+    proc, lines = launch(cfg, EXAMPLES / "collectives_hello.py", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [d["all_reduce"] for d in lines] == [[10.0, 12.0, 14.0, 16.0]] * 2
+    known = [json.loads(x) for x in proc.stderr.splitlines() if '"event": "sight_known"' in x]
+    assert sorted(e["node"] for e in known) == ["alice", "bob"]
+    for e in known:
+        assert (e["layout"], e["cell_px"]) == (2, 16)
+        assert e["ladder"][0] == {} and e["ladder"][1] == {}  # the dense layouts: no edge at this distance
+        assert set(e["edges"]) == {"alice<-bob", "bob<-alice"}
+    used = [json.loads(x) for x in proc.stderr.splitlines() if '"event": "layout_used"' in x]
+    assert sorted((e["node"], e["cell_px"]) for e in used) == [("alice", 16), ("bob", 16)]

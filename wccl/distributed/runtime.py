@@ -38,9 +38,28 @@ from wccl.supervisor import NodeSupervisor
 
 
 def collective_layout(cfg: WcclConfig):
-    """The (codec, hold_s) a rank's collectives use: the pinned [link] layout, or with `choose = "auto"`
-    (the default) the densest of the start-up ladder: collectives do not probe the ladder yet."""
+    """The (codec, hold_s) a rank's collectives start in: the pinned [link] layout, or with `choose = "auto"`
+    (the default) the densest of the start-up ladder (discovery then picks the one every camera reads:
+    `collective_ladder`)."""
     return cfg.link.ladder_codecs()[0]
+
+
+def collective_ladder(cfg: WcclConfig):
+    """The (codec, hold_s) of each layout discovery tries at start-up, densest first (one when pinned)."""
+    from protocols.discovery import MAX_LAYOUTS
+
+    ladder = cfg.link.ladder_codecs()
+    if len(ladder) > MAX_LAYOUTS:
+        raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
+                          f"the ladder has {len(ladder)}")
+    status = transfer.OVERHEAD_BYTES + transfer.STATUS_PACKET
+    for c, _ in ladder:
+        if c.message_bytes < status:
+            lay = c.layout
+            raise ConfigError(f"link: a {lay.rows} x {lay.cols} layout of {lay.colours} colours holds "
+                              f"{c.message_bytes} bytes a frame, too few for the collectives' status frames "
+                              f"({status} bytes)")
+    return ladder
 
 
 ROUND_HOLDS = 2  # a round's fixed cost in frame holds: shown, filmed, decoded, passed on (a ring round: 0.17 s measured at 83 ms holds)
@@ -50,6 +69,19 @@ def link_goodput(cfg: WcclConfig, codec, hold_s: float) -> float:
     """A screen's goodput read at every frame (bytes per second): a packet a hold, less the first guess
     of frames lost. Discovery scales it by the share of frames each camera actually reads."""
     return transfer.packet_size_for(codec.message_bytes) / hold_s * (1 - cfg.collectives.loss)
+
+
+def _fits(world: int, edges: dict, algorithm: str) -> bool:
+    """Can the collectives run on this sight graph (every op, by `algorithm` or any when "auto")?"""
+    from protocols.algorithms import AlgorithmError, Sight, choose
+
+    sight = Sight(world, dict(edges))
+    try:
+        for op in ("allreduce", "broadcast", "allgather"):
+            choose(sight, op, 4, 0, algorithm)
+    except AlgorithmError:
+        return False
+    return True
 
 
 class CollectiveNode(NodeSupervisor):
@@ -78,7 +110,8 @@ class CollectiveNode(NodeSupervisor):
 
         cfg, room = self.config, self.config.room
         screen = self._media()  # no schedule to sync to: a rank's collectives run on demand, on its own clock
-        codec, hold_s = collective_layout(cfg)
+        ladder = collective_ladder(cfg)
+        codec, hold_s = ladder[0]
         col = cfg.collectives
         from protocols.security import Handshake
         from wccl.keys import log_key, room_key
@@ -91,21 +124,24 @@ class CollectiveNode(NodeSupervisor):
         from protocols.discovery import SightTable
 
         # (one rank alone: nothing to discover, nobody to greet)
-        sight = SightTable(self.rank, self.world, hold_s, settle_s=col.discovery_s) if self.world > 1 else None
+        sight = (SightTable(self.rank, self.world, tuple(h for _, h in ladder), settle_s=col.discovery_s,
+                            min_ok=cfg.link.min_frames_ok) if self.world > 1 else None)
         self.handshake = Handshake(self.rank, self.world, sight=sight, window_s=room.replay_window_s)
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
                                   reassembler=Reassembler(), transfers=transfer.TransferAssembler(), key=key,
-                                  handshake=self.handshake, lens=cfg.camera.lens),
+                                  handshake=self.handshake, lens=cfg.camera.lens, ladder=[c for c, _ in ladder],
+                                  layout_fits=lambda edges: _fits(self.world, edges, col.algorithm)),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,
-                                  run_nonce=self.handshake.nonce),
+                                  run_nonce=self.handshake.nonce, ladder=ladder),
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
                                 on_drained=self.end, algorithm=col.algorithm,
                                 sight=Sight.complete(1, 1.0, 0.0) if self.world == 1 else None,
-                                goodput=link_goodput(cfg, codec, hold_s), latency_s=ROUND_HOLDS * hold_s),
+                                goodput=[link_goodput(cfg, c, h) for c, h in ladder],
+                                latency_s=[ROUND_HOLDS * h for _, h in ladder]),
         }
         self._wire({"screen_writer": "transfers"})
 
