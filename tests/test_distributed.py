@@ -259,6 +259,21 @@ def test_a_ranks_compute_is_charged_to_the_room_time(tmp_path, scale):
         assert all(t < 0.4 for t in took), took
 
 
+def test_a_callbacks_compute_is_charged_too(tmp_path):
+    """The same 0.4 s of CPU inside a callback on the first all-reduce's future (where a comm hook such as
+    PowerSGD computes), with the second all-reduce issued from the callback: it goes up 0.4 s later, so
+    rank 0's second all-reduce ends 0.4 s later than with no compute, and rank 1's nearly so (each rank
+    counts from its own first result, which rank 1 may have had a frame later)."""
+    cfg = room_file(tmp_path)
+    took = {}
+    for cpu in ("0.4", "0"):
+        proc, lines = launch(cfg, SCRIPTS / "charge.py", env={"CPU_S": cpu, "MODE": "callback"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        took[cpu] = [d["took_s"] for d in lines]
+    assert 0.35 <= took["0.4"][0] - took["0"][0] < 0.4 + 0.5, took
+    assert 0.2 <= took["0.4"][1] - took["0"][1] < 0.4 + 0.5, took
+
+
 # ---- compression: codec comm hooks and local steps (issue 13) --------------------------------------
 
 def _check_compressed(lines: list[dict], world: int) -> None:

@@ -13,7 +13,8 @@ thread-safe and returns at once. Its event loop is the room's virtual time
 program's thread computes (`busy`); the compute between two collectives is
 charged to the node's clock at the CPU time it took (times
 `collectives.compute_scale`), so a collective goes up when a laptop that
-fast would have issued it.
+fast would have issued it. So is the compute of the futures' callbacks (a
+comm hook's work between its collectives), on the completion threads.
 """
 
 from __future__ import annotations
@@ -217,6 +218,8 @@ class RankNode:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sup: CollectiveNode | None = None
         self.result: Any = None
+        self._local = threading.local()  # on a completion thread: (loop time, CPU time) its callback began
+        self._mark_lock = threading.Lock()
         self._t_mark = 0.0  # loop time up to which the program's compute has been charged
         self._cpu_mark = 0.0  # the program thread's CPU time at that mark
         self._closed = False
@@ -367,12 +370,17 @@ class RankNode:
         handle = next(self._handles)
         self._callbacks[handle] = callback
         loop = self.loop
+        started = getattr(self._local, "started", None)
         if threading.current_thread() is self._program:
             cpu = self._program_cpu()
             charge = (cpu - self._cpu_mark) * self.config.collectives.compute_scale
-            self._t_mark, self._cpu_mark = self._t_mark + charge, cpu
-            ready_loop = self._t_mark
-        else:  # a comm hook's callback, on the node's own thread: no program compute to charge
+            with self._mark_lock:
+                self._t_mark, self._cpu_mark = self._t_mark + charge, cpu
+                ready_loop = self._t_mark
+        elif started is not None:  # a comm hook's callback on a completion thread: charged what it computed
+            t_loop, cpu0 = started
+            ready_loop = t_loop + (time.thread_time() - cpu0) * self.config.collectives.compute_scale
+        else:
             ready_loop = loop.time()
 
         async def _put() -> None:
@@ -388,11 +396,29 @@ class RankNode:
     def _done(self, msg: CollectiveDone) -> None:
         if not self._program_busy():
             # The program waited for this: its compute resumes from now.
-            self._t_mark = max(self._t_mark, self.loop.time())
-            self._cpu_mark = self._program_cpu()
+            with self._mark_lock:
+                self._t_mark = max(self._t_mark, self.loop.time())
+                self._cpu_mark = self._program_cpu()
         cb = self._callbacks.pop(msg.handle, None)
         if cb is not None:
-            self._completions.submit(cb, msg)
+            self._completions.submit(self._complete, cb, msg, self.loop.time())
+
+    def _complete(self, cb: Callable[[CollectiveDone], None], msg: CollectiveDone, t_loop: float) -> None:
+        """Complete one collective's future on a completion thread, at loop time `t_loop` (room time stands
+        still while this thread computes). What its callbacks compute (the outputs written, a comm hook's
+        work, such as PowerSGD's orthogonalisation) is charged like the program's own compute: a collective
+        a callback issues goes up that much later, and the program, waiting for the callbacks' result,
+        resumes that much later (as if on the same core: the charge is never overlapped with its own)."""
+        t_loop = max(t_loop, self.loop.time())  # (it may have waited in the pool's queue)
+        cpu0 = time.thread_time()
+        self._local.started = (t_loop, cpu0)
+        try:
+            cb(msg)
+        finally:
+            self._local.started = None
+            charge = (time.thread_time() - cpu0) * self.config.collectives.compute_scale
+            with self._mark_lock:
+                self._t_mark = max(self._t_mark, t_loop + charge)
 
     def _fail_all(self, error: str) -> None:
         for handle in list(self._callbacks):
