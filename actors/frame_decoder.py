@@ -56,10 +56,11 @@ class FrameDecoder(Actor):
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
                  reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None,
                  transfers: transfer.TransferAssembler | None = None, key: RoomKey = NO_KEY,
-                 handshake: Handshake | None = None, lens: str = "pinhole", layout_fits=None) -> None:
+                 handshake: Handshake | None = None, lens: str = "pinhole", layout_cost=None) -> None:
         super().__init__(ctx)
-        # Collectives with a start-up ladder: does a sight graph carry the collectives? (discovery's choice)
-        self.layout_fits = layout_fits or (lambda edges: True)
+        # Collectives with a start-up ladder: what collectives would cost in a layout on its sight graph
+        # (seconds, None: they cannot run there), for discovery's choice; without one, the densest wins.
+        self.layout_cost = layout_cost or (lambda k, edges: float(k))
         self.lens_mode = lens
         self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
         self.ladder = ladder or [codec]
@@ -256,7 +257,7 @@ class FrameDecoder(Actor):
             await self.emit(self._acks_message())
             if hs.sight is not None and hs.sight.known and not self._sight_sent:
                 self._sight_sent = True
-                k, graph = hs.sight.choose_layout(self.layout_fits)
+                k, graph = hs.sight.choose_layout(self.layout_cost)
                 edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
                 names = self.node_names
                 lay = self.ladder[k].layout

@@ -13,8 +13,9 @@ ring where each camera sees one screen, every rank has every row after n-1
 hops. A rank freezes its row (FINAL) once every rank is alive (its nonce
 known) and `settle_s` passed without a new screen read; when every row is
 FINAL, every rank builds the same `Sight` graph (protocols.algorithms) from
-the same rows, and picks the same layout (`choose_layout`: the densest whose
-graph, edges read at least `min_ok` of the time, carries the collectives). A rank sets COMPLETE in its row once its handshake is
+the same rows, and picks the same layout (`choose_layout`: of those whose
+graph of edges read at least `min_ok` of the time carries the collectives,
+the one where they cost least). A rank sets COMPLETE in its row once its handshake is
 complete, and keeps greeting (showing status frames) until every row is
 COMPLETE, so the others' rows and echoes still pass through it.
 
@@ -254,18 +255,20 @@ class SightTable:
         quality."""
         return {e: nominal * q for e, q in self.graph(layout).items()}
 
-    def choose_layout(self, fits: Callable[[dict[tuple[int, int], float]], bool]) -> tuple[int, dict]:
-        """The layout every rank picks from the same FINAL rows, and its graph: the densest (first) layout
-        whose graph of edges read at least `min_ok` of the time `fits` (an algorithm can carry collectives
-        on it); the last layout counts every edge read at least MIN_QUALITY of the time. If none fits, the
-        first whose every-edge graph fits, else the last layout (its collectives then fail, saying why)."""
+    def choose_layout(self, cost: Callable[[int, dict[tuple[int, int], float]], float | None]) -> tuple[int, dict]:
+        """The layout every rank picks from the same FINAL rows, and its graph: of the layouts whose graph
+        of edges read at least `min_ok` of the time can carry the collectives, the cheapest by `cost(layout,
+        graph)` (seconds, or None: no algorithm fits this graph); ties go to the denser. The last layout
+        counts every edge read at least MIN_QUALITY of the time. If none fits, the cheapest of the
+        every-edge graphs, else the last layout (its collectives then fail, saying why)."""
         last = self.layouts - 1
-        for k in range(self.layouts):
-            g = self.graph(k, MIN_QUALITY if k == last else max(self.min_ok, MIN_QUALITY))
-            if g and fits(g):
-                return k, g
-        for k in range(self.layouts):
-            g = self.graph(k)
-            if g and fits(g):
-                return k, g
+        for strict in (True, False):
+            best: tuple[float, int, dict] | None = None
+            for k in range(self.layouts):
+                g = self.graph(k, max(self.min_ok, MIN_QUALITY) if strict and k != last else MIN_QUALITY)
+                c = cost(k, g) if g else None
+                if c is not None and (best is None or c < best[0]):
+                    best = (c, k, g)
+            if best is not None:
+                return best[1], best[2]
         return last, self.graph(last)

@@ -72,17 +72,23 @@ def link_goodput(cfg: WcclConfig, codec, hold_s: float) -> float:
     return transfer.packet_size_for(codec.message_bytes) / hold_s * (1 - cfg.collectives.loss)
 
 
-def _fits(world: int, edges: dict, algorithm: str) -> bool:
-    """Can the collectives run on this sight graph (every op, by `algorithm` or any when "auto")?"""
+LAYOUT_BYTES = 65536  # the all_reduce a layout is judged by at start-up (its estimated time)
+
+
+def layout_cost(world: int, edges: dict, algorithm: str, goodput: float, latency_s: float) -> float | None:
+    """What an all_reduce of LAYOUT_BYTES would cost on this sight graph (edges: share of frames read) in a
+    layout of this nominal `goodput` and round latency, by `algorithm` (or the cheapest when "auto"); None
+    if the collectives cannot run on it (all_reduce, broadcast and all_gather must all fit)."""
     from protocols.algorithms import AlgorithmError, Sight, choose
 
-    sight = Sight(world, dict(edges))
+    sight = Sight(world, {e: goodput * q for e, q in edges.items()}, latency_s)
     try:
-        for op in ("allreduce", "broadcast", "allgather"):
+        for op in ("broadcast", "allgather"):
             choose(sight, op, 4, 0, algorithm)
+        cls = choose(sight, "allreduce", LAYOUT_BYTES, 0, algorithm)
     except AlgorithmError:
-        return False
-    return True
+        return None
+    return cls.estimate(sight, "allreduce", LAYOUT_BYTES)
 
 
 class CollectiveNode(NodeSupervisor):
@@ -133,7 +139,9 @@ class CollectiveNode(NodeSupervisor):
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
                                   reassembler=Reassembler(), transfers=transfer.TransferAssembler(), key=key,
                                   handshake=self.handshake, lens=cfg.camera.lens, ladder=[c for c, _ in ladder],
-                                  layout_fits=lambda edges: _fits(self.world, edges, col.algorithm)),
+                                  layout_cost=lambda k, edges: layout_cost(
+                                      self.world, edges, col.algorithm, link_goodput(cfg, *ladder[k]),
+                                      ROUND_HOLDS * ladder[k][1])),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,
