@@ -165,8 +165,11 @@ class Collectives(Actor):
         try:
             cls = choose(self.sight, req.op, len(payload), req.root, self.algorithm)
         except AlgorithmError as e:
+            # Every rank refuses it alike (the same sight graph, the same choice): nothing to agree on. It
+            # counts as held, so the collectives after it are not held back waiting for it.
             self.results["failed"] += 1
             self.log.error("collective_failed", seq=req.seq, op=req.op, error=str(e))
+            await self._hold(req.seq)
             await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=req.seq,
                                            handle=req.handle, error=str(e)))
             return

@@ -97,3 +97,48 @@ def test_a_camera_covered_midway_for_longer_than_the_timeout_fails_the_collectiv
     assert "waiting for rank 0 (alice)" in done["carol"][1].error
     for n in NAMES:  # the group is broken: the next collective fails at once, saying why
         assert "not run: collective #1 (allreduce) failed" in done[n][2].error
+
+
+def test_a_collective_no_algorithm_can_carry_fails_alike_and_the_next_one_runs():
+    """all_see_all pinned, and a sight graph where alice's camera does not read bob's screen: an all_reduce
+    cannot run (every rank refuses it alike, from the same graph); the broadcast from alice after it must
+    still run, not wait for agreement on the refused one."""
+    from protocols.algorithms import Sight
+
+    names = ("alice", "bob")
+    cfg = make_config(room=dict(ROOM3, nodes=ROOM3["nodes"][:2], profile="exact"), link={"choose": "pinned"},
+                      collectives={"algorithm": "all_see_all"})
+
+    async def go():
+        room = SimulatedRoom.from_config(cfg)
+        done: dict[str, list] = {n: [] for n in names}
+        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=20.0, on_done=done[n].append)
+                 for n in names}
+        for s in nodes.values():
+            s.build()
+            s.deps["collectives"]["sight"] = Sight(2, {(1, 0): 20_000.0}, 0.3)  # bob reads alice, not back
+
+        async def until(seq):
+            while not all(any(m.seq == seq for m in done[n]) for n in names):
+                await asyncio.sleep(0.01)
+
+        async with asyncio.TaskGroup() as tg:
+            for s in nodes.values():
+                tg.create_task(s.run())
+            for i, n in enumerate(names):
+                await nodes[n].submit(_req(nodes[n], 0, bytes([i + 1]) * 8))
+            await until(0)
+            for i, n in enumerate(names):
+                await nodes[n].submit(CollectiveRequest(sender=n, time=0.0, seq=1, op="broadcast", dtype="uint8",
+                                                        numel=8, inputs=(bytes([5 + i]) * 8,), root=0,
+                                                        ready_at=nodes[n].local_clock.now(), handle=1))
+            await until(1)
+            for n, s in nodes.items():
+                await s.submit(Drain(sender=n, time=0.0, timeout_s=5.0))
+        return {n: {m.seq: m for m in done[n]} for n in names}
+
+    done = run_virtual(go)
+    for n in names:
+        assert "cannot carry allreduce" in (done[n][0].error or ""), done[n][0]
+        assert done[n][1].error is None, done[n][1].error
+        assert done[n][1].parts[0] == (bytes([5]) * 8,)
