@@ -60,6 +60,7 @@ class TransferWriter(Actor):
         self.hold_s = hold_s
         # The layouts status frames cycle through until discovery picks one (one layout: no probing).
         self.ladder = list(ladder) if ladder and len(ladder) > 1 and world > 1 else None
+        self._layouts = len(self.ladder) if self.ladder else 1  # the layouts the status frames' table measures
         self._probe = 0  # the ladder layout the next status frame goes up in, while probing
         self.session = session
         self.rank, self.world = rank, world
@@ -144,7 +145,8 @@ class TransferWriter(Actor):
             return (transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                             message_bytes=codec.message_bytes, shown_us=shown_us,
                                             run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
-                                            rows=self._rows, holds=self._holds, key=self.key), codec, hold_s)
+                                            rows=self._rows, holds=self._holds, layouts=self._layouts,
+                                            key=self.key), codec, hold_s)
         return None
 
     async def _present(self) -> None:

@@ -34,9 +34,21 @@ from dataclasses import dataclass, field
 MAX_RANKS = 8
 MAX_LAYOUTS = 4  # layouts of the start-up ladder a row measures
 QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
-# version, flags, reads, trusts, quality per rank and layout (a nibble each: rank r layout k at r*4+k)
-ROW = struct.Struct(f">HBBB{MAX_RANKS * MAX_LAYOUTS // 2}s")
-TABLE_BYTES = ROW.size * MAX_RANKS
+# A row: version, flags, reads, trusts, then the quality of each rank in each layout measured (a nibble
+# each: rank r, layout k at r * layouts + k). A table measures 1 to MAX_LAYOUTS layouts: its size says how
+# many (a pinned layout's table is small enough for a coarse layout's frames).
+ROW_HEAD = struct.Struct(">HBBB")
+
+
+def row_bytes(layouts: int) -> int:
+    return ROW_HEAD.size + MAX_RANKS * layouts // 2
+
+
+def table_bytes(layouts: int) -> int:
+    return MAX_RANKS * row_bytes(layouts)
+
+
+TABLE_BYTES = table_bytes(MAX_LAYOUTS)  # the largest table
 FINAL, COMPLETE = 0x01, 0x02
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
 MIN_FRAMES = 4  # frames of a peer before its quality is measured
@@ -66,27 +78,43 @@ class Row:
 EMPTY = Row()
 
 
-def _pack_quality(q: tuple[tuple[int, ...], ...]) -> bytes:
-    flat = [min(QUALITY_LEVELS, max(0, v)) for per in q for v in per]
+def _pack_quality(q: tuple[tuple[int, ...], ...], layouts: int) -> bytes:
+    flat = [min(QUALITY_LEVELS, max(0, per[k])) for per in q for k in range(layouts)]
     return bytes(flat[i] << 4 | flat[i + 1] for i in range(0, len(flat), 2))
 
 
-def _unpack_quality(b: bytes) -> tuple[tuple[int, ...], ...]:
+def _unpack_quality(b: bytes, layouts: int) -> tuple[tuple[int, ...], ...]:
     flat = [v for byte in b for v in (byte >> 4, byte & 15)]
-    return tuple(tuple(flat[r * MAX_LAYOUTS:(r + 1) * MAX_LAYOUTS]) for r in range(MAX_RANKS))
+    return tuple(tuple(flat[r * layouts:(r + 1) * layouts]) + (0,) * (MAX_LAYOUTS - layouts)
+                 for r in range(MAX_RANKS))
 
 
-def pack_table(rows: tuple[Row, ...]) -> bytes:
+def pack_table(rows: tuple[Row, ...], layouts: int = MAX_LAYOUTS) -> bytes:
+    """The table as shown in status frames, measuring `layouts` layouts (table_bytes(layouts) bytes)."""
+    if not 1 <= layouts <= MAX_LAYOUTS:
+        raise ValueError(f"a table measures 1 to {MAX_LAYOUTS} layouts, not {layouts}")
     rows = tuple(rows) + (EMPTY,) * (MAX_RANKS - len(rows))
-    return b"".join(ROW.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts, _pack_quality(r.quality))
+    return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts) + _pack_quality(r.quality, layouts)
                     for r in rows)
 
 
+def table_layouts(size: int) -> int | None:
+    """How many layouts a table of `size` bytes measures (None: no table is that size)."""
+    for k in range(1, MAX_LAYOUTS + 1):
+        if table_bytes(k) == size:
+            return k
+    return None
+
+
 def unpack_table(data: bytes) -> tuple[Row, ...]:
+    layouts = table_layouts(len(data))
+    if layouts is None:
+        raise ValueError(f"no discovery table is {len(data)} bytes")
+    n = row_bytes(layouts)
     out = []
     for i in range(MAX_RANKS):
-        v, flags, reads, trusts, q = ROW.unpack_from(data, i * ROW.size)
-        out.append(Row(v, flags, reads, trusts, _unpack_quality(q)))
+        v, flags, reads, trusts = ROW_HEAD.unpack_from(data, i * n)
+        out.append(Row(v, flags, reads, trusts, _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts)))
     return tuple(out)
 
 

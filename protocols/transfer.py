@@ -36,7 +36,7 @@ sealed bytes'.
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32) |
       holds: 8 x u32
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
-            then the discovery table, 8 x 21-byte rows)
+            then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 4)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     zero padding up to the message size
 
@@ -62,7 +62,15 @@ _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQB")
 _ACK = struct.Struct(">II")
 _HOLDS = struct.Struct(">8I")
 _ECHO = struct.Struct(f">{MAX_RANKS}Q")
-STATUS_PACKET = _ECHO.size + discovery.TABLE_BYTES
+
+
+def status_packet(layouts: int = 1) -> int:
+    """A status frame's packet: the echo and a discovery table measuring `layouts` layouts."""
+    return _ECHO.size + discovery.table_bytes(layouts)
+
+
+STATUS_PACKET = status_packet(discovery.MAX_LAYOUTS)  # the largest
+_STATUS_SIZES = {status_packet(k): k for k in range(1, discovery.MAX_LAYOUTS + 1)}
 _AAD = struct.Struct(">HBIIBBHI")
 PERSON = b"wccl-xfer"
 HEADER_BYTES = _HEAD.size + MAX_RANKS * _ACK.size + _HOLDS.size
@@ -192,15 +200,16 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
                    shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
-                   rows: tuple = (), holds: tuple[int, ...] = (), key: RoomKey = NO_KEY) -> bytes:
+                   rows: tuple = (), holds: tuple[int, ...] = (), layouts: int = 1, key: RoomKey = NO_KEY) -> bytes:
     """A status frame's message: acknowledgements, the echo of every rank's run nonce, the discovery
-    table (`rows`, protocols.discovery.Row each; empty rows where not given)."""
+    table (`rows`, protocols.discovery.Row each; empty rows where not given) measuring `layouts` layouts
+    of the start-up ladder."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, 0, 0, OPS["status"], 0, 0, 0, 0, 0,
-                      bytes(8), STATUS_PACKET, shown_us, run_nonce, trusts)
+                      bytes(8), status_packet(layouts), shown_us, run_nonce, trusts)
     body = (head + _pack_acks(acks) + _pack_holds(holds) + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
-            + discovery.pack_table(tuple(rows)))
+            + discovery.pack_table(tuple(rows), layouts))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
     return body + key.check(body, PERSON) + bytes(message_bytes - len(body) - CHECK_BYTES)
@@ -221,7 +230,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_magic")
     status = bool(flags & FLAG_STATUS)
     end = HEADER_BYTES + psize
-    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize != STATUS_PACKET):
+    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize not in _STATUS_SIZES):
         raise FrameError("bad_length", f"packet_size {psize}")
     if not key.verify(msg[:end], PERSON, msg[end:end + CHECK_BYTES]):
         raise FrameError("check_mismatch")

@@ -31,7 +31,7 @@ class Node:
         hs = self.hs
         return transfer.status_message(session=7, sender=self.rank, acks=(), message_bytes=MESSAGE,
                                        shown_us=round(t * 1e6), run_nonce=hs.nonce, trusts=hs.trust_mask(),
-                                       echo=hs.echo(), rows=hs.sight.table(), key=KEY)
+                                       echo=hs.echo(), rows=hs.sight.table(), layouts=hs.sight.layouts, key=KEY)
 
 
 def simulate(reads: dict[int, set[int]], world: int, seconds: float = 30.0, loss: float = 0.0, seed: int = 0,
@@ -243,3 +243,16 @@ def test_the_ladder_picks_by_cost_not_by_density_alone():
     nodes, done = simulate_ladder(lambda r, s, k: shares[k], world, seed=1)
     assert len(done) == world
     assert {n.hs.sight.choose_layout(_cost(world, "auto", nominal=(1.1, 1.0, 0.3)))[0] for n in nodes} == {1}
+
+
+@pytest.mark.parametrize("layouts", [1, 2, 3, 4])
+def test_a_table_says_how_many_layouts_it_measures_by_its_size(layouts):
+    q = tuple(tuple((r + k) % 16 if k < layouts else 0 for k in range(discovery.MAX_LAYOUTS))
+              for r in range(discovery.MAX_RANKS))
+    rows = (discovery.Row(3, discovery.FINAL, 0b110, 0b10, q),) * 2
+    packed = discovery.pack_table(rows, layouts)
+    assert len(packed) == discovery.table_bytes(layouts) == 8 * (5 + 4 * layouts)
+    assert discovery.unpack_table(packed)[:2] == rows
+    msg = transfer.status_message(session=7, sender=0, acks=(), message_bytes=MESSAGE, rows=rows, layouts=layouts,
+                                  key=KEY)
+    assert transfer.parse_message(msg, KEY).rows[:2] == rows

@@ -53,7 +53,7 @@ def collective_ladder(cfg: WcclConfig):
     if len(ladder) > MAX_LAYOUTS:
         raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
                           f"the ladder has {len(ladder)}")
-    status = transfer.OVERHEAD_BYTES + transfer.STATUS_PACKET
+    status = transfer.OVERHEAD_BYTES + transfer.status_packet(len(ladder))
     for c, _ in ladder:
         if c.message_bytes < status:
             lay = c.layout
