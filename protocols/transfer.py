@@ -36,7 +36,7 @@ sealed bytes'.
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32) |
       holds: 8 x u32
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
-            then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 4)
+            then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 6)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     zero padding up to the message size
 

@@ -245,7 +245,7 @@ def test_the_ladder_picks_by_cost_not_by_density_alone():
     assert {n.hs.sight.choose_layout(_cost(world, "auto", nominal=(1.1, 1.0, 0.3)))[0] for n in nodes} == {1}
 
 
-@pytest.mark.parametrize("layouts", [1, 2, 3, 4])
+@pytest.mark.parametrize("layouts", [1, 2, 3, 5, 6])
 def test_a_table_says_how_many_layouts_it_measures_by_its_size(layouts):
     q = tuple(tuple((r + k) % 16 if k < layouts else 0 for k in range(discovery.MAX_LAYOUTS))
               for r in range(discovery.MAX_RANKS))

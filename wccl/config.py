@@ -242,6 +242,17 @@ DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=52, cols=98, colours=8, cell_px=12, hold_s=0.1, code_rate=0.8),
     dict(rows=40, cols=70, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
 )
+# Collectives acknowledge what they read and show repair until it is read, so a lost frame costs one frame,
+# not a step: their default ladder also tries frames held under 2.5 camera periods. 68 x 124 cells of 10 px
+# (1260 x 700 px with the border) held 50 ms and 64 x 118 held 67 ms: 35.4 and 23.3 KB/s in the link
+# bench under `webcam` (BENCHMARKS.md, issue 17). The built-in run's scheduled windows have no second
+# chance: there, frames held that short lose whole steps (16 of 30 applied in a two-laptop webcam room).
+# (Every layout of a ladder has its own grid: a frame's grid says which it is.)
+FAST_RUNGS: tuple[dict[str, Any], ...] = (
+    dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
+    dict(rows=64, cols=118, colours=8, cell_px=10, hold_s=0.067, code_rate=0.8),
+)
+COLLECTIVES_LADDER: tuple[dict[str, Any], ...] = FAST_RUNGS + DEFAULT_LADDER
 
 
 LAYOUT_KEYS = frozenset({"rows", "cols", "colours", "cell_px", "border_cells", "pilot_spacing", "hold_s", "code_rate"})
@@ -264,6 +275,20 @@ class LinkConfig(_Strict):
     # (the default when the [link] table gives a layout but no `choose`).
     choose: Literal["pinned", "auto"] = "auto"
     ladder: list[LadderStep] | None = None  # auto: candidate layouts, densest first (default DEFAULT_LADDER)
+
+    @field_validator("ladder")
+    @classmethod
+    def _grids_differ(cls, v: list[LadderStep] | None) -> list[LadderStep] | None:
+        # A reader tells the layouts apart by their grids: two of the same grid would be measured as one.
+        seen: dict[tuple, int] = {}
+        for i, step in enumerate(v or ()):
+            grid = (step.rows, step.cols, step.colours, step.cell_px)
+            if grid in seen:
+                raise ValueError(f"steps {seen[grid] + 1} and {i + 1} have the same grid ({step.rows} x {step.cols} "
+                                 f"cells of {step.cell_px} px, {step.colours} colours): start-up could not tell "
+                                 "their frames apart; change one's rows or cols")
+            seen[grid] = i
+        return v
     min_frames_ok: float = Field(default=0.5, gt=0, le=1)  # auto: share of frames a layout must get through
 
     @model_validator(mode="before")
@@ -281,17 +306,20 @@ class LinkConfig(_Strict):
     def codec(self) -> LinkCodec:
         return LinkCodec(self.layout(), self.code_rate)
 
-    def steps(self) -> list[LadderStep]:
-        """The layouts a node may use: the pinned one, or the ladder."""
+    def steps(self, collectives: bool = False) -> list[LadderStep]:
+        """The layouts a node may use: the pinned one, or the ladder (by default the built-in run's, or with
+        `collectives` the collectives', which also tries shorter holds)."""
         if self.choose == "pinned":
             return [LadderStep(rows=self.rows, cols=self.cols, colours=self.colours, cell_px=self.cell_px,
                                hold_s=self.hold_s, code_rate=self.code_rate)]
-        return list(self.ladder) if self.ladder else [LadderStep(**d) for d in DEFAULT_LADDER]
+        if self.ladder:
+            return list(self.ladder)
+        return [LadderStep(**d) for d in (COLLECTIVES_LADDER if collectives else DEFAULT_LADDER)]
 
-    def ladder_codecs(self) -> list[tuple[LinkCodec, float]]:
+    def ladder_codecs(self, collectives: bool = False) -> list[tuple[LinkCodec, float]]:
         """(codec, hold_s) of each layout a node may use (one when pinned)."""
         return [(LinkCodec(GridLayout(s.rows, s.cols, s.colours, s.cell_px, self.border_cells, self.pilot_spacing),
-                           s.code_rate), s.hold_s) for s in self.steps()]
+                           s.code_rate), s.hold_s) for s in self.steps(collectives)]
 
 
 class Phase(_Strict):

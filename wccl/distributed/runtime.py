@@ -42,14 +42,24 @@ def collective_layout(cfg: WcclConfig):
     """The (codec, hold_s) a rank's collectives start in: the pinned [link] layout, or with `choose = "auto"`
     (the default) the densest of the start-up ladder (discovery then picks the one every camera reads:
     `collective_ladder`)."""
-    return cfg.link.ladder_codecs()[0]
+    return collective_ladder(cfg)[0]
 
 
 def collective_ladder(cfg: WcclConfig):
-    """The (codec, hold_s) of each layout discovery tries at start-up, densest first (one when pinned)."""
+    """The (codec, hold_s) of each layout discovery tries at start-up, fastest first (one when pinned): the
+    room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen."""
     from protocols.discovery import MAX_LAYOUTS
 
-    ladder = cfg.link.ladder_codecs()
+    ladder = cfg.link.ladder_codecs(collectives=True)
+    if cfg.link.choose == "auto" and not cfg.link.ladder:
+        def fits(layout) -> bool:
+            try:
+                layout.check_fits(cfg.screen.width, cfg.screen.height)
+                return True
+            except ValueError:
+                return False
+
+        ladder = [(c, h) for c, h in ladder if fits(c.layout)]
     if len(ladder) > MAX_LAYOUTS:
         raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
                           f"the ladder has {len(ladder)}")
