@@ -40,8 +40,8 @@ from wccl.supervisor import NodeSupervisor
 
 def collective_layout(cfg: WcclConfig):
     """The (codec, hold_s) a rank's collectives start in: the pinned [link] layout, or with `choose = "auto"`
-    (the default) the densest of the start-up ladder (discovery then picks the one every camera reads:
-    `collective_ladder`)."""
+    (the default) the first of the collectives' ladder (discovery then picks from `collective_ladder` the
+    one the cameras read best)."""
     return collective_ladder(cfg)[0]
 
 
