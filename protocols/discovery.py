@@ -11,7 +11,9 @@ frame carries the sender's table of rows (its own and the latest it has of
 every other rank), so rows travel along the cameras' lines of sight: in a
 ring where each camera sees one screen, every rank has every row after n-1
 hops. A rank freezes its row (FINAL) once every rank is alive (its nonce
-known) and `settle_s` passed without a new screen read; when every row is
+known), it has watched long enough for every layout to show a few frames,
+and `settle_s` passed without a change in which screens it reads (in any
+layout, at either threshold); when every row is
 FINAL, every rank builds the same `Sight` graph (protocols.algorithms) from
 the same rows, and picks the same layout (`choose_layout`: of those whose
 graph of edges read at least `min_ok` of the time carries the collectives,
@@ -152,6 +154,7 @@ class SightTable:
     _alive: int = 0
     _alive_new: bool = False  # a rank came alive since the last update
     _edges: tuple = ()  # the edges (per layout, per threshold) at the last update
+    _first: float | None = None  # when this rank first read a frame of this run
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -162,6 +165,8 @@ class SightTable:
             raise ValueError(f"discovery measures 1 to {MAX_LAYOUTS} layouts, not {len(self.holds)}")
         self.layouts = len(self.holds)
         self.cycle_s = sum(self.holds)  # a sender's frames in one layout come once a cycle while probing
+        # how long to watch before a row may be final: MIN_FRAMES frames of a layout read min_ok of the time
+        self.watch_s = MIN_FRAMES * self.cycle_s / max(self.min_ok, MIN_QUALITY) if self.layouts > 1 else 0.0
 
     # ---- what this rank sees
     def accepted(self, sender: int, shown_us: int, layout: int = 0) -> None:
@@ -182,24 +187,30 @@ class SightTable:
             self._alive_new = True
 
     def quality(self, sender: int, layout: int = 0) -> float:
+        """The share of `sender`'s frames in `layout` read: frames read, per frame it showed in that layout
+        since the first and up to the last frame read of it in any layout (0 until MIN_FRAMES were shown)."""
         s = self._seen.get((sender, layout))
-        if s is None or len(s.frames) < MIN_FRAMES:
+        seen = [v for (r, _), v in self._seen.items() if r == sender]
+        if s is None or not seen:
             return 0.0
-        # frames read after the first, per frame shown since it in this layout (the first and last are
-        # read by definition)
-        shown = (s.last_us - s.first_us) / 1e6 / self.cycle_s
-        return min(1.0, (len(s.frames) - 1) / max(shown, 1.0))
+        first, last = min(v.first_us for v in seen), max(v.last_us for v in seen)
+        shown = (last - first) / 1e6 / self.cycle_s + 1
+        if shown < MIN_FRAMES:
+            return 0.0
+        return min(1.0, len(s.frames) / shown)
 
     def _reads(self) -> tuple[int, tuple[tuple[int, ...], ...]]:
         q = [[0] * MAX_LAYOUTS for _ in range(MAX_RANKS)]
         mask = 0
-        edge = level(MIN_QUALITY)
         for r in range(self.world):
             if r == self.rank:
                 continue
             for k in range(self.layouts):
-                q[r][k] = round(QUALITY_LEVELS * self.quality(r, k))
-                if q[r][k] >= edge:
+                share = self.quality(r, k)
+                # the nibble sent says at least MIN_QUALITY exactly when the share measured does
+                q[r][k] = max(round(QUALITY_LEVELS * share), level(MIN_QUALITY)) if share >= MIN_QUALITY else \
+                    min(round(QUALITY_LEVELS * share), level(MIN_QUALITY) - 1)
+                if share >= MIN_QUALITY:
                     mask |= 1 << r
         return mask, tuple(tuple(x) for x in q)
 
@@ -222,8 +233,14 @@ class SightTable:
                 self._alive_new = False
                 self._edges = edges
         flags = me.flags
-        # FINAL: every rank is up, this camera reads some screen, and nothing changed for settle_s
-        if not me.final and self._alive & everyone == everyone and reads and now - self._since >= self.settle_s:
+        # FINAL: every rank is up, this camera reads some screen, nothing changed for settle_s, and it has
+        # watched long enough for a layout read min_ok of the time to show MIN_FRAMES frames (while probing a
+        # ladder, each layout's frames come once a cycle)
+        if self._seen and self._first is None:
+            self._first = now
+        watched = self._first is not None and now - self._first >= self.watch_s
+        if (not me.final and self._alive & everyone == everyone and reads and watched
+                and now - self._since >= self.settle_s):
             flags |= FINAL
         if complete:
             flags |= COMPLETE

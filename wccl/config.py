@@ -279,14 +279,14 @@ class LinkConfig(_Strict):
     @field_validator("ladder")
     @classmethod
     def _grids_differ(cls, v: list[LadderStep] | None) -> list[LadderStep] | None:
-        # A reader tells the layouts apart by their grids: two of the same grid would be measured as one.
+        # A reader tells the layouts apart by their grids of cells (it measures the cells' size in camera
+        # pixels itself): two of the same rows and cols would be measured as one.
         seen: dict[tuple, int] = {}
         for i, step in enumerate(v or ()):
-            grid = (step.rows, step.cols, step.colours, step.cell_px)
+            grid = (step.rows, step.cols)
             if grid in seen:
                 raise ValueError(f"steps {seen[grid] + 1} and {i + 1} have the same grid ({step.rows} x {step.cols} "
-                                 f"cells of {step.cell_px} px, {step.colours} colours): start-up could not tell "
-                                 "their frames apart; change one's rows or cols")
+                                 "cells): start-up could not tell their frames apart; change one's rows or cols")
             seen[grid] = i
         return v
     min_frames_ok: float = Field(default=0.5, gt=0, le=1)  # auto: share of frames a layout must get through

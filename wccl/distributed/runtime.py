@@ -88,13 +88,14 @@ LAYOUT_BYTES = 65536  # the all_reduce a layout is judged by at start-up (its es
 def layout_cost(world: int, edges: dict, algorithm: str, goodput: float, latency_s: float) -> float | None:
     """What an all_reduce of LAYOUT_BYTES would cost on this sight graph (edges: share of frames read) in a
     layout of this nominal `goodput` and round latency, by `algorithm` (or the cheapest when "auto"); None
-    if the collectives cannot run on it (all_reduce, broadcast and all_gather must all fit)."""
+    if the collectives cannot run on it (all_reduce, all_gather and a broadcast from every root must fit)."""
     from protocols.algorithms import AlgorithmError, Sight, choose
 
     sight = Sight(world, {e: goodput * q for e, q in edges.items()}, latency_s)
     try:
-        for op in ("broadcast", "allgather"):
-            choose(sight, op, 4, 0, algorithm)
+        for root in range(world):
+            choose(sight, "broadcast", 4, root, algorithm)
+        choose(sight, "allgather", 4, 0, algorithm)
         cls = choose(sight, "allreduce", LAYOUT_BYTES, 0, algorithm)
     except AlgorithmError:
         return None
