@@ -427,7 +427,8 @@ class RankNode:
         still while this thread computes). What its callbacks compute (the outputs written, a comm hook's
         work, such as PowerSGD's orthogonalisation) is charged like the program's own compute: a collective
         a callback issues goes up that much later, and the program, waiting for the callbacks' result,
-        resumes that much later (as if on the same core: the charge is never overlapped with its own)."""
+        resumes that much later (as if on the same core). Not charged: what a callback computes after it
+        blocked on another collective, or while the program has already resumed (docs/limits.md)."""
         t_loop = max(t_loop, self.loop.time())  # (it may have waited in the pool's queue)
         cpu0 = time.thread_time()
         self._local.started = (t_loop, cpu0)
