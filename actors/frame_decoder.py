@@ -14,8 +14,9 @@ Per capture: find every code (wccl.imaging.reader; tracked near where it
 was, the whole image searched again when one is lost), reject captures that mix
 two frames (parity marks), skip frames identical to one already decoded from
 the same screen, then error-correct, check and reassemble (protocols.link,
-protocols.frames). Transfer frames (protocols.transfer, the collectives of
-wccl.distributed, with `transfers` set) go through protocols.receiver (the
+protocols.transfer). The built-in run's frames are rebuilt into its tensors
+by protocols.steps (sealed under the room key, numbered per sender and run
+nonce). A rank's (wccl.distributed, with `transfers` set) go through protocols.receiver (the
 room key's MAC, the run handshake, the sealed payload) and are rebuilt into
 `TransferArrived`, their acknowledgements passed on: `PeerAcks` (what a peer
 has of this rank's transfers) and `AcksChanged` (what this rank has of
@@ -35,6 +36,7 @@ import numpy as np
 import structlog
 
 from protocols import discovery, fec, frames, transfer
+from protocols.steps import StepAssembler
 from protocols.link import LinkCodec
 from protocols.messages import (AcksChanged, Capture, FrameTiming, HoldsKnown, PeerAcks, ScheduleDone, ScheduleKnown, SightKnown,
                                 TensorReceived, Tick, TransferArrived)
@@ -54,7 +56,7 @@ class FrameDecoder(Actor):
     consumes = (Capture, Tick, ScheduleDone, ScheduleKnown)
 
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
-                 reassembler: frames.Reassembler, ticks: bool = True, ladder: list[LinkCodec] | None = None,
+                 assembler: StepAssembler | None = None, ticks: bool = True, ladder: list[LinkCodec] | None = None,
                  transfers: transfer.TransferAssembler | None = None, key: RoomKey = NO_KEY,
                  handshake: Handshake | None = None, lens: str = "pinhole", layout_cost=None) -> None:
         super().__init__(ctx)
@@ -73,7 +75,8 @@ class FrameDecoder(Actor):
         self.session = session
         self.node_names = node_names
         self.me = node_names.index(ctx.node)
-        self.reassembler = reassembler
+        # The built-in run's tensors (protocols.steps); given by the supervisor, so it outlives a restart.
+        self.reassembler = assembler if assembler is not None else StepAssembler(key)
         self.last: dict[int | None, np.ndarray] = {}  # per sender strip: symbols of the last decoded frame
         self.previous: list[tuple[np.ndarray, int, np.ndarray]] = []  # (quad centre, layout, cell samples) last capture
         self.stats: Counter = Counter()
@@ -201,43 +204,43 @@ class FrameDecoder(Actor):
             return None
         try:
             message, corrected = self.codec.decode_message(code.symbols, code.confidence)
-            if self.transfers is not None and transfer.is_transfer_message(message):
+            if self.transfers is not None:
                 return await self._accept_transfer(message, code, corrected)
-            packet = frames.parse_message(message, self.key)
+            f = transfer.parse_message(message, self.key)
         except fec.UncorrectableFrame:
             self.stats["frames_rejected_uncorrectable"] += 1
             return False
         except frames.FrameError as e:
             self.stats[f"frames_rejected_{e.reason}"] += 1
             return False
-        if (not self.ticks and packet.session == self.session and packet.stream in ("grad", "avg")
-                and packet.step > self._frame_step):
-            self._step_from_frames(packet.step)
+        h = f.header
+        if (not self.ticks and f.session == self.session and h is not None and h.op in ("grad", "avg")
+                and h.seq > self._frame_step):
+            self._step_from_frames(h.seq)
         self._count_cells(code, corrected)
         self.last[code.sender] = code.symbols
-        if packet.session != self.session:
+        if f.session != self.session:
             self.stats["frames_foreign_session"] += 1
             return None
-        if packet.sender >= len(self.node_names) or packet.sender == self.me:
+        if f.sender >= len(self.node_names) or f.sender == self.me:
             self.stats["frames_unknown_sender"] += 1
             return None
         self.stats["frames_ok"] += 1
-        tm = packet.timing
+        tm = f.timing
         peer = self.node_names[tm.echo_peer] if tm.echo_peer < len(self.node_names) else None
         self._timings.append(FrameTiming(sender=self.ctx.node, time=self.clock.now(),
-                                         origin=self.node_names[packet.sender], shown=tm.shown_us / 1e6,
+                                         origin=self.node_names[f.sender], shown=tm.shown_us / 1e6,
                                          captured=captured, echo_peer=peer, echo_shown=tm.echo_shown_us / 1e6,
                                          echo_captured=tm.echo_captured_us / 1e6, layout=self._layout))
-        data = self.reassembler.add(packet)
-        if data is None:
+        t = self.reassembler.add(f)
+        if t is None:
             return None
         self.stats["tensors"] += 1
-        self.stats[f"tensors_{packet.stream}"] += 1
-        self.stats["tensor_bytes"] += len(data)
-        return TensorReceived(sender=self.ctx.node, step=packet.step, time=self.clock.now(),
-                              origin=self.node_names[packet.sender], stream=packet.stream,
-                              payload=data, frames=self.reassembler.last_packets, epoch=packet.epoch,
-                              base=packet.base)
+        self.stats[f"tensors_{t.stream}"] += 1
+        self.stats["tensor_bytes"] += len(t.payload)
+        return TensorReceived(sender=self.ctx.node, step=t.step, time=self.clock.now(),
+                              origin=self.node_names[t.sender], stream=t.stream, payload=t.payload,
+                              frames=t.frames, epoch=t.epoch, base=t.base)
 
     async def _accept_transfer(self, message: bytes, code: reader.ReadCode,
                                corrected: int) -> TransferArrived | None | bool:

@@ -5,13 +5,14 @@ on the schedule's clock), `FrameTiming` (frames this node read from others:
 their timestamps are echoed back in this node's frames for the clock sync).
 Emits: nothing; it drives the injected screen.
 
-The payload is fountain coded (protocols.link): the window holds
+The payload is sealed and numbered as a transfer (protocols.steps: frame
+version 9, the collectives' format) and fountain coded (protocols.link): the window holds
 `floor(window / hold_s)` frames, and every one of them is a distinct packet
 (the source packets first, then repair packets), so the receiver rebuilds
 the tensor from any sufficient subset of the frames it caught. Each frame is
 framed just before it goes up, so its header carries the time it is shown
 (this node's own clock) and an echo of a frame read from a peer
-(protocols.frames.Timing). Windows are shown one after the other in the
+(the transfer frame's `shown_us` and echo fields). Windows are shown one after the other in the
 order they start; a frame whose time has passed by more than half a hold is
 skipped, never shown late. Frames alternate their parity marks, so a capture
 that mixes two of them is recognised. Between windows the screen shows its
@@ -38,8 +39,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from protocols import frames, layout
+from protocols import frames, layout, transfer
 from protocols.link import LinkCodec
+from protocols.steps import StepSender
 from protocols.messages import FrameTiming, ScheduleKnown, Show
 from protocols.security import NO_KEY, RoomKey
 from wccl.actor import Actor, ActorContext
@@ -55,7 +57,7 @@ STARTUP_OVERLAY = [
 @dataclass
 class _Window:
     msg: Show
-    transfers: list[frames.Transfer]  # one per layout it is shown in (a probe window: every layout)
+    transfers: list[tuple[transfer.TransferHeader, frames.Transfer]]  # per layout it is shown in (a probe: every one)
     t_next: float  # when its next frame goes up
     next: int = 0  # frames of it shown or skipped so far
     shown: int = 0
@@ -66,10 +68,13 @@ class ScreenWriter(Actor):
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, sender_id: int, node_names: list[str] | None = None,
-                 ladder: list[tuple[LinkCodec, float]] | None = None, key: RoomKey = NO_KEY) -> None:
+                 ladder: list[tuple[LinkCodec, float]] | None = None, key: RoomKey = NO_KEY,
+                 steps: StepSender | None = None) -> None:
         super().__init__(ctx)
         self.screen = screen
         self.key = key
+        # The node's numbering and sealing of its transfers (the supervisor's: it outlives a restart).
+        self.steps = steps or StepSender(session, sender_id, key)
         self.codec = codec
         self.ladder = ladder or [(codec, hold_s)]  # the layouts start-up probes; the chosen one is announced
         self.screen_w, self.screen_h = screen_w, screen_h
@@ -79,6 +84,7 @@ class ScreenWriter(Actor):
         self.node_names = node_names or []
         self._blank = layout.blank(screen_w, screen_h)
         self._idle = layout.render_idle(codec.layout, screen_w, screen_h)
+        self._variant = 0  # the layout of the ladder in use (a transfer per layout: packets differ in size)
         self._plan: deque[_Window] = deque()
         self._wake = asyncio.Event()
         self._echo: dict[int, deque[tuple[float, float]]] = {}
@@ -101,6 +107,7 @@ class ScreenWriter(Actor):
             return
         if isinstance(msg, ScheduleKnown):
             codec, hold = self.ladder[msg.layout]
+            self._variant = msg.layout
             if codec is not self.codec:
                 self.codec, self.hold_s = codec, hold
                 self._idle = layout.render_idle(codec.layout, self.screen_w, self.screen_h)
@@ -110,31 +117,37 @@ class ScreenWriter(Actor):
         if msg.probe and len(self.ladder) > 1:
             cycle = sum(h for _, h in self.ladder)
             rounds = int((msg.end - msg.start) / cycle) + 1
-            transfers = [c.fountain(msg.payload, max(rounds, c.frames_needed(len(msg.payload))))
-                         for c, _ in self.ladder]
+            transfers = []
+            for i, (c, _) in enumerate(self.ladder):
+                head, sealed = self._transfer(msg, variant=i)
+                transfers.append((head, c.fountain(sealed, max(rounds, c.frames_needed(len(sealed))))))
             self._plan.append(_Window(msg, transfers, t_next=msg.start))
             self._wake.set()
             return
         slots = int((msg.end - msg.start) / self.hold_s + 1e-9)
-        needed = self.codec.frames_needed(len(msg.payload))
+        head, sealed = self._transfer(msg, variant=self._variant)
+        needed = self.codec.frames_needed(len(sealed))
         if slots < needed and msg.packet_offset == 0 and msg.stream in ("grad", "avg"):
             # (a snapshot is spread over several windows on purpose)
             self.log.warning("show_window_too_short", stream=msg.stream, step=msg.step, frames_needed=needed,
                              slots=slots, hold_s=self.hold_s, window_s=round(msg.end - msg.start, 3))
-        transfer = self.codec.fountain(msg.payload, msg.packet_offset + max(slots, needed))
-        self._plan.append(_Window(msg, [transfer], t_next=msg.start))
+        fountain = self.codec.fountain(sealed, msg.packet_offset + max(slots, needed))
+        self._plan.append(_Window(msg, [(head, fountain)], t_next=msg.start))
         self._wake.set()
 
-    def _frame_of(self, w: _Window) -> tuple[LinkCodec, float, frames.Transfer, int] | None:
-        """The codec, hold, transfer and packet of window `w`'s next frame (None: the window is done)."""
+    def _transfer(self, msg: Show, variant: int) -> tuple[transfer.TransferHeader, bytes]:
+        return self.steps.transfer(msg.stream, msg.step, msg.payload, msg.epoch, msg.base, variant)
+
+    def _frame_of(self, w: _Window) -> tuple[LinkCodec, float, tuple, int] | None:
+        """The codec, hold, (header, fountain) and packet of window `w`'s next frame (None: it is done)."""
         if len(w.transfers) == 1:
             k = w.msg.packet_offset + w.next
-            if k >= len(w.transfers[0].packets):
+            if k >= len(w.transfers[0][1].packets):
                 return None
             return self.codec, self.hold_s, w.transfers[0], k
         n = len(self.ladder)
         i, k = w.next % n, w.next // n  # probing: each frame in the next layout of the ladder
-        if k >= len(w.transfers[i].packets):
+        if k >= len(w.transfers[i][1].packets):
             return None
         codec, hold = self.ladder[i]
         return codec, hold, w.transfers[i], k
@@ -191,7 +204,7 @@ class ScreenWriter(Actor):
                     if nxt is None or nxt.start > (local if nxt.local else self.clock).now():
                         self.screen.show(self._idle)
                 continue
-            codec, hold, transfer, packet = this
+            codec, hold, transfer_, packet = this
             w.next += 1
             w.t_next = t + hold
             if clock.now() > t + hold / 2:  # too late for this frame: never show one late
@@ -201,9 +214,11 @@ class ScreenWriter(Actor):
             self._set_overlay(msg.stream)
             t_frame = local.now()
             shown_local = t_frame + self._lag
-            frame = codec.frame(transfer, packet, session=self.session, sender=self.sender_id,
-                                stream=msg.stream, step=msg.step, epoch=msg.epoch, base=msg.base,
-                                timing=self._timing(shown_local), key=self.key)
+            tm = self._timing(shown_local)
+            head, fountain = transfer_
+            frame = codec.frame(head, fountain, packet, shown_us=tm.shown_us,
+                                clock_echo=(tm.echo_peer, tm.echo_shown_us, tm.echo_captured_us),
+                                run_nonce=self.steps.run_nonce, key=self.key)
             image = layout.render(frame, codec.layout, self.screen_w, self.screen_h, sender=self.sender_id,
                                   parity=self._parity)
             self._parity ^= 1

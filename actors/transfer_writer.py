@@ -116,8 +116,8 @@ class TransferWriter(Actor):
             header = transfer.TransferHeader(self.session, self.rank, msg.tid, msg.seq, msg.op, msg.dtype,
                                              msg.numel, 0, b"", msg.part, msg.dest)
             sealed = self.key.seal(self.run_nonce, msg.tid, msg.payload, transfer.aad(header))
-            k = self.codec.transfer_frames_needed(len(sealed))
-            fountain = self.codec.transfer_fountain(sealed, k + max(4, int(k * REPAIR_SHARE)))
+            k = self.codec.frames_needed(len(sealed), self.world)
+            fountain = self.codec.fountain(sealed, k + max(4, int(k * REPAIR_SHARE)), self.world)
             header = dataclasses.replace(header, length=fountain.length, digest=fountain.digest)
             self._out[msg.tid] = (header, fountain)
             self.plan.book(msg.tid, msg.dest, k)

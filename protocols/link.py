@@ -1,10 +1,10 @@
 """The link codec: a tensor's bytes <-> the cell symbols of the frames that carry it.
 
-    tensor bytes --fountain (frames.encode_tensor)--> frame messages
+    tensor bytes --fountain (frames.fountain)--> transfer frame messages (protocols.transfer)
       --Reed-Solomon (fec.FrameCode)--> frame bytes --scrambler--> cell symbols (layout)
 
 and back: symbols (+ per-cell confidence) --> bytes with doubtful ones
-erased --> corrected message --> checked packet --> (Reassembler) tensor.
+erased --> corrected message --> checked transfer frame --> (an assembler) tensor.
 
 The scrambler XORs every frame with a fixed pseudo-random sequence so that
 the cells of any frame look random (no large uniform patches, every colour
@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols import cells, fec, frames, transfer
+from protocols import cells, fec, frames, steps, transfer
 from protocols.layout import GridLayout
-from protocols.messages import StreamKind
 from protocols.security import NO_KEY, RoomKey
 
 
@@ -32,7 +31,7 @@ class LinkCodec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "code", fec.FrameCode(self.layout.frame_bytes, self.code_rate))
-        frames.packet_size_for(self.code.capacity)  # raises if a frame is too small for a packet
+        transfer.packet_size_for(self.code.capacity)  # raises if a frame is too small for a packet
         key = np.random.default_rng(0x5CA1AB1E).integers(0, 256, self.layout.frame_bytes, dtype=np.uint8)
         object.__setattr__(self, "_whitening", key)
 
@@ -42,69 +41,65 @@ class LinkCodec:
 
     @property
     def packet_size(self) -> int:
-        return frames.packet_size_for(self.message_bytes)
+        """A built-in run's frame's packet (payload id + fountain symbol) in this layout."""
+        return self.packet_size_for(0)
+
+    def packet_size_for(self, ranks: int) -> int:
+        """The packet of a frame that carries acknowledgements of `ranks` ranks (a group's size)."""
+        return transfer.packet_size_for(self.message_bytes, ranks)
 
     @property
     def payload_per_frame(self) -> int:
-        """Tensor bytes one frame carries (a fountain symbol)."""
+        """Tensor bytes one of the built-in run's frames carries (a fountain symbol)."""
         return self.packet_size - frames.PAYLOAD_ID_BYTES
 
-    def frames_needed(self, nbytes: int) -> int:
-        return frames.source_packets(nbytes, self.packet_size)
+    def frames_needed(self, nbytes: int, ranks: int = 0) -> int:
+        """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`: the
+        acknowledgements its frames carry)."""
+        return frames.source_packets(nbytes, self.packet_size_for(ranks))
 
     def _scramble(self, frame: bytes) -> bytes:
         return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
 
-    def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: StreamKind,
-               step: int, epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY) -> list[bytes]:
-        """`count` frames' bytes (what `layout.render` draws) for a tensor (timing fields zero)."""
-        msgs = frames.encode_tensor(data, message_bytes=self.message_bytes, count=count, session=session,
-                                    sender=sender, stream=stream, step=step, epoch=epoch, base=base, key=key)
-        return [self._scramble(self.code.encode(m)) for m in msgs]
-
-    def fountain(self, data: bytes, count: int) -> frames.Transfer:
-        """A tensor's `count` fountain packets, to be framed one at a time with `frame`."""
-        return frames.fountain(data, message_bytes=self.message_bytes, count=count)
-
-    def frame(self, transfer: frames.Transfer, index: int, **header) -> bytes:
-        """Frame bytes for packet `index` of `transfer`; `header`: session, sender, stream, step,
-        epoch, base, timing (frames.frame_message). Made just before it is shown, so the timing is fresh."""
-        msg = frames.frame_message(transfer, index, message_bytes=self.message_bytes, **header)
-        return self._scramble(self.code.encode(msg))
-
-    # ---- transfer frames (protocols.transfer): the collectives' format ----------
-
-    @property
-    def transfer_packet_size(self) -> int:
-        return transfer.packet_size_for(self.message_bytes)
-
-    def transfer_frames_needed(self, nbytes: int) -> int:
-        return frames.source_packets(nbytes, self.transfer_packet_size)
-
-    def transfer_fountain(self, data: bytes, count: int) -> frames.Transfer:
-        """A transfer's `count` fountain packets (source first, then repair), sized for transfer frames."""
+    def fountain(self, data: bytes, count: int, ranks: int = 0) -> frames.Transfer:
+        """A transfer's `count` fountain packets (source first, then repair), sized for this layout's
+        frames carrying acknowledgements of `ranks` ranks."""
         return frames.fountain(data, message_bytes=self.message_bytes, count=count,
-                               packet_size=self.transfer_packet_size)
+                               packet_size=self.packet_size_for(ranks))
 
     def seal(self, message: bytes) -> bytes:
         """Frame bytes (what `layout.render` draws) for a message of `message_bytes` bytes."""
         return self._scramble(self.code.encode(message))
 
-    def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
-               erase_below: float = 0.15, key: RoomKey = NO_KEY) -> tuple[frames.Packet, int]:
-        """One frame's data-cell symbols -> (trusted packet, cells that were wrong).
+    def frame(self, header: transfer.TransferHeader, fountain: frames.Transfer, index: int, **fields) -> bytes:
+        """Frame bytes for packet `index` of a transfer; `fields`: transfer.frame_message's (acks default
+        none, shown_us, clock_echo, run_nonce, key...). Made just before it is shown, so the timing is fresh."""
+        fields.setdefault("acks", ())
+        return self.seal(transfer.frame_message(header, fountain, index, message_bytes=self.message_bytes, **fields))
 
-        Raises fec.UncorrectableFrame or frames.FrameError; never returns an unchecked packet.
+    def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: str, step: int,
+               epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1) -> list[bytes]:
+        """`count` frames' bytes (what `layout.render` draws) of one of the built-in run's tensors
+        (protocols.steps: sealed, its first transfer; timing fields zero). Fewer than the transfer needs
+        if `count` is smaller: then it cannot be rebuilt."""
+        return [self.seal(m) for m in steps.frame_messages(
+            data, message_bytes=self.message_bytes, count=count, session=session, sender=sender, stream=stream,
+            step=step, epoch=epoch, base=base, key=key, run_nonce=run_nonce)]
+
+    def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
+               erase_below: float = 0.15, key: RoomKey = NO_KEY) -> tuple[transfer.TransferFrame, int]:
+        """One frame's data-cell symbols -> (trusted transfer frame, cells that were wrong).
+
+        Raises fec.UncorrectableFrame or frames.FrameError; never returns an unchecked frame.
         """
         message, wrong = self.decode_message(symbols, confidence, erase_below)
-        return frames.parse_message(message, key), wrong
+        return transfer.parse_message(message, key), wrong
 
     def decode_message(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                        erase_below: float = 0.15) -> tuple[bytes, int]:
         """One frame's data-cell symbols -> (error-corrected message, cells that were wrong).
 
-        The message is not checked yet: parse it with frames.parse_message or transfer.parse_message
-        (by its version byte). Raises fec.UncorrectableFrame.
+        The message is not checked yet: parse it with transfer.parse_message. Raises fec.UncorrectableFrame.
         """
         symbols = np.asarray(symbols)
         if (symbols.dtype.kind not in "ui" or symbols.ndim != 1 or symbols.size != self.layout.n_data

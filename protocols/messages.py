@@ -63,7 +63,7 @@ class Capture(Message):
 class Show(Message):
     """Ask the ScreenWriter to show `payload` as frames from `start` to `end` (schedule time).
 
-    `epoch` and `base` go into every frame's header (protocols.frames): the server's
+    `epoch` and `base` travel sealed with the tensor (protocols.steps): the server's
     incarnation, and how many updates the state behind the tensor had seen.
     """
 

@@ -1,4 +1,4 @@
-"""Transfer frames: the frame format of collectives (frame version 8).
+"""Transfer frames: the one frame format (version 9) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -8,7 +8,10 @@ transfer belongs to (`seq`, the group's collective sequence number, which
 every rank counts the same way because every rank issues the same collectives
 in the same order), its op, the tensor's dtype and element count, and which
 part of the sender's contribution it is. Nothing else gives a frame meaning:
-no step number, no fixed stream names.
+no step number, no fixed stream names. The built-in run (wccl.node) sends its
+step's tensors the same way (protocols.steps): its ops name what a transfer
+is for (a worker's gradient, the server's average, a snapshot, a sync
+payload) and `seq` the step.
 
 Every frame also carries the sender's *acknowledgements*: for each peer rank,
 which of that peer's transfers it has rebuilt (`Ack`: all tids up to `cum`,
@@ -24,6 +27,10 @@ cameras and not others never leaves the ranks disagreeing. A *status* frame (tid
 sender's echo of every rank's run nonce (the handshake of protocols.security)
 and its discovery table: which screens each rank reads (protocols.discovery).
 
+Every frame carries the clock sync's timestamps: when the sender showed it
+(`shown_us`, its own clock) and an echo of one frame it read from a peer
+(that frame's `shown_us` and when the sender's camera caught it; wccl.clocksync).
+
 Every frame names the sender's run nonce (random, drawn when its node
 started) and the ranks whose nonces it trusts; its check is a MAC under the
 room key (protocols.security), and the tensor bytes of a transfer are sealed
@@ -31,10 +38,11 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 8 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      magic 0xC7 | version 9 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
-      packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | acks: 8 x (cum u32, mask u32) |
-      holds: 8 x u32
+      packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
+      echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
+    (n, the high nibble of flags: the group's size, 0 in the built-in run's frames, which have neither)
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
             then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 6)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
@@ -52,15 +60,14 @@ from dataclasses import dataclass, field
 import raptorq
 
 from protocols import discovery, frames
-from protocols.frames import CHECK_BYTES, MAGIC, PAYLOAD_ID_BYTES, FrameError, Transfer
+from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, FrameError, Timing, Transfer
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 8
+VERSION = 9
 MAX_RANKS = 8
-_HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQB")
+_HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQBBqq")
 _ACK = struct.Struct(">II")
-_HOLDS = struct.Struct(">8I")
 _ECHO = struct.Struct(f">{MAX_RANKS}Q")
 
 
@@ -73,22 +80,34 @@ STATUS_PACKET = status_packet(discovery.MAX_LAYOUTS)  # the largest
 _STATUS_SIZES = {status_packet(k): k for k in range(1, discovery.MAX_LAYOUTS + 1)}
 _AAD = struct.Struct(">HBIIBBHI")
 PERSON = b"wccl-xfer"
-HEADER_BYTES = _HEAD.size + MAX_RANKS * _ACK.size + _HOLDS.size
+_ENTRY = _ACK.size + 4  # one rank's acknowledgement and holdings
+
+
+def header_bytes(ranks: int = MAX_RANKS) -> int:
+    """A frame's header with acknowledgements and holdings for `ranks` ranks (0: the built-in run's)."""
+    return _HEAD.size + ranks * _ENTRY
+
+
+HEADER_BYTES = header_bytes()  # the largest
 OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet
+RANKS_SHIFT = 4  # flags' high nibble: how many ranks' acknowledgements and holdings follow (0 .. 8)
 
-OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5}
+OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5,
+       # the built-in run's (protocols.steps): a worker's gradient, the server's average, a snapshot, sync
+       "grad": 6, "avg": 7, "params": 8, "sync": 9}
 OP_NAMES = {v: k for k, v in OPS.items()}
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,
           "int8": 8, "int16": 9, "bool": 10}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-def packet_size_for(message_bytes: int) -> int:
-    """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds."""
-    return frames.packet_size_for(message_bytes, OVERHEAD_BYTES)
+def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS) -> int:
+    """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds, with
+    acknowledgements of `ranks` ranks (a group's size; 0 for the built-in run, which has none)."""
+    return frames.packet_size_for(message_bytes, header_bytes(ranks) + CHECK_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +159,9 @@ class TransferHeader:
     dest: int = 0
 
 
+NO_ECHO = (NO_PEER, 0, 0)  # a frame that echoes no peer's frame
+
+
 @dataclass(frozen=True, slots=True)
 class TransferFrame:
     """One trusted frame: its transfer's header (None for a status frame), its packet, the sender's
@@ -157,23 +179,26 @@ class TransferFrame:
     echo: tuple[int, ...] | None = None  # status frames: the sender's echo of each rank's run nonce
     rows: tuple | None = None  # status frames: the sender's discovery table (protocols.discovery.Row each)
     holds: tuple[int, ...] = (0,) * MAX_RANKS  # how many collectives each rank is known to hold
+    clock_echo: tuple[int, int, int] = NO_ECHO  # (echo_peer, echo_shown_us, echo_captured_us)
+
+    @property
+    def timing(self) -> Timing:
+        """The frame's clock-sync fields."""
+        return Timing(self.shown_us, *self.clock_echo)
 
     @property
     def packet_id(self) -> int:
         return int.from_bytes(self.packet[:PAYLOAD_ID_BYTES], "big")
 
 
-def _pack_acks(acks: tuple[Ack, ...]) -> bytes:
-    if len(acks) > MAX_RANKS:
+def _entries(acks: tuple[Ack, ...], holds: tuple[int, ...]) -> tuple[int, bytes]:
+    """How many ranks' acknowledgements and holdings a frame carries (as many as either gives), packed."""
+    n = max(len(acks), len(holds))
+    if n > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
-    acks = tuple(acks) + NO_ACKS[len(acks):]
-    return b"".join(_ACK.pack(a.cum, a.mask) for a in acks)
-
-
-def _pack_holds(holds: tuple[int, ...]) -> bytes:
-    if len(holds) > MAX_RANKS:
-        raise ValueError(f"at most {MAX_RANKS} ranks")
-    return _HOLDS.pack(*(tuple(holds) + (0,) * (MAX_RANKS - len(holds))))
+    acks = tuple(acks) + NO_ACKS[len(acks):n]
+    holds = tuple(holds) + (0,) * (n - len(holds))
+    return n, b"".join(_ACK.pack(a.cum, a.mask) for a in acks) + struct.pack(f">{n}I", *holds)
 
 
 def aad(header: TransferHeader) -> bytes:
@@ -184,14 +209,16 @@ def aad(header: TransferHeader) -> bytes:
 
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
                   acks: tuple[Ack, ...], shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
-                  holds: tuple[int, ...] = (), key: RoomKey = NO_KEY) -> bytes:
+                  holds: tuple[int, ...] = (), clock_echo: tuple[int, int, int] = NO_ECHO,
+                  key: RoomKey = NO_KEY) -> bytes:
     """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
-    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, 0, header.tid, header.seq, OPS[header.op],
-                      DTYPES[header.dtype], header.part, header.dest, header.length, header.numel, header.digest,
-                      transfer.packet_size, shown_us, run_nonce, trusts)
-    body = head + _pack_acks(acks) + _pack_holds(holds) + transfer.packets[index]
+    n, entries = _entries(acks, holds)
+    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, n << RANKS_SHIFT, header.tid, header.seq,
+                      OPS[header.op], DTYPES[header.dtype], header.part, header.dest, header.length, header.numel,
+                      header.digest, transfer.packet_size, shown_us, run_nonce, trusts, *clock_echo)
+    body = head + entries + transfer.packets[index]
     msg = body + key.check(body, PERSON)
     if len(msg) > message_bytes:
         raise ValueError(f"frame message of {len(msg)} bytes exceeds {message_bytes}")
@@ -200,15 +227,17 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
                    shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
-                   rows: tuple = (), holds: tuple[int, ...] = (), layouts: int = 1, key: RoomKey = NO_KEY) -> bytes:
+                   rows: tuple = (), holds: tuple[int, ...] = (), layouts: int = 1,
+                   clock_echo: tuple[int, int, int] = NO_ECHO, key: RoomKey = NO_KEY) -> bytes:
     """A status frame's message: acknowledgements, the echo of every rank's run nonce, the discovery
     table (`rows`, protocols.discovery.Row each; empty rows where not given) measuring `layouts` layouts
     of the start-up ladder."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
-    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, 0, 0, OPS["status"], 0, 0, 0, 0, 0,
-                      bytes(8), status_packet(layouts), shown_us, run_nonce, trusts)
-    body = (head + _pack_acks(acks) + _pack_holds(holds) + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
+    n, entries = _entries(acks, holds)
+    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, 0, 0, OPS["status"], 0, 0,
+                      0, 0, 0, bytes(8), status_packet(layouts), shown_us, run_nonce, trusts, *clock_echo)
+    body = (head + entries + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
             + discovery.pack_table(tuple(rows), layouts))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
@@ -222,14 +251,17 @@ def is_transfer_message(msg: bytes) -> bool:
 
 def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     """Check and decode one transfer frame message; raises FrameError for anything untrustworthy."""
-    if len(msg) < OVERHEAD_BYTES:
+    if len(msg) < _HEAD.size + CHECK_BYTES:
         raise FrameError("short_frame", f"{len(msg)} bytes")
     (magic, version, session, sender, flags, tid, seq, op, dtype, part, dest, length, numel, dig, psize,
-     shown, nonce, trusts) = _HEAD.unpack_from(msg)
+     shown, nonce, trusts, echo_peer, echo_shown, echo_captured) = _HEAD.unpack_from(msg)
+    clock_echo = (echo_peer, echo_shown, echo_captured)
     if magic != MAGIC:
         raise FrameError("bad_magic")
     status = bool(flags & FLAG_STATUS)
-    end = HEADER_BYTES + psize
+    ranks = min(flags >> RANKS_SHIFT, MAX_RANKS)  # (more is refused below, once the check vouched for it)
+    start = header_bytes(ranks)
+    end = start + psize
     if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize not in _STATUS_SIZES):
         raise FrameError("bad_length", f"packet_size {psize}")
     if not key.verify(msg[:end], PERSON, msg[end:end + CHECK_BYTES]):
@@ -239,16 +271,16 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))
-    if flags & ~FLAG_STATUS:
+    if flags & ~FLAG_STATUS & ~(0xF << RANKS_SHIFT) or flags >> RANKS_SHIFT > MAX_RANKS:
         raise FrameError("bad_flags", str(flags))
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
-    acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(MAX_RANKS))
-    holds = _HOLDS.unpack_from(msg, _HEAD.size + MAX_RANKS * _ACK.size)
+    acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
+    holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
     if status:
-        echo = _ECHO.unpack_from(msg, HEADER_BYTES)
-        rows = discovery.unpack_table(msg[HEADER_BYTES + _ECHO.size:end])
-        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds)
+        echo = _ECHO.unpack_from(msg, start)
+        rows = discovery.unpack_table(msg[start + _ECHO.size:end])
+        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, clock_echo)
     if op not in OP_NAMES or op == OPS["status"]:
         raise FrameError("unknown_op", str(op))
     if dtype not in DTYPE_NAMES:
@@ -257,8 +289,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_length", "empty transfer")
     header = TransferHeader(session, sender, tid, seq, OP_NAMES[op], DTYPE_NAMES[dtype], numel, length, dig,
                             part, dest)
-    return TransferFrame(session, sender, header, bytes(msg[HEADER_BYTES:end]), acks, shown, nonce, trusts,
-                         holds=holds)
+    return TransferFrame(session, sender, header, bytes(msg[start:end]), acks, shown, nonce, trusts,
+                         holds=holds, clock_echo=clock_echo)
 
 
 @dataclass
@@ -324,6 +356,23 @@ class TransferAssembler:
             return None
         self._mark(h.sender, h.tid)
         return opened
+
+    def forget(self, stale) -> int:
+        """Drop the unfinished transfers that `stale(seq, op)` says are no longer worth finishing, counted
+        as `incomplete_tensor` losses (a late frame of one is then a duplicate); returns how many."""
+        gone = [k for k, (meta, _, _) in self._decoders.items() if stale(meta[3], meta[4])]
+        for k in gone:
+            del self._decoders[k]
+            self._mark(*k)
+        if gone:
+            self.losses["incomplete_tensor"] += len(gone)
+        return len(gone)
+
+    def forget_sender(self, sender: int) -> None:
+        """Forget all of `sender`'s transfers (it started again: it numbers its transfers from 1 again)."""
+        for k in [k for k in self._decoders if k[0] == sender]:
+            del self._decoders[k]
+        self._received.pop(sender, None)
 
     def skip(self, sender: int, tid: int) -> None:
         """Count a transfer meant for other ranks as had (acknowledged, never delivered here)."""

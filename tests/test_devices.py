@@ -262,7 +262,7 @@ def test_overlay_leaves_the_code_readable(rows, cols, cell_px, w, h):
     import cv2
 
     from protocols import layout
-    from protocols.frames import Reassembler
+    from protocols.steps import StepAssembler
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from wccl.imaging import reader
@@ -281,7 +281,7 @@ def test_overlay_leaves_the_code_readable(rows, cols, cell_px, w, h):
         codes = reader.read_codes(im, codec.layout)
         assert len(codes) == 1
         packet, _ = codec.decode(codes[0].symbols, codes[0].confidence)
-        assert Reassembler().add(packet) == data
+        assert StepAssembler().add(packet).payload == data
 
 
 # ---------------------------------------------------------------------------- windows under Xvfb

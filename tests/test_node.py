@@ -14,7 +14,7 @@ import pytest
 
 from actors.camera_reader import CameraReader
 from actors.frame_decoder import FrameDecoder
-from protocols import frames
+from protocols.steps import StepAssembler
 from protocols.layout import render
 from protocols.messages import Capture, TensorReceived
 from wccl.harness import ActorHarness
@@ -90,7 +90,7 @@ def test_fake_camera_frames_decode_to_the_tensor_they_show():
             await cam.stop()
             caps = cam.of_type(Capture)
         async with ActorHarness(FrameDecoder, node="bob", clock=clock, codec=codec, session=1,
-                                node_names=["alice", "bob"], reassembler=frames.Reassembler()) as dec:
+                                node_names=["alice", "bob"], assembler=StepAssembler()) as dec:
             for c in caps:
                 await dec.send(c)
             await dec.settle()

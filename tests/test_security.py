@@ -71,12 +71,17 @@ def test_a_frame_under_another_key_or_with_a_flipped_bit_is_refused(pos, bit):
         transfer.parse_message(bytes(bad), KEY)
 
 
-def test_version3_frames_are_keyed_too():
-    msg = frames.encode_tensor(b"hello" * 40, message_bytes=600, count=1, session=1, sender=1, stream="grad",
-                               step=0, key=KEY)[0]
-    assert frames.parse_message(msg, KEY).sender == 1
+def test_the_built_in_runs_frames_are_keyed_and_sealed_too():
+    from protocols import steps
+
+    data = b"hello" * 40
+    msgs = steps.frame_messages(data, message_bytes=600, count=2, session=1, sender=1, stream="params", step=0, key=KEY)
+    assert transfer.parse_message(msgs[0], KEY).sender == 1
     with pytest.raises(frames.FrameError, match="check_mismatch"):
-        frames.parse_message(msg, OTHER)
+        transfer.parse_message(msgs[0], OTHER)
+    assert not any(data[:16] in m for m in msgs)  # encrypted
+    got = [steps.StepAssembler(KEY).add(transfer.parse_message(m, KEY)) for m in msgs]
+    assert any(t is not None and t.payload == data for t in got)
 
 
 def _status(hs: Handshake, shown_us: int = 0) -> transfer.TransferFrame:

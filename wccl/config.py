@@ -141,7 +141,7 @@ class RoomConfig(_Strict):
     security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this
-    nodes: list[NodeSpec] = Field(min_length=2, max_length=255)  # the laptops, in rank order
+    nodes: list[NodeSpec] = Field(min_length=2, max_length=8)  # the laptops, in rank order (a frame names 1 of 8)
     desktop: DesktopOptions = DesktopOptions()  # medium "desktop" only
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from protocols.frames import Reassembler
+from protocols.steps import OVERHEAD as STEP_OVERHEAD, StepAssembler, StepSender
 from protocols.messages import Message
 from wccl.actor import Actor, ActorContext, GiveUp, Mailbox, MailboxClosed, Overflow
 from wccl.config import WcclConfig
@@ -189,7 +189,7 @@ class NodeSupervisor:
         codec, hold_s = ladder[0]
 
         def needs(c) -> dict[str, int]:
-            return {"grad": c.frames_needed(2 * numel), "avg": c.frames_needed(2 * numel)}
+            return {"grad": c.frames_needed(2 * numel + STEP_OVERHEAD), "avg": c.frames_needed(2 * numel + STEP_OVERHEAD)}
 
         frames_needed = needs(codec)
         sched = cfg.schedule
@@ -202,17 +202,18 @@ class NodeSupervisor:
                           truth=truth, ladder=[(h, needs(c), c.payload_per_frame) for c, h in ladder],
                           min_frames_ok=cfg.link.min_frames_ok),
             "camera_reader": dict(camera=self.camera),
-            "frame_decoder": dict(codec=codec, session=room.session, node_names=names, reassembler=Reassembler(),
+            "frame_decoder": dict(codec=codec, session=room.session, node_names=names, assembler=StepAssembler(key),
                                   ladder=[c for c, _ in ladder], key=key, lens=cfg.camera.lens,
                                   **({"ticks": False} if "observer" in self.spec.roles else {})),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, sender_id=names.index(self.node),
-                                  node_names=names, ladder=ladder, key=key),
+                                  node_names=names, ladder=ladder, key=key,
+                                  steps=StepSender(room.session, names.index(self.node), key)),
             "worker": dict(replica=replica, server=room.server, eval_every=tr.eval_every),
             "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, numel=numel, average=average_gradients,
                                      replica=server_replica, hold_s=hold_s,
-                                     snapshot_frames=codec.frames_needed(state_bytes),
-                                     ladder=[(h, c.frames_needed(state_bytes)) for c, h in ladder],
+                                     snapshot_frames=codec.frames_needed(state_bytes + STEP_OVERHEAD),
+                                     ladder=[(h, c.frames_needed(state_bytes + STEP_OVERHEAD)) for c, h in ladder],
                                      snapshot_every=cfg.recovery.snapshot_every,
                                      checkpoint_every=cfg.recovery.checkpoint_every, checkpoint=ckpt_path,
                                      session=room.session, resume=resume, key=key),

@@ -63,7 +63,7 @@ def collective_ladder(cfg: WcclConfig):
     if len(ladder) > MAX_LAYOUTS:
         raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
                           f"the ladder has {len(ladder)}")
-    status = transfer.OVERHEAD_BYTES + transfer.status_packet(len(ladder))
+    status = transfer.header_bytes(len(cfg.room.ranks)) + transfer.CHECK_BYTES + transfer.status_packet(len(ladder))
     for c, _ in ladder:
         if c.message_bytes < status:
             lay = c.layout
@@ -79,7 +79,7 @@ ROUND_HOLDS = 2  # a round's fixed cost in frame holds: shown, filmed, decoded, 
 def link_goodput(cfg: WcclConfig, codec, hold_s: float) -> float:
     """A screen's goodput read at every frame (bytes per second): a packet a hold, less the first guess
     of frames lost. Discovery scales it by the share of frames each camera actually reads."""
-    return transfer.packet_size_for(codec.message_bytes) / hold_s * (1 - cfg.collectives.loss)
+    return transfer.packet_size_for(codec.message_bytes, len(cfg.room.ranks)) / hold_s * (1 - cfg.collectives.loss)
 
 
 LAYOUT_BYTES = 65536  # the all_reduce a layout is judged by at start-up (its estimated time)
@@ -124,7 +124,6 @@ class CollectiveNode(NodeSupervisor):
 
     def build(self) -> None:
         import actors  # noqa: F401  (registers the actors: this is a composition root, like wccl.node)
-        from protocols.frames import Reassembler
 
         cfg, room = self.config, self.config.room
         screen = self._media()  # no schedule to sync to: a rank's collectives run on demand, on its own clock
@@ -148,7 +147,7 @@ class CollectiveNode(NodeSupervisor):
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
-                                  reassembler=Reassembler(), transfers=transfer.TransferAssembler(), key=key,
+                                  transfers=transfer.TransferAssembler(), key=key,
                                   handshake=self.handshake, lens=cfg.camera.lens, ladder=[c for c, _ in ladder],
                                   layout_cost=lambda k, edges: layout_cost(
                                       self.world, edges, col.algorithm, link_goodput(cfg, *ladder[k]),

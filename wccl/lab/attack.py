@@ -26,6 +26,8 @@ be 0).
 
 from __future__ import annotations
 
+import struct
+
 import argparse
 import json
 import os
@@ -154,7 +156,8 @@ def run_attack(frames_each: int, seed: int = 0) -> dict:
         if rng.random() < 0.5:
             b[:6] = bytes([frames.MAGIC, transfer.VERSION]) + SESSION.to_bytes(2, "big") + bytes([0, 0])
             psize = rng.randrange(transfer.PAYLOAD_ID_BYTES + 1, MESSAGE_BYTES - transfer.OVERHEAD_BYTES)
-            b[transfer._HEAD.size - 19:transfer._HEAD.size - 17] = psize.to_bytes(2, "big")
+            at = struct.calcsize(">BBHBBIIBBHBII8s")  # where the header's packet_size is
+            b[at:at + 2] = psize.to_bytes(2, "big")
         return bytes(b)
 
     def flip(msg: bytes) -> bytes:

@@ -30,7 +30,7 @@ import numpy as np
 
 from actors.frame_decoder import FrameDecoder
 from actors.screen_writer import ScreenWriter
-from protocols.frames import Reassembler
+from protocols.steps import OVERHEAD as STEP_OVERHEAD, StepAssembler
 from protocols.messages import Capture, Show, TensorReceived
 from wccl.config import WcclConfig
 from wccl.harness import ActorHarness
@@ -69,7 +69,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     rng = np.random.default_rng(seed)
     n_tensors = max(1, math.ceil(nbytes / tensor_bytes))
     sent: dict[int, bytes] = {}
-    per_tensor = math.ceil(codec.frames_needed(tensor_bytes) * (1 + repair)) + extra
+    per_tensor = math.ceil(codec.frames_needed(tensor_bytes + STEP_OVERHEAD) * (1 + repair)) + extra
     window = per_tensor * cfg.link.hold_s
     start = 1.0
     received: dict[int, bytes] = {}
@@ -91,7 +91,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
                             screen_w=cfg.screen.width, screen_h=cfg.screen.height, hold_s=cfg.link.hold_s,
                             session=cfg.room.session, sender_id=names.index(tx)) as writer, \
             ActorHarness(FrameDecoder, node=rx, clock=clock, capacity=8, overflow="drop_oldest", codec=codec,
-                         session=cfg.room.session, node_names=names, reassembler=Reassembler(max_pending=8),
+                         session=cfg.room.session, node_names=names, assembler=StepAssembler(max_pending=8),
                          lens=cfg.camera.lens) as dec:
 
         async def feed_writer() -> None:

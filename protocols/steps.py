@@ -1,0 +1,157 @@
+"""The built-in run's tensors as transfers (protocols.transfer, frame version 9).
+
+The built-in run (`python -m wccl.node`: a parameter server and its workers
+on a step schedule, actors.clock) sends four kinds of tensors, each one
+transfer whose op says what it is for:
+
+- `grad`: a worker's gradient of step `seq` (bfloat16)
+- `avg`: the server's average of step `seq` (bfloat16)
+- `params`: a snapshot of the server's training state (protocols.snapshot,
+  uint8; `seq`: the number of updates it holds)
+- `sync`: an `Announce` or a `Hello` (protocols.sync, uint8; `seq`: the
+  sender's count of them)
+
+Which model state a tensor belongs to (the server's `epoch`, and `base`, the
+number of updates that state had seen) is the training protocol's business,
+not the link's: it travels sealed with the tensor, in the payload's first 6
+bytes (epoch u16, base u32, big endian), and the whole payload is sealed
+under the room key (AEAD, protocols.security) like a collective's.
+
+Each sender numbers its transfers 1, 2, 3, ... under its run nonce (random,
+drawn when its node starts), so AEAD nonces never repeat; the numbering
+outlives an actor's restart (`StepSender` lives in the node's supervisor). A
+reader that sees a sender's run nonce change forgets what it had of it: the
+node started again and numbers its transfers from 1.
+
+`StepSender` is the sending side (a tensor -> its header and sealed bytes),
+`StepAssembler` the reading side (trusted frames -> `StepTensor`s). Pure: no
+I/O, no asyncio, no torch.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from protocols import frames, transfer
+from protocols.frames import digest
+from protocols.security import NO_KEY, TAG_BYTES, RoomKey, new_run_nonce
+
+OPS = ("grad", "avg", "params", "sync")
+DTYPES = {"grad": "bfloat16", "avg": "bfloat16", "params": "uint8", "sync": "uint8"}
+ITEM_BYTES = {"bfloat16": 2, "uint8": 1}
+_STATE = struct.Struct(">HI")
+OVERHEAD = _STATE.size + TAG_BYTES  # bytes a sealed step payload adds to the tensor's, at most
+# Tensors that may be shown over several steps (a snapshot, sync payloads): kept this many steps longer.
+SLOW_OPS = {"params": 64, "sync": 64}
+_KEEP = 32  # recent transfers a sender remembers (a snapshot is shown over several windows)
+
+
+@dataclass(frozen=True)
+class StepTensor:
+    """A tensor rebuilt from trusted frames: who sent it, what for, and the state it belongs to."""
+
+    sender: int
+    stream: str
+    step: int
+    epoch: int
+    base: int
+    payload: bytes
+    frames: int  # packets it took
+
+
+class StepSender:
+    """One node's transfers: numbers them, seals them, and gives the same transfer again for the same
+    tensor (a snapshot shown over several windows continues where it stopped)."""
+
+    def __init__(self, session: int, sender: int, key: RoomKey = NO_KEY, run_nonce: int | None = None) -> None:
+        self.session, self.sender, self.key = session, sender, key
+        self.run_nonce = run_nonce if run_nonce is not None else new_run_nonce()
+        self._tid = 0
+        self._recent: OrderedDict[tuple, tuple[transfer.TransferHeader, bytes]] = OrderedDict()
+
+    def transfer(self, stream: str, step: int, payload: bytes, epoch: int = 0, base: int = 0,
+                 variant: int = 0) -> tuple[transfer.TransferHeader, bytes]:
+        """The header and sealed bytes of `payload` (`variant`: one transfer per layout it is shown in)."""
+        if stream not in DTYPES:
+            raise ValueError(f"unknown stream {stream!r}")
+        item = ITEM_BYTES[DTYPES[stream]]
+        if not payload or len(payload) % item:
+            raise ValueError(f"a {stream} payload of {len(payload)} bytes is not a whole {DTYPES[stream]} tensor")
+        ident = (stream, step, epoch, base, variant, len(payload), digest(payload))
+        had = self._recent.get(ident)
+        if had is not None:
+            self._recent.move_to_end(ident)
+            return had
+        self._tid += 1
+        if self._tid > 0xFFFFFFFF:
+            raise OverflowError("a node's transfers ran out of numbers: start it again (new run nonce)")
+        head = transfer.TransferHeader(self.session, self.sender, self._tid, step, stream, DTYPES[stream],
+                                       len(payload) // item, 0, b"")
+        sealed = self.key.seal(self.run_nonce, self._tid, _STATE.pack(epoch, base) + payload, transfer.aad(head))
+        head = transfer.TransferHeader(self.session, self.sender, self._tid, step, stream, DTYPES[stream],
+                                       head.numel, len(sealed), digest(sealed))
+        self._recent[ident] = (head, sealed)
+        while len(self._recent) > _KEEP:
+            self._recent.popitem(last=False)
+        return head, sealed
+
+
+class StepAssembler:
+    """Rebuilds the built-in run's tensors from trusted transfer frames (any sufficient set of packets),
+    opens them under the room key, and checks they are what their header says. Losses by reason."""
+
+    def __init__(self, key: RoomKey = NO_KEY, max_pending: int = 64) -> None:
+        self.key = key
+        self.assembler = transfer.TransferAssembler(max_pending=max_pending)
+        self._nonces: dict[int, int] = {}
+        self.restarts: Counter = Counter()  # per sender: run nonces seen change
+
+    @property
+    def losses(self) -> Counter:
+        return self.assembler.losses
+
+    @property
+    def duplicates(self) -> int:
+        return self.assembler.duplicates
+
+    def add(self, f: transfer.TransferFrame) -> StepTensor | None:
+        h = f.header
+        if h is None or h.op not in DTYPES:
+            self.losses["not_a_step_transfer"] += 1
+            return None
+        known = self._nonces.get(f.sender)
+        if known != f.run_nonce:
+            if known is not None:
+                # The sender started again (a new run nonce): it numbers its transfers from 1 again.
+                self.assembler.forget_sender(f.sender)
+                self.restarts[f.sender] += 1
+            self._nonces[f.sender] = f.run_nonce
+        data = self.assembler.add(f, self.key)
+        if data is None or data is transfer.DUPLICATE:
+            return None
+        item = ITEM_BYTES.get(h.dtype)
+        if h.dtype != DTYPES[h.op] or len(data) != _STATE.size + h.numel * item:
+            self.losses["bad_step_payload"] += 1  # sealed by a room laptop, yet not what it says: never used
+            return None
+        epoch, base = _STATE.unpack_from(data)
+        return StepTensor(h.sender, h.op, h.seq, epoch, base, data[_STATE.size:], self.assembler.last_packets)
+
+    def forget_before(self, step: int) -> int:
+        """Drop unfinished tensors of steps before `step` (snapshots and sync payloads: `SLOW_OPS` steps
+        later); returns how many there were (counted as `incomplete_tensor` losses)."""
+        return self.assembler.forget(lambda seq, op: seq < step - SLOW_OPS.get(op, 0))
+
+
+def frame_messages(data: bytes, *, message_bytes: int, count: int, session: int, sender: int, stream: str,
+                   step: int, epoch: int = 0, base: int = 0, shown_us: int = 0,
+                   clock_echo: tuple[int, int, int] = transfer.NO_ECHO, key: RoomKey = NO_KEY,
+                   run_nonce: int = 1) -> list[bytes]:
+    """`count` frame messages (source packets first, then repair) of one tensor, as a sender's first
+    transfer: for tools and tests (a node's ScreenWriter frames each one just before it is shown)."""
+    head, sealed = StepSender(session, sender, key, run_nonce).transfer(stream, step, data, epoch, base)
+    psize = transfer.packet_size_for(message_bytes, 0)
+    t = frames.fountain(sealed, message_bytes=message_bytes, count=count, packet_size=psize)
+    return [transfer.frame_message(head, t, i, message_bytes=message_bytes, acks=(), shown_us=shown_us,
+                                   run_nonce=run_nonce, clock_echo=clock_echo, key=key) for i in range(len(t.packets))]
