@@ -235,22 +235,25 @@ class LadderStep(_Strict):
     code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
 
 
-# Densest first: the layouts the link lab measured best under `webcam` (60x110, 10 px, 8 colours) and
-# with a margin (52x98, 12 px), and the one that still works under `harsh` (40x70, 16 px, 4 colours).
+# The built-in run's layouts, densest first: 52x98 cells of 12 px, 8 colours (the densest that held its
+# steps under `webcam`: 30 of 30 applied in three runs of `config.toml`, seeds 0 and 1, and of a room that
+# names only its nodes), and the one that still works under `harsh` (40x70, 16 px, 4 colours). Its
+# scheduled windows have no second chance: the link lab's densest layout (60x110, 10 px, 83 ms) read at
+# start-up and then lost whole runs of steps as the cameras' exposure drifted (14, 24 and 25 of 30 applied
+# in `config.toml`; BENCHMARKS.md, "The built-in run on transfer frames").
 DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
-    dict(rows=60, cols=110, colours=8, cell_px=10, hold_s=0.083, code_rate=0.8),
     dict(rows=52, cols=98, colours=8, cell_px=12, hold_s=0.1, code_rate=0.8),
     dict(rows=40, cols=70, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
 )
 # Collectives acknowledge what they read and show repair until it is read, so a lost frame costs one frame,
-# not a step: their default ladder also tries frames held under 2.5 camera periods. 68 x 124 cells of 10 px
-# (1260 x 700 px with the border) held 50 ms and 64 x 118 held 67 ms: 35.4 and 23.3 KB/s in the link
-# bench under `webcam` (BENCHMARKS.md, issue 17). The built-in run's scheduled windows have no second
-# chance: there, frames held that short lose whole steps (16 of 30 applied in a two-laptop webcam room).
+# not a step: their default ladder also tries denser layouts and frames held under 2.5 camera periods.
+# 68 x 124 cells of 10 px (1260 x 700 px with the border) held 50 ms and 64 x 118 held 67 ms: 35.4 and
+# 23.3 KB/s in the link bench under `webcam` (BENCHMARKS.md, issue 17); 60x110 held 83 ms: 16.8 KB/s.
 # (Every layout of a ladder has its own grid: a frame's grid says which it is.)
 FAST_RUNGS: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
     dict(rows=64, cols=118, colours=8, cell_px=10, hold_s=0.067, code_rate=0.8),
+    dict(rows=60, cols=110, colours=8, cell_px=10, hold_s=0.083, code_rate=0.8),
 )
 COLLECTIVES_LADDER: tuple[dict[str, Any], ...] = FAST_RUNGS + DEFAULT_LADDER
 
