@@ -35,7 +35,7 @@ from collections import Counter
 import numpy as np
 import structlog
 
-from protocols import discovery, fec, frames, transfer
+from protocols import discovery, fec, frames, steps, transfer
 from protocols.steps import StepAssembler
 from protocols.link import LinkCodec
 from protocols.messages import (AcksChanged, Capture, FrameTiming, HoldsKnown, PeerAcks, ScheduleDone, ScheduleKnown, SightKnown,
@@ -90,6 +90,9 @@ class FrameDecoder(Actor):
         # Collectives only: the receive path of transfer frames, with the run handshake it keeps.
         self.receiver = (TransferReceiver(self.me, len(node_names), session, key, handshake, transfers)
                          if transfers is not None else None)
+        # The built-in run's handshake (None: an observer, which shows no frame to be echoed, trusts every
+        # frame the room key vouches for).
+        self.handshake = handshake if transfers is None else None
         self._sight_sent = False
 
     async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
@@ -225,6 +228,19 @@ class FrameDecoder(Actor):
         if f.sender >= len(self.node_names) or f.sender == self.me:
             self.stats["frames_unknown_sender"] += 1
             return None
+        hs = self.handshake
+        if hs is not None:
+            # The run handshake (protocols.steps): only frames of this run, shown recently, are used.
+            before = (hs.echo(), hs.trust_mask())
+            refused = hs.heard(f.sender, f.run_nonce, steps.full_echo(f.nonce_echo, hs), f.trusts, f.shown_us)
+            if (hs.echo(), hs.trust_mask()) != before:
+                self.log.info("handshake", peer=self.node_names[f.sender],
+                              trusted=sorted(self.node_names[r] for r in hs.trusted))
+                await self.emit(AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=(), echo=hs.echo(),
+                                            trusts=hs.trust_mask()))
+            if refused:
+                self.stats[f"frames_rejected_{refused}"] += 1
+                return None
         self.stats["frames_ok"] += 1
         tm = f.timing
         peer = self.node_names[tm.echo_peer] if tm.echo_peer < len(self.node_names) else None
@@ -348,13 +364,14 @@ class FrameDecoder(Actor):
         self.totals.update(self.stats)
         self.stats.clear()
         self.ctx.results["link"] = dict(self.totals)
-        if self.receiver is not None:
+        if self.receiver is not None or self.handshake is not None:
+            losses = self.transfers.losses if self.transfers is not None else self.reassembler.losses
             refused = {k.removeprefix("frames_rejected_"): v for k, v in self.totals.items()
                        if k.startswith("frames_rejected_") and k.removeprefix("frames_rejected_") in SUSPECT}
             refused.update({k.removeprefix("frames_"): v for k, v in self.totals.items()
                             if k in ("frames_foreign_session", "frames_unknown_sender")})
             # Frames that read cleanly and were refused: a wrong key, a replay, another room. Worth a warning.
             (self.log.warning if any(refused.values()) else self.log.info)(
-                "frames_refused", frames_ok=self.totals["frames_ok"], **refused,
-                losses=dict(self.transfers.losses))
-            self.ctx.results["link"].update({f"loss_{k}": v for k, v in self.transfers.losses.items()})
+                "frames_refused", frames_ok=self.totals["frames_ok"], **refused, losses=dict(losses))
+            if self.transfers is not None:  # (the built-in run's losses are reported each step)
+                self.ctx.results["link"].update({f"loss_{k}": v for k, v in losses.items()})

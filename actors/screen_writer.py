@@ -42,7 +42,7 @@ import structlog
 from protocols import frames, layout, transfer
 from protocols.link import LinkCodec
 from protocols.steps import StepSender
-from protocols.messages import FrameTiming, ScheduleKnown, Show
+from protocols.messages import AcksChanged, FrameTiming, ScheduleKnown, Show
 from protocols.security import NO_KEY, RoomKey
 from wccl.actor import Actor, ActorContext
 from wccl.media import Screen
@@ -64,7 +64,7 @@ class _Window:
 
 
 class ScreenWriter(Actor):
-    consumes = (Show, FrameTiming, ScheduleKnown)
+    consumes = (Show, FrameTiming, ScheduleKnown, AcksChanged)
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, sender_id: int, node_names: list[str] | None = None,
@@ -82,6 +82,7 @@ class ScreenWriter(Actor):
         self.session = session
         self.sender_id = sender_id
         self.node_names = node_names or []
+        self._ranks = len(self.node_names)  # every frame echoes a run nonce for each node
         self._blank = layout.blank(screen_w, screen_h)
         self._idle = layout.render_idle(codec.layout, screen_w, screen_h)
         self._variant = 0  # the layout of the ladder in use (a transfer per layout: packets differ in size)
@@ -99,7 +100,11 @@ class ScreenWriter(Actor):
         self.screen.show(self._idle)
         await self.run_beside(self._present())
 
-    async def handle(self, msg: Show | FrameTiming | ScheduleKnown) -> None:
+    async def handle(self, msg: Show | FrameTiming | ScheduleKnown | AcksChanged) -> None:
+        if isinstance(msg, AcksChanged):
+            # The handshake's news (protocols.steps): the run nonces every frame echoes from now on.
+            self.steps.echo, self.steps.trusts = tuple(msg.echo), msg.trusts
+            return
         if isinstance(msg, FrameTiming):
             if msg.origin in self.node_names:
                 peer = self.node_names.index(msg.origin)
@@ -120,18 +125,19 @@ class ScreenWriter(Actor):
             transfers = []
             for i, (c, _) in enumerate(self.ladder):
                 head, sealed = self._transfer(msg, variant=i)
-                transfers.append((head, c.fountain(sealed, max(rounds, c.frames_needed(len(sealed))))))
+                needed = c.frames_needed(len(sealed), self._ranks, echoes=True)
+                transfers.append((head, c.fountain(sealed, max(rounds, needed), self._ranks, echoes=True)))
             self._plan.append(_Window(msg, transfers, t_next=msg.start))
             self._wake.set()
             return
         slots = int((msg.end - msg.start) / self.hold_s + 1e-9)
         head, sealed = self._transfer(msg, variant=self._variant)
-        needed = self.codec.frames_needed(len(sealed))
+        needed = self.codec.frames_needed(len(sealed), self._ranks, echoes=True)
         if slots < needed and msg.packet_offset == 0 and msg.stream in ("grad", "avg"):
             # (a snapshot is spread over several windows on purpose)
             self.log.warning("show_window_too_short", stream=msg.stream, step=msg.step, frames_needed=needed,
                              slots=slots, hold_s=self.hold_s, window_s=round(msg.end - msg.start, 3))
-        fountain = self.codec.fountain(sealed, msg.packet_offset + max(slots, needed))
+        fountain = self.codec.fountain(sealed, msg.packet_offset + max(slots, needed), self._ranks, echoes=True)
         self._plan.append(_Window(msg, [(head, fountain)], t_next=msg.start))
         self._wake.set()
 
@@ -216,9 +222,11 @@ class ScreenWriter(Actor):
             shown_local = t_frame + self._lag
             tm = self._timing(shown_local)
             head, fountain = transfer_
+            echo = tuple(self.steps.echo[:self._ranks]) + (0,) * (self._ranks - len(self.steps.echo))
             frame = codec.frame(head, fountain, packet, shown_us=tm.shown_us,
                                 clock_echo=(tm.echo_peer, tm.echo_shown_us, tm.echo_captured_us),
-                                run_nonce=self.steps.run_nonce, key=self.key)
+                                run_nonce=self.steps.run_nonce, trusts=self.steps.trusts, nonce_echo=echo,
+                                key=self.key)
             image = layout.render(frame, codec.layout, self.screen_w, self.screen_h, sender=self.sender_id,
                                   parity=self._parity)
             self._parity ^= 1

@@ -44,28 +44,29 @@ class LinkCodec:
         """A built-in run's frame's packet (payload id + fountain symbol) in this layout."""
         return self.packet_size_for(0)
 
-    def packet_size_for(self, ranks: int) -> int:
-        """The packet of a frame that carries acknowledgements of `ranks` ranks (a group's size)."""
-        return transfer.packet_size_for(self.message_bytes, ranks)
+    def packet_size_for(self, ranks: int, echoes: bool = False) -> int:
+        """The packet of a frame that carries the entries of `ranks` ranks: acknowledgements (a group's
+        size), or with `echoes` the built-in run's nonce echoes (one a node)."""
+        return transfer.packet_size_for(self.message_bytes, ranks, echoes)
 
     @property
     def payload_per_frame(self) -> int:
         """Tensor bytes one of the built-in run's frames carries (a fountain symbol)."""
         return self.packet_size - frames.PAYLOAD_ID_BYTES
 
-    def frames_needed(self, nbytes: int, ranks: int = 0) -> int:
-        """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`: the
-        acknowledgements its frames carry)."""
-        return frames.source_packets(nbytes, self.packet_size_for(ranks))
+    def frames_needed(self, nbytes: int, ranks: int = 0, echoes: bool = False) -> int:
+        """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`, `echoes`:
+        the entries its frames carry)."""
+        return frames.source_packets(nbytes, self.packet_size_for(ranks, echoes))
 
     def _scramble(self, frame: bytes) -> bytes:
         return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
 
-    def fountain(self, data: bytes, count: int, ranks: int = 0) -> frames.Transfer:
+    def fountain(self, data: bytes, count: int, ranks: int = 0, echoes: bool = False) -> frames.Transfer:
         """A transfer's `count` fountain packets (source first, then repair), sized for this layout's
-        frames carrying acknowledgements of `ranks` ranks."""
+        frames carrying the entries of `ranks` ranks."""
         return frames.fountain(data, message_bytes=self.message_bytes, count=count,
-                               packet_size=self.packet_size_for(ranks))
+                               packet_size=self.packet_size_for(ranks, echoes))
 
     def seal(self, message: bytes) -> bytes:
         """Frame bytes (what `layout.render` draws) for a message of `message_bytes` bytes."""
@@ -78,13 +79,14 @@ class LinkCodec:
         return self.seal(transfer.frame_message(header, fountain, index, message_bytes=self.message_bytes, **fields))
 
     def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: str, step: int,
-               epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1) -> list[bytes]:
+               epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1,
+               nonce_echo: tuple[int, ...] = ()) -> list[bytes]:
         """`count` frames' bytes (what `layout.render` draws) of one of the built-in run's tensors
         (protocols.steps: sealed, its first transfer; timing fields zero). Fewer than the transfer needs
         if `count` is smaller: then it cannot be rebuilt."""
         return [self.seal(m) for m in steps.frame_messages(
             data, message_bytes=self.message_bytes, count=count, session=session, sender=sender, stream=stream,
-            step=step, epoch=epoch, base=base, key=key, run_nonce=run_nonce)]
+            step=step, epoch=epoch, base=base, key=key, run_nonce=run_nonce, nonce_echo=nonce_echo)]
 
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                erase_below: float = 0.15, key: RoomKey = NO_KEY) -> tuple[transfer.TransferFrame, int]:

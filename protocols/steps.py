@@ -23,6 +23,13 @@ outlives an actor's restart (`StepSender` lives in the node's supervisor). A
 reader that sees a sender's run nonce change forgets what it had of it: the
 node started again and numbers its transfers from 1.
 
+Freshness: every frame echoes the run nonce its sender last saw of each node
+(the low 32 bits; protocols.transfer's FLAG_ECHOES entries), and a node
+trusts a peer's nonce only once a frame of it echoes this node's own current
+nonce (protocols.security.Handshake, as the collectives' status frames do),
+so frames filmed in another run are refused (`other_run`), and frames of
+this run shown again more than the replay window later (`replayed_old`).
+
 `StepSender` is the sending side (a tensor -> its header and sealed bytes),
 `StepAssembler` the reading side (trusted frames -> `StepTensor`s). Pure: no
 I/O, no asyncio, no torch.
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 
 from protocols import frames, transfer
 from protocols.frames import digest
-from protocols.security import NO_KEY, TAG_BYTES, RoomKey, new_run_nonce
+from protocols.security import NO_KEY, TAG_BYTES, Handshake, RoomKey, new_run_nonce
 
 OPS = ("grad", "avg", "params", "sync")
 DTYPES = {"grad": "bfloat16", "avg": "bfloat16", "params": "uint8", "sync": "uint8"}
@@ -68,6 +75,9 @@ class StepSender:
     def __init__(self, session: int, sender: int, key: RoomKey = NO_KEY, run_nonce: int | None = None) -> None:
         self.session, self.sender, self.key = session, sender, key
         self.run_nonce = run_nonce if run_nonce is not None else new_run_nonce()
+        # What this node's frames echo of every node's run nonce, and whom it trusts (its handshake's).
+        self.echo: tuple[int, ...] = ()
+        self.trusts = 0
         self._tid = 0
         self._recent: OrderedDict[tuple, tuple[transfer.TransferHeader, bytes]] = OrderedDict()
 
@@ -147,11 +157,30 @@ class StepAssembler:
 def frame_messages(data: bytes, *, message_bytes: int, count: int, session: int, sender: int, stream: str,
                    step: int, epoch: int = 0, base: int = 0, shown_us: int = 0,
                    clock_echo: tuple[int, int, int] = transfer.NO_ECHO, key: RoomKey = NO_KEY,
-                   run_nonce: int = 1) -> list[bytes]:
-    """`count` frame messages (source packets first, then repair) of one tensor, as a sender's first
-    transfer: for tools and tests (a node's ScreenWriter frames each one just before it is shown)."""
-    head, sealed = StepSender(session, sender, key, run_nonce).transfer(stream, step, data, epoch, base)
-    psize = transfer.packet_size_for(message_bytes, 0)
+                   run_nonce: int = 1, nonce_echo: tuple[int, ...] = (), tid: int = 1) -> list[bytes]:
+    """`count` frame messages (source packets first, then repair) of one tensor, as a sender's transfer
+    `tid`: for tools and tests (a node's ScreenWriter frames each one just before it is shown)."""
+    sender_ = StepSender(session, sender, key, run_nonce)
+    sender_._tid = tid - 1
+    head, sealed = sender_.transfer(stream, step, data, epoch, base)
+    psize = transfer.packet_size_for(message_bytes, len(nonce_echo), echoes=True)
     t = frames.fountain(sealed, message_bytes=message_bytes, count=count, packet_size=psize)
-    return [transfer.frame_message(head, t, i, message_bytes=message_bytes, acks=(), shown_us=shown_us,
-                                   run_nonce=run_nonce, clock_echo=clock_echo, key=key) for i in range(len(t.packets))]
+    return [transfer.frame_message(head, t, i, message_bytes=message_bytes, shown_us=shown_us, run_nonce=run_nonce,
+                                   clock_echo=clock_echo, nonce_echo=tuple(nonce_echo), key=key)
+            for i in range(len(t.packets))]
+
+
+def full_echo(nonce_echo: tuple[int, ...] | None, handshake: Handshake) -> tuple[int, ...] | None:
+    """A frame's echo (the low 32 bits of each node's run nonce as its sender last saw it) as the
+    handshake's full nonces: this node's own where the bits match it, a peer's where they match the nonce
+    this node knows of it, else 0 (nothing). A recording of another run matches this node's new nonce
+    with a chance of 1 in 2^32 a frame."""
+    if nonce_echo is None:
+        return None
+    out = []
+    for r in range(handshake.world):
+        v = nonce_echo[r] if r < len(nonce_echo) else 0
+        known = (handshake.nonce if r == handshake.rank else
+                 handshake.trusted.get(r, handshake.seen.get(r, handshake.relayed.get(r, 0))))
+        out.append(known if known and v and known & 0xFFFFFFFF == v else 0)
+    return tuple(out)

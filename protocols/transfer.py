@@ -42,7 +42,8 @@ sealed bytes'.
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
-    (n, the high nibble of flags: the group's size, 0 in the built-in run's frames, which have neither)
+    (n, the high nibble of flags: the group's size; in the built-in run's frames, flag 0x02, the n
+     entries are instead the run nonce the sender last saw of each node, its low 32 bits: nonce_echo u32)
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
             then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 6)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
@@ -81,11 +82,18 @@ _STATUS_SIZES = {status_packet(k): k for k in range(1, discovery.MAX_LAYOUTS + 1
 _AAD = struct.Struct(">HBIIBBHI")
 PERSON = b"wccl-xfer"
 _ENTRY = _ACK.size + 4  # one rank's acknowledgement and holdings
+ECHO_ENTRY = 4  # the built-in run's frames: one node's run nonce as last seen (its low 32 bits)
 
 
-def header_bytes(ranks: int = MAX_RANKS) -> int:
-    """A frame's header with acknowledgements and holdings for `ranks` ranks (0: the built-in run's)."""
-    return _HEAD.size + ranks * _ENTRY
+def entry_bytes(ranks: int, echoes: bool = False) -> int:
+    """What follows the fixed header: per rank an acknowledgement and holdings (collectives) or, in the
+    built-in run's frames (`echoes`), the run nonce the sender last saw of each node."""
+    return ranks * (ECHO_ENTRY if echoes else _ENTRY)
+
+
+def header_bytes(ranks: int = MAX_RANKS, echoes: bool = False) -> int:
+    """A frame's header with the entries of `ranks` ranks."""
+    return _HEAD.size + entry_bytes(ranks, echoes)
 
 
 HEADER_BYTES = header_bytes()  # the largest
@@ -93,6 +101,7 @@ OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet
+FLAG_ECHOES = 0x02  # the entries are run nonces echoed (the built-in run's frames), not acknowledgements
 RANKS_SHIFT = 4  # flags' high nibble: how many ranks' acknowledgements and holdings follow (0 .. 8)
 
 OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5,
@@ -104,10 +113,10 @@ DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "ui
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS) -> int:
+def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS, echoes: bool = False) -> int:
     """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds, with
-    acknowledgements of `ranks` ranks (a group's size; 0 for the built-in run, which has none)."""
-    return frames.packet_size_for(message_bytes, header_bytes(ranks) + CHECK_BYTES)
+    the entries of `ranks` ranks (acknowledgements, or with `echoes` the built-in run's nonce echoes)."""
+    return frames.packet_size_for(message_bytes, header_bytes(ranks, echoes) + CHECK_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +189,7 @@ class TransferFrame:
     rows: tuple | None = None  # status frames: the sender's discovery table (protocols.discovery.Row each)
     holds: tuple[int, ...] = (0,) * MAX_RANKS  # how many collectives each rank is known to hold
     clock_echo: tuple[int, int, int] = NO_ECHO  # (echo_peer, echo_shown_us, echo_captured_us)
+    nonce_echo: tuple[int, ...] | None = None  # the built-in run's frames: each node's run nonce, low 32 bits
 
     @property
     def timing(self) -> Timing:
@@ -208,14 +218,23 @@ def aad(header: TransferHeader) -> bytes:
 
 
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
-                  acks: tuple[Ack, ...], shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
+                  acks: tuple[Ack, ...] = (), shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
                   holds: tuple[int, ...] = (), clock_echo: tuple[int, int, int] = NO_ECHO,
-                  key: RoomKey = NO_KEY) -> bytes:
-    """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
+                  nonce_echo: tuple[int, ...] | None = None, key: RoomKey = NO_KEY) -> bytes:
+    """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame; with
+    `nonce_echo` (the built-in run's frames: the run nonce last seen of each node) in place of
+    acknowledgements and holdings."""
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
-    n, entries = _entries(acks, holds)
-    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, n << RANKS_SHIFT, header.tid, header.seq,
+    flags = 0
+    if nonce_echo is not None:
+        if acks or holds or len(nonce_echo) > MAX_RANKS:
+            raise ValueError(f"a frame echoes at most {MAX_RANKS} nonces, and then carries no acknowledgements")
+        n, entries = len(nonce_echo), struct.pack(f">{len(nonce_echo)}I", *(v & 0xFFFFFFFF for v in nonce_echo))
+        flags = FLAG_ECHOES
+    else:
+        n, entries = _entries(acks, holds)
+    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, flags | n << RANKS_SHIFT, header.tid, header.seq,
                       OPS[header.op], DTYPES[header.dtype], header.part, header.dest, header.length, header.numel,
                       header.digest, transfer.packet_size, shown_us, run_nonce, trusts, *clock_echo)
     body = head + entries + transfer.packets[index]
@@ -260,7 +279,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_magic")
     status = bool(flags & FLAG_STATUS)
     ranks = min(flags >> RANKS_SHIFT, MAX_RANKS)  # (more is refused below, once the check vouched for it)
-    start = header_bytes(ranks)
+    echoes = bool(flags & FLAG_ECHOES)
+    start = header_bytes(ranks, echoes)
     end = start + psize
     if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize not in _STATUS_SIZES):
         raise FrameError("bad_length", f"packet_size {psize}")
@@ -271,12 +291,18 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))
-    if flags & ~FLAG_STATUS & ~(0xF << RANKS_SHIFT) or flags >> RANKS_SHIFT > MAX_RANKS:
+    if (flags & ~(FLAG_STATUS | FLAG_ECHOES) & ~(0xF << RANKS_SHIFT) or flags >> RANKS_SHIFT > MAX_RANKS
+            or (status and echoes)):
         raise FrameError("bad_flags", str(flags))
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
-    acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
-    holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
+    nonce_echo = None
+    if echoes:
+        acks, holds = NO_ACKS, (0,) * MAX_RANKS
+        nonce_echo = struct.unpack_from(f">{ranks}I", msg, _HEAD.size) + (0,) * (MAX_RANKS - ranks)
+    else:
+        acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
+        holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
     if status:
         echo = _ECHO.unpack_from(msg, start)
         rows = discovery.unpack_table(msg[start + _ECHO.size:end])
@@ -290,7 +316,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     header = TransferHeader(session, sender, tid, seq, OP_NAMES[op], DTYPE_NAMES[dtype], numel, length, dig,
                             part, dest)
     return TransferFrame(session, sender, header, bytes(msg[start:end]), acks, shown, nonce, trusts,
-                         holds=holds, clock_echo=clock_echo)
+                         holds=holds, clock_echo=clock_echo, nonce_echo=nonce_echo)
 
 
 @dataclass

@@ -84,6 +84,57 @@ def test_the_built_in_runs_frames_are_keyed_and_sealed_too():
     assert any(t is not None and t.payload == data for t in got)
 
 
+def test_the_built_in_run_uses_only_frames_of_this_run(_quiet_logs):
+    """Bob (a worker) reads Alice's screen: her frames count only once one echoes Bob's run nonce; then a
+    recording of another run (her nonce then, echoing Bob's nonce then) and a frame of this run shown again
+    past the replay window are refused by reason, and nothing of them is delivered."""
+    from actors.frame_decoder import FrameDecoder
+    from conftest import run_virtual
+    from protocols import steps
+    from protocols.layout import GridLayout, render
+    from protocols.link import LinkCodec
+    from protocols.messages import AcksChanged, Capture, FrameTiming, TensorReceived
+    from wccl.harness import ActorHarness
+
+    codec = LinkCodec(GridLayout(40, 70, 8, 12), 0.8)
+    hs = Handshake(1, 2, window_s=4.0)
+    alice, alice_then, bob_then = security.new_run_nonce(), security.new_run_nonce(), security.new_run_nonce()
+    data = bytes(range(200))
+
+    def frame(k: int, nonce: int, echo: tuple[int, int], shown_s: float) -> np.ndarray:
+        (msg,) = steps.frame_messages(data, message_bytes=codec.message_bytes, count=1, session=1, sender=0,
+                                      stream="avg", step=k, key=KEY, run_nonce=nonce, nonce_echo=echo,
+                                      shown_us=round(shown_s * 1e6), tid=k + 1)
+        return render(codec.seal(msg), codec.layout, 1280, 720, sender=0, parity=k & 1)
+
+    shows = [
+        frame(0, alice, (alice, 0), 1.0),  # she has not read Bob yet: unconfirmed
+        frame(1, alice, (alice, hs.nonce), 2.0),  # she echoes Bob's nonce: trusted, delivered
+        frame(2, alice_then, (alice_then, bob_then), 3.0),  # filmed in another run
+        frame(3, alice, (alice, hs.nonce), 9.0),  # this run, later: delivered
+        frame(4, alice, (alice, hs.nonce), 4.5),  # this run, shown again 4.5 s after its time: too old
+    ]
+
+    async def go():
+        async with ActorHarness(FrameDecoder, node="bob", codec=codec, session=1, node_names=["alice", "bob"],
+                                key=KEY, handshake=hs, assembler=steps.StepAssembler(KEY)) as dec:
+            for i, img in enumerate(shows):
+                await dec.send(Capture(sender="bob", time=float(i), image=img, seq=i))
+            await dec.settle()
+        return dec
+
+    dec = run_virtual(go)
+    got = dec.of_type(TensorReceived)
+    assert [(t.step, t.payload) for t in got] == [(1, data), (3, data)]
+    link = dec.results["link"]
+    assert (link["frames_rejected_unconfirmed_sender"], link["frames_rejected_other_run"],
+            link["frames_rejected_replayed_old"], link["frames_ok"]) == (1, 1, 1, 2), link
+    assert [m.shown for m in dec.of_type(FrameTiming)] == [2.0, 9.0]  # the clock sync hears only this run
+    echoes = dec.of_type(AcksChanged)
+    assert echoes and echoes[-1].echo == (alice, hs.nonce) and echoes[-1].trusts == 0b01
+    assert hs.trusted == {0: alice}
+
+
 def _status(hs: Handshake, shown_us: int = 0) -> transfer.TransferFrame:
     msg = transfer.status_message(session=1, sender=hs.rank, acks=(), message_bytes=MSG, shown_us=shown_us,
                                   run_nonce=hs.nonce, trusts=hs.trust_mask(), echo=hs.echo(), key=KEY)

@@ -20,6 +20,8 @@ from typing import Any
 
 import structlog
 
+from protocols.frames import PAYLOAD_ID_BYTES
+from protocols.security import Handshake
 from protocols.steps import OVERHEAD as STEP_OVERHEAD, StepAssembler, StepSender
 from protocols.messages import Message
 from wccl.actor import Actor, ActorContext, GiveUp, Mailbox, MailboxClosed, Overflow
@@ -189,9 +191,14 @@ class NodeSupervisor:
         codec, hold_s = ladder[0]
 
         def needs(c) -> dict[str, int]:
-            return {"grad": c.frames_needed(2 * numel + STEP_OVERHEAD), "avg": c.frames_needed(2 * numel + STEP_OVERHEAD)}
+            k = c.frames_needed(2 * numel + STEP_OVERHEAD, len(names), echoes=True)
+            return {"grad": k, "avg": k}
 
         frames_needed = needs(codec)
+        # The run handshake (protocols.steps): this node's run nonce, and which of its peers' it trusts. An
+        # observer shows no frame a peer could echo: it has none.
+        handshake = (Handshake(names.index(self.node), len(names), window_s=room.replay_window_s)
+                     if "observer" not in self.spec.roles else None)
         sched = cfg.schedule
         self.deps = {
             "clock": dict(role=role, node_names=names, server=room.server, steps=tr.steps, preset=sched.preset,
@@ -199,21 +206,25 @@ class NodeSupervisor:
                           frames_needed=frames_needed, margin_frames=sched.margin_frames, work_s=sched.work_s,
                           min_guard_s=sched.min_guard_s, sync_cfg=cfg.sync,
                           resume=dict(resume[0], epoch=resume[1].epoch, applied=resume[1].applied) if resume else None,
-                          truth=truth, ladder=[(h, needs(c), c.payload_per_frame) for c, h in ladder],
+                          truth=truth, ladder=[(h, needs(c), c.packet_size_for(len(names), True) - PAYLOAD_ID_BYTES)
+                                               for c, h in ladder],
                           min_frames_ok=cfg.link.min_frames_ok),
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=names, assembler=StepAssembler(key),
+                                  handshake=handshake,
                                   ladder=[c for c, _ in ladder], key=key, lens=cfg.camera.lens,
                                   **({"ticks": False} if "observer" in self.spec.roles else {})),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, sender_id=names.index(self.node),
                                   node_names=names, ladder=ladder, key=key,
-                                  steps=StepSender(room.session, names.index(self.node), key)),
+                                  steps=StepSender(room.session, names.index(self.node), key,
+                                                   handshake.nonce if handshake is not None else None)),
             "worker": dict(replica=replica, server=room.server, eval_every=tr.eval_every),
             "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, numel=numel, average=average_gradients,
                                      replica=server_replica, hold_s=hold_s,
-                                     snapshot_frames=codec.frames_needed(state_bytes + STEP_OVERHEAD),
-                                     ladder=[(h, c.frames_needed(state_bytes + STEP_OVERHEAD)) for c, h in ladder],
+                                     snapshot_frames=codec.frames_needed(state_bytes + STEP_OVERHEAD, len(names), True),
+                                     ladder=[(h, c.frames_needed(state_bytes + STEP_OVERHEAD, len(names), True))
+                                             for c, h in ladder],
                                      snapshot_every=cfg.recovery.snapshot_every,
                                      checkpoint_every=cfg.recovery.checkpoint_every, checkpoint=ckpt_path,
                                      session=room.session, resume=resume, key=key),

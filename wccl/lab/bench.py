@@ -69,7 +69,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     rng = np.random.default_rng(seed)
     n_tensors = max(1, math.ceil(nbytes / tensor_bytes))
     sent: dict[int, bytes] = {}
-    per_tensor = math.ceil(codec.frames_needed(tensor_bytes + STEP_OVERHEAD) * (1 + repair)) + extra
+    per_tensor = math.ceil(codec.frames_needed(tensor_bytes + STEP_OVERHEAD, len(names), echoes=True) * (1 + repair)) + extra
     window = per_tensor * cfg.link.hold_s
     start = 1.0
     received: dict[int, bytes] = {}
