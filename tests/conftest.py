@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -15,6 +17,15 @@ from wccl.config import WcclConfig, parse_config
 from wccl.timebase import VirtualTimeLoop
 
 ROOT = Path(__file__).resolve().parent.parent
+# Set by .ci/run: there a tool the tests need (Xvfb, xdotool) that is missing fails its tests, never skips them.
+IN_CI = bool(os.environ.get("WCCL_CI"))
+
+
+def needs_tools(*tools: str):
+    """Skip (on a developer's machine, not in CI) a test whose programs are not installed."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    return pytest.mark.skipif(bool(missing) and not IN_CI,
+                              reason=f"{', '.join(missing)} not installed (.ci/run installs it)")
 SHARED = ROOT.parent / "shared"
 
 

@@ -23,9 +23,9 @@ from wccl.media.display import EXIT_NO_CAMERA, EXIT_NO_DISPLAY, NoCamera, NoDisp
 from wccl.media.window import draw_overlay, free_bands
 from wccl.timebase import NodeClock
 
-from conftest import ROOT, run_virtual, shipped_config_dict
+from conftest import IN_CI, ROOT, needs_tools, run_virtual, shipped_config_dict
 
-needs_xvfb = pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed (.ci/run installs it)")
+needs_xvfb = needs_tools("Xvfb")
 
 
 def _env_without_display(**extra: str) -> dict[str, str]:
@@ -47,7 +47,7 @@ def _message_lines(stderr: str) -> list[str]:
 def xdisplay():
     from wccl.media.xvfb import VirtualDisplay
 
-    if shutil.which("Xvfb") is None:
+    if shutil.which("Xvfb") is None and not IN_CI:
         pytest.skip("Xvfb is not installed (.ci/run installs it)")
     with VirtualDisplay(1400, 800) as d:
         yield d

@@ -10,14 +10,13 @@ rather than skip: they are the proof that the backend runs on real windows and r
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import ROOT, press_escape_until_exit
+from conftest import ROOT, needs_tools, press_escape_until_exit
 from wccl.launch import json_objects
 
 EXAMPLES = ROOT / "examples"
@@ -78,7 +77,7 @@ def test_ddp_over_the_loopback_equals_gloo(tmp_path):
     assert len(gloo) == 2 and set(gloo) == ours, (ranks, ref.stdout)  # the same bits as gloo
 
 
-@pytest.mark.skipif(shutil.which("xdotool") is None, reason="xdotool is not installed")
+@needs_tools("xdotool")
 def test_escape_in_a_ranks_window_fails_its_collectives(tmp_path):
     """Esc in alice's window stops her node: her program's collectives fail with a clear error (no hang)."""
     log = tmp_path / "alice.err"

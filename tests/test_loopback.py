@@ -9,16 +9,15 @@ train with bit-exact gradients.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
-from conftest import ROOT, press_escape_until_exit
+from conftest import ROOT, needs_tools, press_escape_until_exit
 
-pytestmark = pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed (.ci/run installs it)")
+pytestmark = needs_tools("Xvfb")
 
 
 def _display(width: int = 1400, height: int = 480):
@@ -103,7 +102,7 @@ def test_two_processes_train_over_the_loopback(tmp_path):
         assert sum(e.get("frames_ok", 0) for e in evs if e["event"] == "link_step") > 0
 
 
-@pytest.mark.skipif(shutil.which("xdotool") is None, reason="xdotool is not installed")
+@needs_tools("xdotool")
 def test_escape_in_the_window_stops_the_node(tmp_path):
     config = _room(tmp_path, steps=3)
     with _display() as d:
