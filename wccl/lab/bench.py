@@ -30,6 +30,7 @@ import numpy as np
 
 from actors.frame_decoder import FrameDecoder
 from actors.screen_writer import ScreenWriter
+from protocols.security import TAG_BYTES
 from protocols.steps import OVERHEAD as STEP_OVERHEAD, StepAssembler
 from protocols.messages import Capture, Show, TensorReceived
 from wccl.config import WcclConfig
@@ -66,10 +67,16 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         raise ValueError("the sender and the receiver must be two different nodes")
     clock = NodeClock(origin=0.0)
     codec = cfg.link.codec()
+    # The room key, as a run would have it (simulated rooms: a fresh one; `[room] security = "off"`: none):
+    # frames authenticated, tensors sealed.
+    from wccl.keys import new_ephemeral, room_key
+
+    key = room_key(cfg, ephemeral=new_ephemeral())
     rng = np.random.default_rng(seed)
     n_tensors = max(1, math.ceil(nbytes / tensor_bytes))
     sent: dict[int, bytes] = {}
-    per_tensor = math.ceil(codec.frames_needed(tensor_bytes + STEP_OVERHEAD, len(names), echoes=True) * (1 + repair)) + extra
+    sealed = tensor_bytes + STEP_OVERHEAD - (0 if key.encrypts else TAG_BYTES)  # what one transfer sends
+    per_tensor = math.ceil(codec.frames_needed(sealed, len(names), echoes=True) * (1 + repair)) + extra
     window = per_tensor * cfg.link.hold_s
     start = 1.0
     received: dict[int, bytes] = {}
@@ -89,9 +96,11 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
 
     async with ActorHarness(ScreenWriter, node=tx, clock=clock, screen=screen, codec=codec,
                             screen_w=cfg.screen.width, screen_h=cfg.screen.height, hold_s=cfg.link.hold_s,
-                            session=cfg.room.session, sender_id=names.index(tx)) as writer, \
+                            session=cfg.room.session, sender_id=names.index(tx), node_names=names,
+                            key=key) as writer, \
             ActorHarness(FrameDecoder, node=rx, clock=clock, capacity=8, overflow="drop_oldest", codec=codec,
-                         session=cfg.room.session, node_names=names, assembler=StepAssembler(max_pending=8),
+                         session=cfg.room.session, node_names=names, assembler=StepAssembler(key, max_pending=8),
+                         key=key,
                          lens=cfg.camera.lens) as dec:
 
         async def feed_writer() -> None:
@@ -132,6 +141,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         profile=cfg.room.profile,
         layout=dict(rows=cfg.link.rows, cols=cfg.link.cols, colours=cfg.link.colours, cell_px=cfg.link.cell_px,
                     hold_s=cfg.link.hold_s, code_rate=cfg.link.code_rate),
+        authenticated=key.authenticated,
         goodput_kBps=round(delivered * tensor_bytes / sim_seconds / 1000, 3),
         latency_p50_s=round(float(np.percentile(lat, 50)), 4) if lat else None,
         latency_p95_s=round(float(np.percentile(lat, 95)), 4) if lat else None,
