@@ -39,7 +39,7 @@ def save_checkpoint(path: Path, meta: dict[str, Any], state: snap.Snapshot, rng_
     path.parent.mkdir(parents=True, exist_ok=True)
     head = dict(meta, applied=state.applied, epoch=state.epoch, rng=base64.b64encode(rng_state).decode())
     body = json.dumps(head).encode() + b"\n" + snap.encode_snapshot(state)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # (two runs of one room file never write one temporary file)
     with open(tmp, "wb") as f:
         f.write(key.tag(body, PERSON).hex().encode() + b"\n")
         f.write(body)
