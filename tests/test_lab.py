@@ -126,7 +126,9 @@ def test_collectives_room_copy_sets_the_algorithm_in_its_own_table_and_reads_bac
     assert text.count("[collectives]") == 1
     back = tomllib.loads(text)
     assert back["collectives"] == dict(data["collectives"], algorithm="ring")
-    assert back.get("link") == data.get("link") and back["room"]["profile"] == "exact"
+    assert "link" not in back and back["room"]["profile"] == "exact"
+    linked = tomllib.loads((ROOT / "config.toml").read_text())  # a room with a [link] table keeps it
+    assert _room_variant(linked, ROOT, 3, "ring")["link"] == linked["link"]
     cfg = parse_config(back, "variant", ROOT / "rooms")
     assert cfg.room.ranks == list(RANK_NAMES[:5]) and cfg.room.server == "alice"
     assert cfg.collectives.algorithm == "ring"
