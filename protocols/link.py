@@ -31,7 +31,7 @@ class LinkCodec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "code", fec.FrameCode(self.layout.frame_bytes, self.code_rate))
-        transfer.packet_size_for(self.code.capacity)  # raises if a frame is too small for a packet
+        transfer.packet_size_for(self.code.capacity, 0)  # raises if a frame is too small for any packet
         key = np.random.default_rng(0x5CA1AB1E).integers(0, 256, self.layout.frame_bytes, dtype=np.uint8)
         object.__setattr__(self, "_whitening", key)
 

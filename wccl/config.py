@@ -535,8 +535,10 @@ class WcclConfig(_Strict):
         try:
             self.link.layout().check_fits(self.screen.width, self.screen.height)
             self.link.codec()
-            for codec, _ in self.link.ladder_codecs():
+            for codec, _ in [(self.link.codec(), None), *self.link.ladder_codecs()]:
                 codec.layout.check_fits(self.screen.width, self.screen.height)
+                # a built-in run's frame echoes a nonce a node (protocols.steps): it must still hold a packet
+                codec.packet_size_for(len(self.room.nodes), echoes=True)
         except ValueError as e:
             raise ValueError(f"link: {e}") from None
         q = self.training.quorum

@@ -196,9 +196,15 @@ class NodeSupervisor:
 
         frames_needed = needs(codec)
         # The run handshake (protocols.steps): this node's run nonce, and which of its peers' it trusts. An
-        # observer shows no frame a peer could echo: it has none.
+        # observer shows no frame a peer could echo: it has none. A camera that replays a recording shows
+        # frames of another run by definition: then no node of the room checks freshness (said loudly).
+        replaying = [n.name for n in room.nodes if n.camera == "file"]
         handshake = (Handshake(names.index(self.node), len(names), window_s=room.replay_window_s)
-                     if "observer" not in self.spec.roles else None)
+                     if "observer" not in self.spec.roles and not replaying else None)
+        if replaying:
+            structlog.get_logger("wccl").warning(
+                "run_handshake_off", replaying=replaying,
+                reason="a camera replays a recording: frames of another run are used as this run's")
         sched = cfg.schedule
         self.deps = {
             "clock": dict(role=role, node_names=names, server=room.server, steps=tr.steps, preset=sched.preset,
