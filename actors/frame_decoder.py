@@ -93,6 +93,7 @@ class FrameDecoder(Actor):
         # The built-in run's handshake (None: an observer, which shows no frame to be echoed, trusts every
         # frame the room key vouches for).
         self.handshake = handshake if transfers is None else None
+        self.steps_rx = steps.StepReceiver(self.me, len(node_names), session, key, self.handshake, self.reassembler)
         self._sight_sent = False
 
     async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
@@ -209,12 +210,12 @@ class FrameDecoder(Actor):
             message, corrected = self.codec.decode_message(code.symbols, code.confidence)
             if self.transfers is not None:
                 return await self._accept_transfer(message, code, corrected)
-            f = transfer.parse_message(message, self.key)
         except fec.UncorrectableFrame:
             self.stats["frames_rejected_uncorrectable"] += 1
             return False
-        except frames.FrameError as e:
-            self.stats[f"frames_rejected_{e.reason}"] += 1
+        f, refused = self.steps_rx.parse(message)
+        if f is None:
+            self.stats[f"frames_rejected_{refused}"] += 1
             return False
         h = f.header
         if (not self.ticks and f.session == self.session and h is not None and h.op in ("grad", "avg")
@@ -222,25 +223,20 @@ class FrameDecoder(Actor):
             self._step_from_frames(h.seq)
         self._count_cells(code, corrected)
         self.last[code.sender] = code.symbols
-        if f.session != self.session:
-            self.stats["frames_foreign_session"] += 1
+        if refused is not None:  # another session, an unknown sender or this node itself
+            self.stats[f"frames_{refused}"] += 1
             return None
-        if f.sender >= len(self.node_names) or f.sender == self.me:
-            self.stats["frames_unknown_sender"] += 1
-            return None
+        # The run handshake (protocols.steps): only frames of this run, shown recently, are used.
+        r = self.steps_rx.accept(f)
         hs = self.handshake
-        if hs is not None:
-            # The run handshake (protocols.steps): only frames of this run, shown recently, are used.
-            before = (hs.echo(), hs.trust_mask())
-            refused = hs.heard(f.sender, f.run_nonce, steps.full_echo(f.nonce_echo, hs), f.trusts, f.shown_us)
-            if (hs.echo(), hs.trust_mask()) != before:
-                self.log.info("handshake", peer=self.node_names[f.sender],
-                              trusted=sorted(self.node_names[r] for r in hs.trusted))
-                await self.emit(AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=(), echo=hs.echo(),
-                                            trusts=hs.trust_mask()))
-            if refused:
-                self.stats[f"frames_rejected_{refused}"] += 1
-                return None
+        if r.handshake_changed:
+            self.log.info("handshake", peer=self.node_names[f.sender],
+                          trusted=sorted(self.node_names[k] for k in hs.trusted))
+            await self.emit(AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=(), echo=hs.echo(),
+                                        trusts=hs.trust_mask()))
+        if r.refused:
+            self.stats[f"frames_rejected_{r.refused}"] += 1
+            return None
         self.stats["frames_ok"] += 1
         tm = f.timing
         peer = self.node_names[tm.echo_peer] if tm.echo_peer < len(self.node_names) else None
@@ -248,7 +244,7 @@ class FrameDecoder(Actor):
                                          origin=self.node_names[f.sender], shown=tm.shown_us / 1e6,
                                          captured=captured, echo_peer=peer, echo_shown=tm.echo_shown_us / 1e6,
                                          echo_captured=tm.echo_captured_us / 1e6, layout=self._layout))
-        t = self.reassembler.add(f)
+        t = r.tensor
         if t is None:
             return None
         self.stats["tensors"] += 1

@@ -184,3 +184,56 @@ def full_echo(nonce_echo: tuple[int, ...] | None, handshake: Handshake) -> tuple
                  handshake.trusted.get(r, handshake.seen.get(r, handshake.relayed.get(r, 0))))
         out.append(known if known and v and known & 0xFFFFFFFF == v else 0)
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class StepReceived:
+    """What one frame message did: why it was refused (None: used), the frame (None if it failed its
+    check), whether the handshake changed, and the tensor it completed, if any."""
+
+    frame: transfer.TransferFrame | None
+    refused: str | None = None
+    handshake_changed: bool = False
+    tensor: StepTensor | None = None
+
+
+class StepReceiver:
+    """The built-in run's whole receive path for one frame message, pure (the FrameDecoder runs it; the
+    attack bench and the fuzzer feed it bytes they make up): the check under the room key, the session,
+    the sender, the run handshake (None: an observer's, or a room replaying a recording: not checked),
+    then the assembler. Never raises for bad input; every refusal has a reason."""
+
+    def __init__(self, me: int, world: int, session: int, key: RoomKey = NO_KEY,
+                 handshake: Handshake | None = None, assembler: StepAssembler | None = None) -> None:
+        self.me, self.world, self.session, self.key = me, world, session, key
+        self.handshake = handshake
+        self.assembler = assembler if assembler is not None else StepAssembler(key)
+
+    def parse(self, message: bytes) -> tuple[transfer.TransferFrame | None, str | None]:
+        """The frame and, if it is not this room's, why (`foreign_session`, `unknown_sender`)."""
+        try:
+            f = transfer.parse_message(message, self.key)
+        except frames.FrameError as e:
+            return None, e.reason
+        if f.session != self.session:
+            return f, "foreign_session"
+        if f.sender >= self.world or f.sender == self.me:
+            return f, "unknown_sender"
+        return f, None
+
+    def receive(self, message: bytes) -> StepReceived:
+        f, refused = self.parse(message)
+        if refused is not None:
+            return StepReceived(f, refused)
+        return self.accept(f)
+
+    def accept(self, f: transfer.TransferFrame) -> StepReceived:
+        """A frame of this room (parsed, session and sender checked): the handshake, then its packet."""
+        hs, changed = self.handshake, False
+        if hs is not None:
+            before = (hs.echo(), hs.trust_mask())
+            refused = hs.heard(f.sender, f.run_nonce, full_echo(f.nonce_echo, hs), f.trusts, f.shown_us)
+            changed = (hs.echo(), hs.trust_mask()) != before
+            if refused:
+                return StepReceived(f, refused, changed)
+        return StepReceived(f, None, changed, self.assembler.add(f))

@@ -19,6 +19,11 @@ frames in between alice's, N of each kind:
 - bit-flipped: alice's real frames of this run with 1 to 3 bits flipped.
 
 Bob reads every frame through protocols.receiver, the code his FrameDecoder
+runs. With `--path steps` alice and bob are instead the built-in run's
+parameter server and worker: alice shows her averages as the built-in run's
+transfers (protocols.steps: sealed, no acknowledgements, a fixed number of
+frames each), every frame echoing the run nonces its sender saw, and bob
+reads them through protocols.steps.StepReceiver, the code his FrameDecoder
 runs. Printed: per kind, frames tried, accepted (must be 0) and refused by
 reason; and alice's tensors: sent, delivered to bob, delivered wrong (must
 be 0).
@@ -35,7 +40,7 @@ import random
 import time
 from collections import Counter
 
-from protocols import frames, transfer
+from protocols import frames, steps, transfer
 from protocols.receiver import TransferReceiver
 from protocols.security import REPLAY_WINDOW_S, Handshake, RoomKey
 from wccl.cli import HelpFormatter
@@ -49,6 +54,8 @@ KINDS = ("random", "forged", "replayed_other_run", "replayed_old", "foreign_sess
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, default=10_000, help="attack frames of each kind (default 10,000)")
     p.add_argument("--seed", type=int, default=0, help="the attacker's choices")
+    p.add_argument("--path", choices=("collectives", "steps"), default="collectives",
+                   help="whose receive path: a rank's (collectives) or the built-in run's worker (steps)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -126,17 +133,89 @@ def _run(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION
     return dict(sent=sent, delivered=delivered, filmed=filmed, alice=alice, bob=bob)
 
 
-def run_attack(frames_each: int, seed: int = 0) -> dict:
+class _StepNode:
+    """One node of the built-in run at the message level: its ScreenWriter's framing (protocols.steps; a
+    tensor shown for a fixed number of frames, no acknowledgements) and its receive path."""
+
+    ENTRIES = 2  # nodes: every frame echoes a run nonce for each
+
+    def __init__(self, index: int, key: RoomKey, session: int = SESSION) -> None:
+        self.index, self.key, self.session = index, key, session
+        self.hs = Handshake(index, 2)
+        self.rx = steps.StepReceiver(index, 2, session, key, self.hs)
+        self.sender = steps.StepSender(session, index, key, self.hs.nonce)
+        self.out: list[list] = []  # [header, fountain, next packet]
+
+    @property
+    def tid(self) -> int:
+        return self.sender._tid
+
+    def post(self, payload: bytes, step: int, stream: str = "avg") -> None:
+        head, sealed = self.sender.transfer(stream, step, payload, epoch=0, base=step)
+        psize = transfer.packet_size_for(MESSAGE_BYTES, self.ENTRIES, echoes=True)
+        k = frames.source_packets(len(sealed), psize)
+        self.out.append([head, frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=k + 4, packet_size=psize),
+                         0])
+
+    def next_message(self, shown_us: int) -> bytes:
+        if not self.out:
+            self.post(b"hi" * 8, 0, "sync")
+        entry = self.out[0]
+        head, tr, i = entry
+        entry[2] += 1
+        if entry[2] >= len(tr.packets):
+            self.out.pop(0)
+        return transfer.frame_message(head, tr, i, message_bytes=MESSAGE_BYTES, shown_us=shown_us,
+                                      run_nonce=self.hs.nonce, trusts=self.hs.trust_mask(),
+                                      nonce_echo=tuple(v & 0xFFFFFFFF for v in self.hs.echo()), key=self.key)
+
+
+def _run_steps(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION, attack=None,
+               judged=None) -> dict:
+    """As `_run`, between the built-in run's server (alice, showing averages) and a worker (bob)."""
+    alice, bob = _StepNode(0, key, session), _StepNode(1, key, session)
+    sent: dict[int, bytes] = {}
+    delivered: dict[int, bytes] = {}
+    filmed: list[tuple[int, bytes]] = []
+    step = 0
+    for n in range(frames_n):
+        t_us = round(n * FRAME_S * 1e6)
+        if not alice.out:
+            step += 1
+            sent[step] = payload = _tensor(rng)
+            alice.post(payload, step)
+        msg = alice.next_message(t_us)
+        filmed.append((t_us, msg))
+        for kind, m in [(None, msg)] + (attack(t_us, alice, filmed) if attack else []):
+            r = bob.rx.receive(m)
+            if kind is not None:
+                judged(kind, r)
+            if r.tensor is not None:
+                delivered[r.tensor.step] = r.tensor.payload
+        alice.rx.receive(bob.next_message(t_us + 50_000))  # bob's screen: his echo of alice's nonce
+    return dict(sent=sent, delivered=delivered, filmed=filmed, alice=alice, bob=bob)
+
+
+def run_attack(frames_each: int, seed: int = 0, path: str = "collectives") -> dict:
     rng = random.Random(seed)
     key, wrong = RoomKey(os.urandom(32), "bench"), RoomKey(os.urandom(32), "attacker")
     t0 = time.perf_counter()
-    first = _run(key, 400, rng)  # the filmed run
+    run_pair = _run_steps if path == "steps" else _run
+    first = run_pair(key, 400, rng)  # the filmed run
     other_run = [m for _, m in first["filmed"]]
-    foreign = [m for _, m in _run(key, 400, rng, session=SESSION + 1)["filmed"]]
+    foreign = [m for _, m in run_pair(key, 400, rng, session=SESSION + 1)["filmed"]]
     results = {k: dict(tried=0, accepted=0, refused=Counter()) for k in KINDS}
     window_us = int((REPLAY_WINDOW_S + 1) * 1e6)
 
-    def forge(alice: _Rank, t_us: int) -> bytes:
+    def forge(alice, t_us: int) -> bytes:
+        if path == "steps":  # a step frame with alice's nonce and echo, sealed and checked under another key
+            head, sealed = steps.StepSender(SESSION, 0, wrong, alice.hs.nonce).transfer(
+                "avg", rng.randrange(1, 99), _tensor(rng), base=rng.randrange(99))
+            psize = transfer.packet_size_for(MESSAGE_BYTES, 2, echoes=True)
+            tr = frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=1, packet_size=psize)
+            return transfer.frame_message(head, tr, 0, message_bytes=MESSAGE_BYTES, shown_us=t_us,
+                                          run_nonce=alice.hs.nonce, trusts=alice.hs.trust_mask(),
+                                          nonce_echo=tuple(v & 0xFFFFFFFF for v in alice.hs.echo()), key=wrong)
         if rng.random() < 0.3:
             return transfer.status_message(session=SESSION, sender=0, acks=(transfer.Ack(rng.randrange(99), 0),) * 2,
                                            message_bytes=MESSAGE_BYTES, shown_us=t_us, run_nonce=alice.hs.nonce,
@@ -192,29 +271,33 @@ def run_attack(frames_each: int, seed: int = 0) -> dict:
         return out
 
     def judged(kind: str, r) -> None:
-        if r.refused is None and not r.duplicate:
+        duplicate = getattr(r, "duplicate", False)
+        if r.refused is None and not duplicate:
             results[kind]["accepted"] += 1
-        results[kind]["refused"][r.refused or ("duplicate" if r.duplicate else "accepted")] += 1
+        results[kind]["refused"][r.refused or ("duplicate" if duplicate else "accepted")] += 1
 
     # Run 2: the frames alice and bob show, and the attacker's in between.
     frames_needed = frames_each + int(window_us / (FRAME_S * 1e6)) + 50
-    state = _run(key, frames_needed, rng, attack=attack, judged=judged)
+    state = run_pair(key, frames_needed, rng, attack=attack, judged=judged)
     wrong_tensors = sum(1 for tid, d in state["delivered"].items() if state["sent"].get(tid) != d)
     return dict(
-        frames_each=frames_each, seconds=round(time.perf_counter() - t0, 1),
+        path=path, frames_each=frames_each, seconds=round(time.perf_counter() - t0, 1),
         kinds={k: dict(tried=v["tried"], accepted=v["accepted"], refused=dict(v["refused"])) for k, v in results.items()},
-        tensors_sent=len(state["sent"]) - len(state["alice"].out), tensors_delivered=len(state["delivered"]),
+        # (collectives: the tensors alice had acknowledged; steps: every tensor she began to show)
+        tensors_sent=len(state["sent"]) - (len(state["alice"].out) if path == "collectives" else 0),
+        tensors_delivered=len(state["delivered"]),
         tensors_wrong=wrong_tensors, handshake_complete=state["bob"].hs.complete)
 
 
 def run(args: argparse.Namespace) -> int:
-    r = run_attack(args.frames, args.seed)
+    r = run_attack(args.frames, args.seed, args.path)
     if args.json:
         print(json.dumps(r))
     else:
         for k, v in r["kinds"].items():
             print(f"{k:20s} tried {v['tried']:6d}  accepted {v['accepted']}  refused {v['refused']}")
-        print(f"alice's tensors: {r['tensors_sent']} sent and acknowledged, {r['tensors_delivered']} delivered, "
+        sent = "sent and acknowledged" if r["path"] == "collectives" else "sent"
+        print(f"alice's tensors: {r['tensors_sent']} {sent}, {r['tensors_delivered']} delivered, "
               f"{r['tensors_wrong']} wrong ({r['seconds']} s)")
     bad = sum(v["accepted"] for v in r["kinds"].values()) + r["tensors_wrong"]
     return 1 if bad else 0
