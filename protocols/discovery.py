@@ -190,8 +190,10 @@ class SightTable:
         """The share of `sender`'s frames in `layout` read: frames read, per frame it showed in that layout
         since the first and up to the last frame read of it in any layout (0 until MIN_FRAMES were shown)."""
         s = self._seen.get((sender, layout))
-        seen = [v for (r, _), v in self._seen.items() if r == sender]
-        if s is None or not seen:
+        if s is None:
+            return 0.0
+        seen = [v for k in range(self.layouts) if (v := self._seen.get((sender, k))) is not None]
+        if not seen:
             return 0.0
         first, last = min(v.first_us for v in seen), max(v.last_us for v in seen)
         shown = (last - first) / 1e6 / self.cycle_s + 1

@@ -41,7 +41,8 @@ class LinkCodec:
 
     @property
     def packet_size(self) -> int:
-        """A built-in run's frame's packet (payload id + fountain symbol) in this layout."""
+        """The packet (payload id + fountain symbol) of a frame in this layout that carries no per-rank
+        entries: the largest any frame holds."""
         return self.packet_size_for(0)
 
     def packet_size_for(self, ranks: int, echoes: bool = False) -> int:
@@ -51,7 +52,7 @@ class LinkCodec:
 
     @property
     def payload_per_frame(self) -> int:
-        """Tensor bytes one of the built-in run's frames carries (a fountain symbol)."""
+        """Tensor bytes a frame without per-rank entries carries (a fountain symbol): the most any carries."""
         return self.packet_size - frames.PAYLOAD_ID_BYTES
 
     def frames_needed(self, nbytes: int, ranks: int = 0, echoes: bool = False) -> int:

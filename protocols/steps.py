@@ -45,8 +45,7 @@ from protocols import frames, transfer
 from protocols.frames import digest
 from protocols.security import NO_KEY, TAG_BYTES, Handshake, RoomKey, new_run_nonce
 
-OPS = ("grad", "avg", "params", "sync")
-DTYPES = {"grad": "bfloat16", "avg": "bfloat16", "params": "uint8", "sync": "uint8"}
+DTYPES = {"grad": "bfloat16", "avg": "bfloat16", "params": "uint8", "sync": "uint8"}  # the ops, and their dtypes
 ITEM_BYTES = {"bfloat16": 2, "uint8": 1}
 _STATE = struct.Struct(">HI")
 OVERHEAD = _STATE.size + TAG_BYTES  # bytes a sealed step payload adds to the tensor's, at most
@@ -72,13 +71,14 @@ class StepSender:
     """One node's transfers: numbers them, seals them, and gives the same transfer again for the same
     tensor (a snapshot shown over several windows continues where it stopped)."""
 
-    def __init__(self, session: int, sender: int, key: RoomKey = NO_KEY, run_nonce: int | None = None) -> None:
+    def __init__(self, session: int, sender: int, key: RoomKey = NO_KEY, run_nonce: int | None = None,
+                 first_tid: int = 1) -> None:
         self.session, self.sender, self.key = session, sender, key
         self.run_nonce = run_nonce if run_nonce is not None else new_run_nonce()
         # What this node's frames echo of every node's run nonce, and whom it trusts (its handshake's).
         self.echo: tuple[int, ...] = ()
         self.trusts = 0
-        self._tid = 0
+        self._tid = first_tid - 1
         self._recent: OrderedDict[tuple, tuple[transfer.TransferHeader, bytes]] = OrderedDict()
 
     def transfer(self, stream: str, step: int, payload: bytes, epoch: int = 0, base: int = 0,
@@ -160,9 +160,7 @@ def frame_messages(data: bytes, *, message_bytes: int, count: int, session: int,
                    run_nonce: int = 1, nonce_echo: tuple[int, ...] = (), tid: int = 1) -> list[bytes]:
     """`count` frame messages (source packets first, then repair) of one tensor, as a sender's transfer
     `tid`: for tools and tests (a node's ScreenWriter frames each one just before it is shown)."""
-    sender_ = StepSender(session, sender, key, run_nonce)
-    sender_._tid = tid - 1
-    head, sealed = sender_.transfer(stream, step, data, epoch, base)
+    head, sealed = StepSender(session, sender, key, run_nonce, first_tid=tid).transfer(stream, step, data, epoch, base)
     psize = transfer.packet_size_for(message_bytes, len(nonce_echo), echoes=True)
     t = frames.fountain(sealed, message_bytes=message_bytes, count=count, packet_size=psize)
     return [transfer.frame_message(head, t, i, message_bytes=message_bytes, shown_us=shown_us, run_nonce=run_nonce,

@@ -146,10 +146,6 @@ class _StepNode:
         self.sender = steps.StepSender(session, index, key, self.hs.nonce)
         self.out: list[list] = []  # [header, fountain, next packet]
 
-    @property
-    def tid(self) -> int:
-        return self.sender._tid
-
     def post(self, payload: bytes, step: int, stream: str = "avg") -> None:
         head, sealed = self.sender.transfer(stream, step, payload, epoch=0, base=step)
         psize = transfer.packet_size_for(MESSAGE_BYTES, self.ENTRIES, echoes=True)
@@ -166,8 +162,8 @@ class _StepNode:
         if entry[2] >= len(tr.packets):
             self.out.pop(0)
         return transfer.frame_message(head, tr, i, message_bytes=MESSAGE_BYTES, shown_us=shown_us,
-                                      run_nonce=self.hs.nonce, trusts=self.hs.trust_mask(),
-                                      nonce_echo=tuple(v & 0xFFFFFFFF for v in self.hs.echo()), key=self.key)
+                                      run_nonce=self.hs.nonce, trusts=self.hs.trust_mask(), nonce_echo=self.hs.echo(),
+                                      key=self.key)
 
 
 def _run_steps(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION, attack=None,
@@ -215,7 +211,7 @@ def run_attack(frames_each: int, seed: int = 0, path: str = "collectives") -> di
             tr = frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=1, packet_size=psize)
             return transfer.frame_message(head, tr, 0, message_bytes=MESSAGE_BYTES, shown_us=t_us,
                                           run_nonce=alice.hs.nonce, trusts=alice.hs.trust_mask(),
-                                          nonce_echo=tuple(v & 0xFFFFFFFF for v in alice.hs.echo()), key=wrong)
+                                          nonce_echo=alice.hs.echo(), key=wrong)
         if rng.random() < 0.3:
             return transfer.status_message(session=SESSION, sender=0, acks=(transfer.Ack(rng.randrange(99), 0),) * 2,
                                            message_bytes=MESSAGE_BYTES, shown_us=t_us, run_nonce=alice.hs.nonce,
