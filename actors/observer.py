@@ -35,7 +35,7 @@ import torch
 
 from protocols import snapshot as snap
 from protocols.messages import TensorReceived
-from protocols.tensors import bytes_to_bf16
+from protocols.codecs import Codec, CodecError, get_codec
 from wccl.actor import Actor, ActorContext
 
 KEEP_AVERAGES = 64  # averages kept while stalled, to catch up after a snapshot
@@ -45,9 +45,11 @@ KEEP_DIGESTS = 64  # digests of the replica's recent states, to check the server
 class Observer(Actor):
     consumes = (TensorReceived,)
 
-    def __init__(self, ctx: ActorContext, replica: Any, server: str, steps: int, show_digits: int = 8) -> None:
+    def __init__(self, ctx: ActorContext, replica: Any, server: str, steps: int, show_digits: int = 8,
+                 codec: Codec | None = None) -> None:
         super().__init__(ctx)
         self.replica = replica
+        self.codec = codec or get_codec("bf16")  # the run's gradient codec: what the averages are encoded with
         self.server = server
         self.steps = steps
         self.show_digits = show_digits
@@ -106,7 +108,13 @@ class Observer(Actor):
         while (kept := self._averages.pop((r["epoch"], r["applied"]), None)) is not None:
             step, payload = kept
             structlog.contextvars.bind_contextvars(step=step)
-            self.replica.apply(bytes_to_bf16(payload, self.replica.numel))
+            try:
+                avg = self.codec.decode(payload, self.replica.numel)
+            except CodecError as e:
+                self.log.error("average_undecodable", error=str(e), codec=self.codec.describe())
+                r["stalled"] = True  # never applied from a guess: a snapshot brings it back
+                break
+            self.replica.apply(avg)
             r["applied"] += 1
             r["updates"] += 1
             r["last_step"] = max(r["last_step"], step)

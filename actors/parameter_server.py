@@ -24,7 +24,6 @@ checkpoint every `checkpoint_every` updates.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +35,10 @@ from protocols import sync
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, Show, Snapshot,
                                 TensorReceived, Tick)
 from protocols.security import NO_KEY, RoomKey
-from protocols.tensors import bf16_to_bytes, bytes_to_bf16
+from protocols.codecs import Codec, get_codec
 from wccl.actor import Actor, ActorContext
 from wccl.recovery import save_checkpoint
-from wccl.training.replica import finite_only
+from wccl.training.exchange import GradientEncoder, reduce
 from wccl.schedule import Schedule
 
 ANNOUNCE_FRAMES = 2  # the Clock's announcement takes the first frames of every uplink window
@@ -48,19 +47,19 @@ ANNOUNCE_FRAMES = 2  # the Clock's announcement takes the first frames of every 
 class ParameterServer(Actor):
     consumes = (ScheduleKnown, Tick, LocalGradient, TensorReceived, ScheduleDone)
 
-    def __init__(self, ctx: ActorContext, workers: list[str], quorum: int, numel: int,
-                 average: Callable[[dict[str, torch.Tensor]], torch.Tensor], replica: Any, hold_s: float,
+    def __init__(self, ctx: ActorContext, workers: list[str], quorum: int, numel: int, replica: Any, hold_s: float,
                  snapshot_frames: int, snapshot_every: int = 10, checkpoint_every: int = 0,
                  checkpoint: Path | None = None, session: int = 0, key: RoomKey = NO_KEY,
                  resume: tuple[dict, snap.Snapshot, bytes] | None = None,
-                 ladder: list[tuple[float, int]] | None = None) -> None:
+                 ladder: list[tuple[float, int]] | None = None, codec: Codec | None = None) -> None:
         super().__init__(ctx)
         if not 1 <= quorum <= len(workers):
             raise ValueError(f"quorum must be between 1 and {len(workers)}")
         self.workers = workers
         self.quorum = quorum
         self.numel = numel
-        self.average = average
+        self.codec = codec or get_codec("bf16")  # the run's gradient codec (wccl.training.exchange)
+        self.downlink = GradientEncoder(self.codec)  # the average's error feedback (the server's own)
         self.replica = replica  # the server's own copy of the training state
         self.hold_s = hold_s
         self.snapshot_frames = snapshot_frames
@@ -83,7 +82,7 @@ class ParameterServer(Actor):
         # The snapshot being shown: (payload, its update count, its epoch, packets shown so far, windows left).
         self._showing: tuple[bytes, int, int, int, int] | None = None
         self.results = ctx.results.setdefault("server", {"reduced": 0, "gradient_missing": 0, "gradient_nonfinite": 0,
-                                                         "skipped": 0,
+                                                         "skipped": 0, "gradient_undecodable": 0, "bytes_sent": 0,
                                                          "gradient_stale": 0, "snapshots_shown": 0,
                                                          "checkpoints": 0})
 
@@ -177,20 +176,22 @@ class ParameterServer(Actor):
         if missing:
             self.results["gradient_missing"] += len(missing)
             self.log.warning("gradient_missing", missing=missing, arrived=sorted(got))
-        grads, bad = finite_only({w: bytes_to_bf16(p, self.numel) for w, p in got.items()})
-        if bad:
+        r = reduce(self.codec, got, self.numel, self.downlink, self.quorum)
+        if r.undecodable:
+            # Not this run's codec or size (a worker configured otherwise): never averaged in.
+            self.results["gradient_undecodable"] += len(r.undecodable)
+            self.log.error("gradient_undecodable", workers=r.undecodable, codec=self.codec.describe())
+        if r.nonfinite:
             # NaN or Inf (a bad batch, a bad peer): never averaged in; the step goes on without them.
-            self.results["gradient_nonfinite"] += len(bad)
-            self.log.warning("gradient_nonfinite", workers=bad, step=step)
-            got = {w: p for w, p in got.items() if w not in bad}
-        if len(got) < self.quorum:
+            self.results["gradient_nonfinite"] += len(r.nonfinite)
+            self.log.warning("gradient_nonfinite", workers=r.nonfinite, step=step)
+        if r.payload is None:
             self.results["skipped"] += 1
-            self.log.warning("step_skipped", arrived=len(got), quorum=self.quorum)
+            self.log.warning("step_skipped", arrived=len(got), usable=len(r.used), quorum=self.quorum)
             return
-        avg = self.average(grads)
-        payload = bf16_to_bytes(avg)
+        payload, avg = r.payload, r.average
         fields = self.message_fields(step)
-        contributors = tuple(sorted(got))
+        contributors = tuple(r.used)
         base = self.applied
         if self.local_worker:
             await self.emit(AveragedGradient(**fields, payload=payload, contributors=contributors, epoch=self.epoch,
@@ -201,7 +202,8 @@ class ParameterServer(Actor):
         self.replica.apply(avg)
         self.applied += 1
         self.results["reduced"] += 1
-        self.log.info("gradients_averaged", contributors=list(contributors), applied=self.applied)
+        self.results["bytes_sent"] += len(payload)
+        self.log.info("gradients_averaged", contributors=list(contributors), applied=self.applied, bytes=len(payload))
         if self.checkpoint is not None and self.checkpoint_every and self.applied % self.checkpoint_every == 0:
             meta = dict(session=self.session, node=self.ctx.node, t0_us=round(self.schedule.t0 * 1e6),
                         phases=[list(p) for p in self.phases], layout=self.layout)

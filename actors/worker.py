@@ -29,7 +29,7 @@ import structlog
 from protocols import snapshot as snap
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, Show, Snapshot,
                                 TensorReceived, Tick)
-from protocols.tensors import bf16_to_bytes, bytes_to_bf16
+from protocols.codecs import Codec, CodecError, get_codec
 from wccl.actor import Actor, ActorContext
 from wccl.schedule import Schedule
 
@@ -40,9 +40,14 @@ KEEP_DIGESTS = 64  # digests of own states kept, to check snapshots against
 class Worker(Actor):
     consumes = (ScheduleKnown, Tick, TensorReceived, AveragedGradient, Snapshot, ScheduleDone)
 
-    def __init__(self, ctx: ActorContext, replica: Any, server: str, eval_every: int = 1) -> None:
+    def __init__(self, ctx: ActorContext, replica: Any, server: str, eval_every: int = 1,
+                 codec: Codec | None = None) -> None:
         super().__init__(ctx)
+        from wccl.training.exchange import GradientEncoder
+
         self.replica = replica
+        self.codec = codec or get_codec("bf16")
+        self.encoder = GradientEncoder(self.codec)  # this worker's error feedback (local: replicas never need it)
         self.server = server
         self.local_server = server == ctx.node
         self.eval_every = eval_every
@@ -55,7 +60,8 @@ class Worker(Actor):
         self._digests: dict[int, str] = {}
         self._losses: dict[int, float] = {}
         self.results = ctx.results.setdefault("worker", {"applied": 0, "average_missing": 0, "snapshots_adopted": 0,
-                                                         "steps_without_state": 0})
+                                                         "steps_without_state": 0, "average_undecodable": 0,
+                                                         "bytes_sent": 0})
 
     async def handle(self, msg: Any) -> None:
         if isinstance(msg, ScheduleKnown):
@@ -104,8 +110,9 @@ class Worker(Actor):
         if not self.has_state or self.schedule is None:
             self.results["steps_without_state"] += 1
             return
-        grad, loss = self.replica.compute_gradient(step)
-        payload = bf16_to_bytes(grad)
+        grad, loss = self.replica.compute_gradient(step, raw=True)
+        payload = self.encoder.encode(grad)
+        self.results["bytes_sent"] += len(payload)
         self._losses[step] = loss
         fields = self.message_fields(step)
         if self.local_server:
@@ -116,8 +123,18 @@ class Worker(Actor):
                                  epoch=self.epoch, base=self.applied))
         self.log.debug("gradient_computed", loss=round(loss, 4), bytes=len(payload), base=self.applied)
 
-    def _apply_one(self, payload: bytes) -> None:
-        self.replica.apply(bytes_to_bf16(payload, self.numel))
+    def _decode(self, payload: bytes):
+        """The average's values, or None if they are not `numel` values of this run's codec (a server that
+        runs another codec: a config error of the room, said once per step, never applied)."""
+        try:
+            return self.codec.decode(payload, self.numel)
+        except CodecError as e:
+            self.results["average_undecodable"] += 1
+            self.log.error("average_undecodable", error=str(e), codec=self.codec.describe())
+            return None
+
+    def _apply_one(self, avg) -> None:
+        self.replica.apply(avg)
         self.applied += 1
         self.results["applied"] += 1
         self._digests[self.applied] = snap.state_digest(self.replica.export_state())
@@ -135,7 +152,10 @@ class Worker(Actor):
             self.results["average_missing"] += 1
             self.log.warning("average_missing", loss=round(loss, 4), applied=self.applied)
             return
-        self._apply_one(payload)
+        avg = self._decode(payload)
+        if avg is None:
+            return
+        self._apply_one(avg)
         fields: dict[str, Any] = {"loss": round(loss, 4), "applied": self.applied}
         if self.eval_every and (step + 1) % self.eval_every == 0:
             acc, test_loss = self.replica.evaluate()
@@ -163,9 +183,13 @@ class Worker(Actor):
         self.replica.import_state(s.arrays)
         self.epoch, self.applied, self.has_state = s.epoch, s.applied, True
         self._digests = {s.applied: s.digest()}
+        self.encoder.reset()  # its residual belonged to the state just replaced
         caught_up = 0
         while (payload_next := self._averages.pop((self.epoch, self.applied), None)) is not None:
-            self._apply_one(payload_next)
+            avg = self._decode(payload_next)
+            if avg is None:
+                break
+            self._apply_one(avg)
             caught_up += 1
         self.results["snapshots_adopted"] += 1
         self.log.info("snapshot_adopted", reason=reason, via=via, snapshot_applied=s.applied, epoch=s.epoch,

@@ -4,8 +4,9 @@ The built-in run (`python -m wccl.node`: a parameter server and its workers
 on a step schedule, actors.clock) sends four kinds of tensors, each one
 transfer whose op says what it is for:
 
-- `grad`: a worker's gradient of step `seq` (bfloat16)
-- `avg`: the server's average of step `seq` (bfloat16)
+- `grad`: a worker's gradient of step `seq`, encoded by the run's codec
+  (protocols.codecs; bf16 by default: 2 bytes a value; uint8 on the wire)
+- `avg`: the server's average of step `seq` (the same codec)
 - `params`: a snapshot of the server's training state (protocols.snapshot,
   uint8; `seq`: the number of updates it holds)
 - `sync`: an `Announce` or a `Hello` (protocols.sync, uint8; `seq`: the
@@ -45,8 +46,8 @@ from protocols import frames, transfer
 from protocols.frames import digest
 from protocols.security import NO_KEY, TAG_BYTES, Handshake, RoomKey, new_run_nonce
 
-DTYPES = {"grad": "bfloat16", "avg": "bfloat16", "params": "uint8", "sync": "uint8"}  # the ops, and their dtypes
-ITEM_BYTES = {"bfloat16": 2, "uint8": 1}
+DTYPES = {"grad": "uint8", "avg": "uint8", "params": "uint8", "sync": "uint8"}  # the ops, and their dtypes
+ITEM_BYTES = {"uint8": 1}
 _STATE = struct.Struct(">HI")
 OVERHEAD = _STATE.size + TAG_BYTES  # bytes a sealed step payload adds to the tensor's, at most
 # Tensors that may be shown over several steps (a snapshot, sync payloads): kept this many steps longer.

@@ -179,9 +179,10 @@ def test_builtin_run_refuses_what_only_the_backend_does(tmp_path, capsys):
     from wccl.node import main
 
     f = tmp_path / "room.toml"
-    f.write_text(ROOM + '[training]\ncodec = "topk_ef"\n')
+    f.write_text(ROOM + '[training]\ncodec = "topk_ef"\nsync_every = 4\n')
     assert main(["--config", str(f)]) == 2
-    assert "codec = 'topk_ef'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "sync_every = 4" in err and "local steps" in err and "codec" not in err.split("sync_every")[0]
 
 
 def test_sizes_match_numpy_expectations():

@@ -30,12 +30,15 @@ def _reference_sha(cfg) -> str:
     from wccl.training.data import load_dataset
     from wccl.training.replica import reference_run
 
+    from wccl.training.exchange import codec_from_config
+
     tr = cfg.training
     params, _ = reference_run(model_name=tr.model, init=tr.init, seed=tr.seed, optimizer=tr.optimizer, lr=tr.lr,
                               momentum=tr.momentum,
                               dataset=load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size),
                               batch_size=tr.batch_size, data_seed=tr.data_seed, workers=cfg.room.workers,
-                              steps=tr.steps, eval_every=tr.steps)
+                              steps=tr.steps, eval_every=tr.steps,
+                              codec=None if tr.codec == "bf16" else codec_from_config(tr), split=tr.split)
     return hashlib.sha256(params.numpy().tobytes()).hexdigest()
 
 
@@ -51,6 +54,25 @@ def test_optical_run_is_bit_exact_with_in_process_reference():
     assert result["link"]["bob"]["tensors_sync"] > 0 and result["link"]["alice"]["tensors_sync"] > 0
     bob_clock = result["nodes"]["bob"]["clock"]
     assert abs(bob_clock["offset_s"]) > 1.0 and bob_clock["residual_max_ms"] < 15
+
+
+def test_a_built_in_run_with_a_codec_and_a_by_class_split_is_bit_exact_with_its_reference():
+    from protocols.codecs import get_codec
+
+    cfg = make_config(training={"steps": 6, "eval_every": 0, "codec": "topk_ef", "topk_ratio": 0.25,
+                                "split": "by_class"})
+    result = run_room(cfg)
+    shas = {n: (r.get("worker") or r["observer"])["params_sha256"] for n, r in result["nodes"].items()}
+    assert len(shas) == 3 and result["applied"] == 6 and result["replicas_identical"]
+    # the same bits as the in-process run of the same exchange (each side's error feedback included) ...
+    assert set(shas.values()) == {_reference_sha(cfg)}
+    # ... which is not the bf16 run's, and what each side framed is the codec's size
+    assert _reference_sha(cfg) != _reference_sha(make_config(training={"steps": 6, "eval_every": 0,
+                                                                       "split": "by_class"}))
+    size = get_codec("topk_ef", ratio=0.25).encoded_size(670)
+    assert size < 2 * 670 / 2
+    assert result["nodes"]["bob"]["worker"]["bytes_sent"] == 6 * size
+    assert result["nodes"]["alice"]["server"]["bytes_sent"] == 6 * size
 
 
 @pytest.mark.parametrize("blind", ["bob", "alice"])

@@ -237,18 +237,19 @@ async def _main_async(cfg: WcclConfig, only: str | None) -> int:
 
 
 def builtin_run_check(cfg: WcclConfig) -> None:
-    """The built-in run sends bf16 gradients every step on an IID split; the other [training] choices
-    (codecs, local steps, by-class splits) run through wccl.distributed: say so instead of ignoring them."""
+    """The built-in run exchanges gradients every step (any codec, either split); local steps and the
+    other keys of wccl.lab train run through wccl.distributed: say so instead of ignoring them."""
     tr = cfg.training
-    odd = [f"{k} = {getattr(tr, k)!r}" for k, default in (("codec", "bf16"), ("sync_every", 1), ("split", "iid"))
+    odd = [f"{k} = {getattr(tr, k)!r}" for k, default in (("sync_every", 1), ("drift_correction", False),
+                                                          ("ema", 0.0), ("augment", 0))
            if getattr(tr, k) != default]
     if cfg.room.intruders:
         raise ConfigError(f"room.nodes: intruder {cfg.room.intruders[0]!r}: intruders attack the rooms of "
                           "wccl.distributed (python -m wccl.launch); the built-in run has none")
     if odd:
-        raise ConfigError(f"training: {', '.join(odd)}: the built-in run (python -m wccl.node) sends bf16 gradients "
-                          "every step on an IID split; run these through `python -m wccl.lab train` or "
-                          "wccl.distributed (docs/compression.md)")
+        raise ConfigError(f"training: {', '.join(odd)}: the built-in run (python -m wccl.node) exchanges gradients "
+                          "every step (with any codec and either split); local steps run through "
+                          "`python -m wccl.lab train` or wccl.distributed (docs/compression.md)")
 
 
 def main(argv: list[str] | None = None) -> int:

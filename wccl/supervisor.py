@@ -125,7 +125,8 @@ class NodeSupervisor:
     def build(self) -> None:
         """Create engines, mailboxes and routes (no I/O beyond loading data)."""
         from wccl.training.data import load_dataset  # torch: imported when a node is built
-        from wccl.training.replica import Replica, average_gradients
+        from wccl.training.exchange import codec_from_config
+        from wccl.training.replica import Replica
 
         cfg, room, tr = self.config, self.config.room, self.config.training
         # The node's own clock (in the simulated room: its laptop's offset and drift, which it does not
@@ -161,7 +162,7 @@ class NodeSupervisor:
                 momentum=tr.momentum, dataset=dataset,
                 rank=room.workers.index(self.node) if "worker" in self.spec.roles else 0,
                 world=len(room.workers),
-                batch_size=tr.batch_size, data_seed=tr.data_seed,
+                batch_size=tr.batch_size, data_seed=tr.data_seed, split=tr.split,
             )
         numel = replica.numel if replica is not None else None
         resume, ckpt_path, server_replica = None, None, None
@@ -190,8 +191,10 @@ class NodeSupervisor:
         ladder = cfg.link.ladder_codecs()
         codec, hold_s = ladder[0]
 
+        grad_codec = codec_from_config(tr)  # what gradients and averages travel as (wccl.training.exchange)
+
         def needs(c) -> dict[str, int]:
-            k = c.frames_needed(2 * numel + STEP_OVERHEAD, len(names), echoes=True)
+            k = c.frames_needed(grad_codec.encoded_size(numel) + STEP_OVERHEAD, len(names), echoes=True)
             return {"grad": k, "avg": k}
 
         frames_needed = needs(codec)
@@ -225,8 +228,8 @@ class NodeSupervisor:
                                   node_names=names, ladder=ladder, key=key,
                                   steps=StepSender(room.session, names.index(self.node), key,
                                                    handshake.nonce if handshake is not None else None)),
-            "worker": dict(replica=replica, server=room.server, eval_every=tr.eval_every),
-            "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, numel=numel, average=average_gradients,
+            "worker": dict(replica=replica, server=room.server, eval_every=tr.eval_every, codec=grad_codec),
+            "parameter_server": dict(workers=room.workers, quorum=cfg.quorum, numel=numel, codec=grad_codec,
                                      replica=server_replica, hold_s=hold_s,
                                      snapshot_frames=codec.frames_needed(state_bytes + STEP_OVERHEAD, len(names), True),
                                      ladder=[(h, c.frames_needed(state_bytes + STEP_OVERHEAD, len(names), True))
@@ -234,7 +237,7 @@ class NodeSupervisor:
                                      snapshot_every=cfg.recovery.snapshot_every,
                                      checkpoint_every=cfg.recovery.checkpoint_every, checkpoint=ckpt_path,
                                      session=room.session, resume=resume, key=key),
-            "observer": dict(replica=replica, server=room.server, steps=tr.steps),
+            "observer": dict(replica=replica, server=room.server, steps=tr.steps, codec=grad_codec),
         }
         self._wire()
 

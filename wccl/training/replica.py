@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .data import Dataset, batch_for_step, shard
+from .data import SPLITS, Dataset, batch_for_step
 from .model import build_model, flatten_grads, flatten_params
 
 __all__ = [
@@ -95,6 +95,7 @@ class Replica:
         world: int,
         batch_size: int,
         data_seed: int,
+        split: str = "iid",
     ) -> None:
         self.model_name = model_name
         self.init = init
@@ -110,14 +111,18 @@ class Replica:
         # Same (name, init, seed) on every rank -> identical starting params.
         self.model = build_model(model_name, init, self.seed)
         self.optimizer = _make_optimizer(optimizer, self.model.parameters(), self.lr, self.momentum)
-        self.x, self.y = shard(dataset, self.rank, self.world)
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; splits are {', '.join(SPLITS)}")
+        self.split = split
+        self.x, self.y = SPLITS[split](dataset, self.rank, self.world)
         self.numel = sum(p.numel() for p in self.model.parameters())
 
     # -- worker side ---------------------------------------------------------
 
-    def compute_gradient(self, step: int) -> tuple[torch.Tensor, float]:
+    def compute_gradient(self, step: int, raw: bool = False) -> tuple[torch.Tensor, float]:
         """Gradient of the mean cross-entropy on this rank's batch for ``step``,
-        flattened and rounded to bfloat16, and the batch loss (float32 -> float).
+        flattened and rounded to bfloat16 (``raw``: float32, for a codec to
+        encode), and the batch loss (float32 -> float).
         Does not change the parameters or the optimiser state."""
         xb, yb = batch_for_step(self.x, self.y, self.batch_size, self.data_seed, step, self.rank)
         with single_thread():
@@ -125,7 +130,8 @@ class Replica:
             self.model.zero_grad(set_to_none=True)
             loss = F.cross_entropy(self.model(xb), yb)
             loss.backward()
-            grad = flatten_grads(self.model).to(GRAD_DTYPE)
+            grad = flatten_grads(self.model)
+            grad = grad.to(torch.float32) if raw else grad.to(GRAD_DTYPE)
             self.model.zero_grad(set_to_none=True)
         return grad, float(loss.detach())
 
@@ -259,11 +265,17 @@ def reference_run(
     workers: Sequence[str] = ("w0", "w1"),
     steps: int = 30,
     eval_every: int = 1,
+    codec: Any = None,
+    split: str = "iid",
 ) -> tuple[torch.Tensor, list[float]]:
     """In-process synchronous data-parallel run: worker ``workers[i]`` is rank
     i of ``len(workers)``; each step every worker computes its bf16 gradient,
     they are reduced with ``average_gradients`` keyed by worker name, and every
-    replica applies the average.
+    replica applies the average. With ``codec`` (a protocols.codecs.Codec; None:
+    bf16, the same as above) the exchange of the built-in run with a codec
+    (wccl.training.exchange): each worker encodes its gradient with its own
+    error feedback, the server averages the decoded gradients and encodes the
+    average with its own, and every replica applies the decoded average.
 
     Returns (final flat float32 params, test accuracy after each step).  With
     ``eval_every`` > 1 accuracy is only measured every that many steps and on
@@ -278,13 +290,26 @@ def reference_run(
         raise ValueError(f"workers must be non-empty and unique, got {workers}")
     world = len(workers)
     replicas = [
-        Replica(model_name, init, seed, optimizer, lr, momentum, dataset, rank, world, batch_size, data_seed)
+        Replica(model_name, init, seed, optimizer, lr, momentum, dataset, rank, world, batch_size, data_seed, split)
         for rank in range(world)
     ]
+    encoders = downlink = None
+    if codec is not None:
+        from .exchange import GradientEncoder
+
+        encoders = {w: GradientEncoder(codec) for w in workers}
+        downlink = GradientEncoder(codec)
     accs: list[float] = []
     for step in range(steps):
-        grads = {w: r.compute_gradient(step)[0] for w, r in zip(workers, replicas)}
-        avg = average_gradients(grads)
+        if encoders is None:
+            avg = average_gradients({w: r.compute_gradient(step)[0] for w, r in zip(workers, replicas)})
+        else:
+            from .exchange import reduce
+
+            sent = {w: encoders[w].encode(r.compute_gradient(step, raw=True)[0]) for w, r in zip(workers, replicas)}
+            avg = reduce(codec, sent, replicas[0].numel, downlink).average
+            if avg is None:
+                raise RuntimeError(f"step {step}: no finite gradient to average (training diverged)")
         for r in replicas:
             r.apply(avg)
         if eval_every > 0 and ((step + 1) % eval_every == 0 or step == steps - 1):
