@@ -8,6 +8,11 @@ same, when the server is on this node), `ScheduleDone`.
 Emits: `LocalGradient` when the server is on this node, otherwise `Show`
 (the gradient, on this node's screen during the uplink phase).
 
+Gradients and averages travel encoded by the run's codec (`[training] codec`,
+wccl.training.exchange); this worker keeps its own error feedback. A training
+loss that turns non-finite or climbs above where it started is logged once
+(`training_diverging`, with the reason; wccl.training.divergence).
+
 The replica's state is numbered by the updates it has seen (`applied`) and
 the server's epoch. A gradient says which state it was computed on (`base`),
 and an average which state it applies to: an average is applied only to the
@@ -43,8 +48,10 @@ class Worker(Actor):
     def __init__(self, ctx: ActorContext, replica: Any, server: str, eval_every: int = 1,
                  codec: Codec | None = None) -> None:
         super().__init__(ctx)
+        from wccl.training.divergence import DivergenceWatch
         from wccl.training.exchange import GradientEncoder
 
+        self.watch = DivergenceWatch()
         self.replica = replica
         self.codec = codec or get_codec("bf16")
         self.encoder = GradientEncoder(self.codec)  # this worker's error feedback (local: replicas never need it)
@@ -114,6 +121,12 @@ class Worker(Actor):
         payload = self.encoder.encode(grad)
         self.results["bytes_sent"] += len(payload)
         self._losses[step] = loss
+        why = self.watch.observe(loss)
+        if why is not None:
+            from wccl.training.divergence import HINT
+
+            self.results["diverging"] = why
+            self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
         fields = self.message_fields(step)
         if self.local_server:
             await self.emit(LocalGradient(**fields, payload=payload, loss=loss, epoch=self.epoch, base=self.applied))

