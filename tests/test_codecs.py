@@ -237,6 +237,9 @@ def test_divergence_is_told_from_noise():
     assert said == [13] and "rose from 1.1" in w.reason
     w = DivergenceWatch()
     assert not any(w.observe(x) for x in healthy) and w.reason is None
+    # a laptop's own five classes (by class, Fashion-MNIST): window means 0.0485 then 0.0732 is noise
+    w = DivergenceWatch(window=2)
+    assert not any(w.observe(x) for x in (2.3, 1.0, 0.05, 0.047, 0.07, 0.076)) and w.reason is None
     w = DivergenceWatch()
     assert [w.observe(x) is not None for x in (2.3, 1.0, float("nan"), float("nan"))] == [False, False, True, False]
     assert "nan at step 3" in w.reason

@@ -25,14 +25,15 @@ class DivergenceWatch:
     """`observe(loss)` per step: None while the run looks sane, else (once) why it is diverging.
 
     Rules: a loss that is not finite; a loss over `spike` times the first step's (the untrained model's:
-    the parameters jumped); or the mean of the last `window` losses above `factor` times the
-    lowest such mean so far (training losses are noisy step to step, not window to window: a healthy
-    run's window means fall, then level off)."""
+    the parameters jumped); or the mean of the last `window` losses above `factor` times the lowest
+    such mean so far *and* above it by `rise` times the first step's loss (training losses are noisy step
+    to step, not window to window: a healthy run's window means fall, then level off; a loss near zero,
+    e.g. a laptop's own five classes, may double without meaning anything)."""
 
-    def __init__(self, window: int = 5, factor: float = 1.5, spike: float = 10.0) -> None:
-        if window < 1 or factor <= 1 or spike <= 1:
-            raise ValueError("window must be >= 1, factor and spike > 1")
-        self.window, self.factor, self.spike = window, factor, spike
+    def __init__(self, window: int = 5, factor: float = 1.5, spike: float = 10.0, rise: float = 0.2) -> None:
+        if window < 1 or factor <= 1 or spike <= 1 or rise <= 0:
+            raise ValueError("window must be >= 1, factor and spike > 1, rise > 0")
+        self.window, self.factor, self.spike, self.rise = window, factor, spike, rise
         self.first: float | None = None
         self.recent: deque[float] = deque(maxlen=window)
         self.best: tuple[float, int] | None = None  # the lowest window mean, and the step it ended at
@@ -55,7 +56,7 @@ class DivergenceWatch:
         if len(self.recent) < self.window:
             return None
         now = sum(self.recent) / len(self.recent)
-        if self.best is not None and now > self.factor * self.best[0]:
+        if self.best is not None and now > self.factor * self.best[0] and now - self.best[0] > self.rise * self.first:
             self.reason = (f"the training loss rose from {self.best[0]:.3g} (mean of {self.window} steps to step "
                            f"{self.best[1]}) to {now:.3g} (mean of the {self.window} to step {self.steps})")
             return self.reason
