@@ -24,6 +24,43 @@ def test_bench_delivers_every_tensor_exactly_on_the_exact_profile():
     assert 0.2 <= r["latency_p50_s"] <= r["latency_p95_s"] <= window + 0.1
 
 
+def test_spare_frames_cover_the_measured_loss_and_no_more():
+    import math
+
+    from wccl.lab.bench import MISS, Z, spare_frames
+
+    def tail(n, p, s):
+        return 1 - sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(s + 1))
+
+    def bound(lost, shown):
+        p, n = lost / shown, shown
+        return (p + Z * Z / (2 * n) + Z * math.sqrt(p * (1 - p) / n + Z * Z / (4 * n * n))) / (1 + Z * Z / n)
+
+    for source, lost, shown in ((28, 5, 111), (28, 0, 111), (1, 3, 60), (112, 10, 200), (5, 30, 60)):
+        s = spare_frames(source, lost, shown)
+        p = bound(lost, shown)
+        assert tail(source + s, p, s) <= MISS  # enough ...
+        assert s == 0 or tail(source + s - 1, p, s - 1) > MISS  # ... and not one more than that
+    # more loss measured, more spares; the same loss measured over more frames, fewer
+    assert spare_frames(28, 0, 111) < spare_frames(28, 5, 111) < spare_frames(28, 20, 111)
+    assert spare_frames(28, 50, 1110) < spare_frames(28, 5, 111)
+
+
+def test_the_bench_chooses_its_layout_and_repair_when_the_room_pins_none():
+    cfg = with_overrides(make_config(), "exact", {})
+    assert cfg.link.choose == "auto"
+    r = run_bench(cfg, nbytes=8192, tensor_bytes=4096, repair=None, extra=None, choose=True)
+    c = r["layout_choice"]
+    # the exact room reads every frame of the fastest layout of the collectives' ladder; the slower ones
+    # cannot beat it even read whole, so they are not shown at all
+    assert (c["rows"], c["cols"], c["hold_s"], c["share_read"]) == (68, 124, 0.05, 1.0)
+    assert [t.get("skipped") is None for t in c["tried"]] == [True] + [False] * (len(c["tried"]) - 1)
+    assert r["layout"]["rows"] == 68 and r["tensors_delivered"] == 2 and r["undetected_errors"] == 0
+    from wccl.lab.bench import spare_frames
+
+    assert r["frames_per_tensor"] == c["source_frames"] + spare_frames(c["source_frames"], 0, c["frames_shown"])
+
+
 def test_bench_cli_prints_one_json_object():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "bench", "--config", "config.toml", "--profile", "exact",
                         "--bytes", "3000", "--tensor-bytes", "1500", "--set", "hold_s=0.2", "--json"],

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from wccl.cli import HelpFormatter
-from wccl.config import ConfigError, load_config
+from wccl.config import LAYOUT_KEYS, ConfigError, load_config
 
 RANK_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi")  # collectives --ranks N
 
@@ -27,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--profile", help="room channel profile (default: the config's)")
     b.add_argument("--bytes", type=int, default=1_000_000, help="payload bytes to send (default 1,000,000)")
     b.add_argument("--tensor-bytes", type=int, default=65536, help="bytes per tensor (default 65536)")
-    b.add_argument("--repair", type=float, default=0.25, help="fountain repair frames, share of K (default 0.25)")
-    b.add_argument("--extra", type=int, default=2, help="repair frames added to every tensor (default 2)")
+    b.add_argument("--repair", type=float, help="fountain repair frames, share of K (default: chosen from the "
+                   "frame loss measured at start-up when the bench chooses the layout, else 0.25)")
+    b.add_argument("--extra", type=int, help="repair frames added to every tensor (default 2 with a fixed --repair)")
     b.add_argument("--layout", choices=["config", "hackathon"], default="config",
-                   help="'hackathon': 40x70 cells, 8 colours, 1 s hold, no error correction")
+                   help="'config': the room's [link] layout, or when it pins none (and no --set gives one) the "
+                   "layout of the collectives' ladder this pair reads fastest; 'hackathon': 40x70 cells, 8 colours, "
+                   "1 s hold, no error correction")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a [link] key, e.g. --set cell_px=8 (repeatable)")
     b.add_argument("--seed", type=int, default=0, help="random tensors' seed")
@@ -101,13 +104,20 @@ def main(argv: list[str] | None = None) -> int:
         for kv in args.set:
             k, _, v = kv.partition("=")
             link[k] = json.loads(v)
+        if LAYOUT_KEYS & link.keys():
+            link.setdefault("choose", "pinned")  # a layout given on the command line is the one measured
         cfg = with_overrides(cfg, args.profile, link)
     except (ConfigError, ValueError) as e:
         print(f"wccl.lab: config error: {e}", file=sys.stderr)
         return 2
-    repair, extra = args.repair, args.extra
+    if args.repair is None and args.extra is None and cfg.link.choose == "auto":
+        repair, extra = None, None  # chosen from the loss measured while choosing the layout
+    else:
+        repair = 0.25 if args.repair is None else args.repair
+        extra = 2 if args.extra is None else args.extra
     try:
-        result = run_bench(cfg, args.bytes, args.tensor_bytes, repair, extra, args.seed, args.sender, args.receiver)
+        result = run_bench(cfg, args.bytes, args.tensor_bytes, repair, extra, args.seed, args.sender, args.receiver,
+                           choose=True)
     except ValueError as e:
         print(f"wccl.lab: {e}", file=sys.stderr)
         return 2

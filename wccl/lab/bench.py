@@ -53,7 +53,7 @@ def with_overrides(cfg: WcclConfig, profile: str | None = None, link: dict[str, 
 
 
 async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float, extra: int, seed: int,
-                 sender: str | None = None, receiver: str | None = None) -> dict:
+                 sender: str | None = None, receiver: str | None = None, per_tensor: int | None = None) -> dict:
     import wccl.media.parts  # noqa: F401  (registers the room)
 
     wall0 = time.perf_counter()
@@ -76,7 +76,8 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     n_tensors = max(1, math.ceil(nbytes / tensor_bytes))
     sent: dict[int, bytes] = {}
     sealed = tensor_bytes + STEP_OVERHEAD - (0 if key.encrypts else TAG_BYTES)  # what one transfer sends
-    per_tensor = math.ceil(codec.frames_needed(sealed, len(names), echoes=True) * (1 + repair)) + extra
+    if per_tensor is None:
+        per_tensor = math.ceil(codec.frames_needed(sealed, len(names), echoes=True) * (1 + repair)) + extra
     window = per_tensor * cfg.link.hold_s
     start = 1.0
     received: dict[int, bytes] = {}
@@ -192,8 +193,93 @@ def zero_reason(tx: str, rx: str, link: dict) -> str:
             f"{worst[1]}")
 
 
-def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: float = 0.25, extra: int = 2,
-              seed: int = 0, sender: str | None = None, receiver: str | None = None) -> dict:
-    """Send from `sender` (default: the room's second node) to `receiver` (default: its first)."""
+def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: float | None = 0.25,
+              extra: int | None = 2, seed: int = 0, sender: str | None = None, receiver: str | None = None,
+              choose: bool = False) -> dict:
+    """Send from `sender` (default: the room's second node) to `receiver` (default: its first).
+
+    `choose`: measure the room as its ranks would use it when its [link] pins no layout: the bench first
+    shows a few tensors in each layout of the collectives' ladder and keeps the one with the best goodput
+    its camera reads (`layout_choice`); otherwise the config's [link] layout. `repair` None: the repair
+    frames a tensor gets are chosen from the frame loss measured in that layout (`spare_frames`)."""
+    choice = None
+    per_tensor = None
+    if choose and cfg.link.choose == "auto":
+        cfg, choice = choose_layout(cfg, tensor_bytes, seed, sender, receiver)
+    if repair is None:
+        if choice is None:
+            _, choice = choose_layout(cfg, tensor_bytes, seed, sender, receiver)  # the pinned layout's loss
+        per_tensor = choice["source_frames"] + spare_frames(choice["source_frames"], choice["frames_lost"],
+                                                            choice["frames_shown"])
     with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        return runner.run(_bench(cfg, nbytes, tensor_bytes, repair, extra, seed, sender, receiver))
+        result = runner.run(_bench(cfg, nbytes, tensor_bytes, repair or 0.0, extra or 0, seed, sender, receiver,
+                                   per_tensor))
+    if choice is not None:
+        result["layout_choice"] = choice
+    return result
+
+
+PROBE_TENSORS = 3  # tensors each layout shows while the bench chooses (about 60-120 frames)
+MIN_SHARE = 0.5  # a layout whose frames the camera reads less often than this is not chosen
+MISS = 0.01  # chance a tensor may miss its frames, in choosing its repair frames
+Z = 1.0  # the loss taken as the measured share plus this many standard errors (Wilson's bound)
+
+
+def spare_frames(source: int, lost: int, shown: int, miss: float = MISS) -> int:
+    """Repair frames for a tensor of `source` frames when `lost` of `shown` frames were lost: the fewest
+    spares s such that more than s of its source + s frames are lost with a chance under `miss`, taking
+    the loss at the upper end (Wilson, Z standard errors) of what was measured."""
+    n = max(1, shown)
+    p_hat = min(1.0, lost / n)
+    z2 = Z * Z
+    p = (p_hat + z2 / (2 * n) + Z * math.sqrt(p_hat * (1 - p_hat) / n + z2 / (4 * n * n))) / (1 + z2 / n)
+    p = min(max(p, 1e-6), 0.95)
+    for s in range(0, 10 * source + 50):
+        total = source + s
+        # P(lost > s) for lost ~ Binomial(total, p)
+        tail = 1.0 - sum(math.comb(total, i) * p ** i * (1 - p) ** (total - i) for i in range(s + 1))
+        if tail <= miss:
+            return s
+    return 10 * source + 50
+
+
+def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | None,
+                  receiver: str | None) -> tuple[WcclConfig, dict]:
+    """The layout of the collectives' ladder (wccl.distributed.runtime.collective_ladder) whose frames this
+    pair reads at the best goodput, each measured by showing PROBE_TENSORS tensors with the bench's fixed
+    repair; the config pinned to it, and what was measured."""
+    from wccl.distributed.runtime import collective_ladder
+
+    tried = []
+    best = None
+    names = [n.name for n in cfg.room.nodes]
+    for codec, hold in collective_ladder(cfg):
+        lay = codec.layout
+        sealed = tensor_bytes + STEP_OVERHEAD
+        source = codec.frames_needed(sealed, len(names), echoes=True)
+        ceiling = tensor_bytes / (source * hold) / 1000  # read at every frame
+        if best is not None and ceiling <= best[0]["estimate_kBps"]:
+            tried.append(dict(rows=lay.rows, cols=lay.cols, hold_s=hold, estimate_kBps=round(ceiling, 2),
+                              skipped="slower than the best so far even if every frame were read"))
+            continue
+        pinned = with_overrides(cfg, link=dict(choose="pinned", rows=lay.rows, cols=lay.cols, colours=lay.colours,
+                                               cell_px=lay.cell_px, hold_s=hold, code_rate=codec.code_rate))
+        with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+            r = runner.run(_bench(pinned, PROBE_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed, sender,
+                                  receiver))
+        shown, ok = r["frames_shown"], r["frames_decoded"]
+        share = ok / shown if shown else 0.0
+        est = ceiling * share
+        row = dict(rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px, hold_s=hold,
+                   code_rate=codec.code_rate, frames_shown=shown, frames_lost=shown - ok, share_read=round(share, 3),
+                   source_frames=source, estimate_kBps=round(est, 2), probe_sim_seconds=r["sim_seconds"])
+        tried.append(row)
+        if share >= MIN_SHARE and (best is None or est > best[0]["estimate_kBps"]):
+            best = (row, pinned)
+    if best is None:
+        raise ValueError("no layout of the ladder reads between these two: "
+                         + "; ".join(f"{t['rows']}x{t['cols']}: {t['share_read']:.0%} of frames" for t in tried
+                                     if "share_read" in t))
+    row, pinned = best
+    return pinned, dict(row, tried=tried,
+                        probe_sim_seconds=round(sum(t.get("probe_sim_seconds", 0) for t in tried), 3))
