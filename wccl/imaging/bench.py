@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default="webcam")
     p.add_argument("--captures", type=int, default=60)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a [link] key")
+    p.add_argument("--lens", choices=["fit", "pinhole"],
+                   help="sample cells through the lens fitted from the code's edges, as a run's decoder does, or "
+                   "through a pinhole (default: the config's [camera] lens)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     cv2.setNumThreads(1)
@@ -56,11 +59,29 @@ def main(argv: list[str] | None = None) -> int:
         room.show_at(tx, render(frame, grid, cfg.screen.width, cfg.screen.height, sender=1, parity=i & 1), i * 1.0)
         captures.append(room.capture_at(rx, i * 1.0 + 0.5, k=i))
     model = reader.ColourModel(grid)
+    lens_mode = args.lens or cfg.camera.lens
+    fit = None
+    if lens_mode == "fit":
+        from wccl.imaging.lens import LensFit
+
+        h, w = captures[0].shape[:2]
+        fit = LensFit(w, h)
+        for img in captures[:8]:  # the lens is fitted from the first captures' code edges, as in a run
+            for q in reader.find_quads(img, grid):
+                fit.edges(img, q.corners, grid)
+
+    def cells(img: np.ndarray, q):
+        # what the FrameDecoder does per code once it uses the fitted lens: the code's edges, then the cells
+        if fit is not None:
+            sides = fit.edges(img, q.corners, grid)
+            if sides is not None:
+                return reader.sample(img, q, grid, lens=fit.lens, sides=sides)
+        return reader.sample(img, q, grid)
 
     def full(img: np.ndarray) -> bool:
         ok = False
         for q in reader.find_quads(img, grid):
-            sampled = reader.sample(img, q, grid)
+            sampled = cells(img, q)
             code = reader.read_quad(img, q, grid, model, sampled=sampled)
             if code is None or code.mixed:
                 continue
@@ -73,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def repeated(img: np.ndarray) -> None:
         for q in reader.find_quads(img, grid):
-            v, _ = reader.sample(img, q, grid)
+            v, _ = cells(img, q)
             reader.same_frame(v, v)
 
     times_new, times_rep, decoded = [], [], 0
@@ -85,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         repeated(img)
         times_rep.append(time.perf_counter() - t)
     new_ms, rep_ms = float(np.median(times_new)) * 1000, float(np.median(times_rep)) * 1000
-    out = dict(profile=args.profile, layout=f"{grid.rows}x{grid.cols}x{grid.colours}@{grid.cell_px}px",
+    out = dict(profile=args.profile, lens=lens_mode, lens_fits=fit.fits if fit else None, layout=f"{grid.rows}x{grid.cols}x{grid.colours}@{grid.cell_px}px",
                captures=len(captures), decoded=decoded, new_frame_ms=round(new_ms, 2),
                new_frame_fps=round(1000 / new_ms, 1), repeated_frame_ms=round(rep_ms, 2),
                repeated_frame_fps=round(1000 / rep_ms, 1))

@@ -204,6 +204,9 @@ def grid_homography(corners: np.ndarray, layout: GridLayout) -> np.ndarray:
     return cv2.getPerspectiveTransform(src, np.asarray(corners, np.float32))
 
 
+_LAST_POINTS: list = [None]  # (lens, sides, layout, image size, flat pixel indices) of the last lens sampling
+
+
 def sample(image: np.ndarray, quad: Quad, layout: GridLayout, lens=None, sides=None) -> tuple[np.ndarray, float]:
     """Mean BGR of every cell (n_cells, 3) float32, and camera pixels per cell.
 
@@ -213,16 +216,28 @@ def sample(image: np.ndarray, quad: Quad, layout: GridLayout, lens=None, sides=N
     out_r, out_c = layout.outer_cells
     edges = np.linalg.norm(quad.corners - np.roll(quad.corners, -1, axis=0), axis=1)
     cell_px = float((edges[0] + edges[2]) / (2 * out_c) + (edges[1] + edges[3]) / (2 * out_r)) / 2
+    h, w = image.shape[:2]
     img_pts = None
     if lens is not None and sides is not None:
+        # A screen that holds still keeps its edges (LensFit.edges gives the same `sides` object again):
+        # its sampling points are then the same too, worked out once.
+        hit = _LAST_POINTS[0]
+        if hit is not None and hit[0] is lens and hit[1] is sides and hit[2] == layout and hit[3] == (h, w):
+            flat = hit[4]
+            return image.reshape(-1, image.shape[2])[flat].astype(np.float32).mean(axis=0), cell_px
         from wccl.imaging.lens import sample_points
 
         img_pts = sample_points(lens, sides, layout)
+        if img_pts is not None:
+            xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
+            ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
+            flat = ys * w + xs
+            _LAST_POINTS[0] = (lens, sides, layout, (h, w), flat)
+            return image.reshape(-1, image.shape[2])[flat].astype(np.float32).mean(axis=0), cell_px
     if img_pts is None:
         H = homography(quad, layout)
         pts = (layout.cell_centres()[None, :, :] + SAMPLE_OFFSETS[:, None, :]).reshape(-1, 2)
         img_pts = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(len(SAMPLE_OFFSETS), -1, 2)
-    h, w = image.shape[:2]
     xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
     ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
     values = image[ys, xs].astype(np.float32).mean(axis=0)
@@ -275,6 +290,17 @@ class ColourModel:
         if pos is None:
             return base
         return (base[:, :, None] * pos[:, None, :]).reshape(len(ideal), -1)  # (n, 16)
+
+    def _full_design(self, decided: np.ndarray, neigh: np.ndarray) -> np.ndarray:
+        """`_design(decided, pos)` and the neighbours' colour side by side, (n, 19), built in place (the
+        decoder's hottest loop: no (n, 4, 4) temporary)."""
+        n = len(decided)
+        X = np.empty((n, 19), np.float32)
+        for k in range(3):
+            np.multiply(decided[:, k : k + 1], self.pos, out=X[:, 4 * k : 4 * k + 4])
+        X[:, 12:16] = self.pos
+        X[:, 16:19] = neigh
+        return X
 
     def _decide(self, corrected: np.ndarray) -> np.ndarray:
         """The screen colour each cell most likely showed (pilots: what they showed)."""
@@ -342,7 +368,7 @@ class ColourModel:
             use[self.pilot_idx] = True
             if use.sum() < 64:
                 break
-            X = np.concatenate([self._design(decided[use], self.pos[use]), neigh[use]], axis=1)  # (n, 19)
+            X = self._full_design(decided, neigh)[use]  # (n, 19)
             A = _fit(X, values[use])
             N = A[16:19]  # neighbours' colour -> observed
             A = A[:16].reshape(4, 4, 3)  # [ideal/1 component, position term, output]
@@ -351,7 +377,7 @@ class ColourModel:
             inv = _inverse3(Mxy)
             if inv is None:
                 break
-            corrected = ((values - bxy)[:, :, None] * inv).sum(axis=1)
+            corrected = np.einsum("ni,nij->nj", values - bxy, inv)
         return corrected.astype(np.float32)
 
 
