@@ -30,6 +30,8 @@ wrong key, a replay).
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter
 
 import numpy as np
@@ -47,6 +49,7 @@ from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
 
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
+COMBINE_S = 0.1  # two uncorrectable reads of a screen at most this far apart may be combined (_decode)
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
            "unknown_op", "unknown_dtype", "bad_length", "unknown_sender")
@@ -79,6 +82,8 @@ class FrameDecoder(Actor):
         self.reassembler = assembler if assembler is not None else StepAssembler(key)
         self.last: dict[int | None, np.ndarray] = {}  # per sender strip: symbols of the last decoded frame
         self.previous: list[tuple[np.ndarray, int, np.ndarray]] = []  # (quad centre, layout, cell samples) last capture
+        # Per sender strip: its last read that could not be corrected, its layout and when (see _decode).
+        self._failed: dict[int | None, tuple[reader.ReadCode, int, float]] = {}
         self.stats: Counter = Counter()
         self.totals: Counter = Counter()
         self.ticks = ticks
@@ -188,7 +193,11 @@ class FrameDecoder(Actor):
             return False
         if code.mixed:
             self.stats["captures_mixed"] += 1
-            return self.current is not None  # in a wrong layout the parity marks are noise: try the others
+            if self.current is None:
+                return False  # in a wrong layout the parity marks are noise: try the others
+            # A rolling shutter filmed the screen while it changed: the rows of one frame are sure, the
+            # rest a blend. Such a read rarely corrects alone, but it can with the screen's next or last
+            # read of the frame (_decode combines them, cell by cell); the frame check refuses a blend.
         delivered = await self._accept(code, msg.time)
         if delivered is not False:
             self.previous.append((centre, k, sampled[0]))
@@ -199,6 +208,32 @@ class FrameDecoder(Actor):
             await self.emit(delivered)
         return delivered is not False
 
+    def _decode(self, code: reader.ReadCode, captured: float) -> tuple[bytes, int, reader.ReadCode]:
+        """The frame's error-corrected message, the cells it corrected, and the read it came from. A read
+        that cannot be corrected is kept; when the same screen's next read of a frame of the same parity
+        (at most COMBINE_S later, most likely the same frame) cannot be either, the two are combined, each
+        cell taken from the read more sure of it, and tried once more (`captures_combined`). Two reads of
+        different frames combine into cells the frame check refuses, like any damaged frame."""
+        try:
+            message, corrected = self.codec.decode_message(code.symbols, code.confidence)
+            return message, corrected, code
+        except fec.UncorrectableFrame:
+            kept = self._failed.get(code.sender)
+            self._failed[code.sender] = (code, self._layout, captured)
+            if kept is None:
+                raise
+            old, layout, when = kept
+            if (layout != self._layout or old.parity != code.parity or old.symbols.shape != code.symbols.shape
+                    or not 0 < captured - when <= COMBINE_S):
+                raise
+            take = code.confidence >= old.confidence
+            both = dataclasses.replace(code, symbols=np.where(take, code.symbols, old.symbols),
+                                       confidence=np.maximum(code.confidence, old.confidence))
+            message, corrected = self.codec.decode_message(both.symbols, both.confidence)
+            self.stats["captures_combined"] += 1
+            del self._failed[code.sender]
+            return message, corrected, both
+
     async def _accept(self, code: reader.ReadCode, captured: float) -> TensorReceived | None | bool:
         """The tensor this frame completes, None if none (frame used or ignored), False if it failed."""
         last = self.last.get(code.sender)
@@ -207,11 +242,12 @@ class FrameDecoder(Actor):
             self.stats["frames_repeated"] += 1
             return None
         try:
-            message, corrected = self.codec.decode_message(code.symbols, code.confidence)
+            message, corrected, code = self._decode(code, captured)
             if self.transfers is not None:
                 return await self._accept_transfer(message, code, corrected)
         except fec.UncorrectableFrame:
-            self.stats["frames_rejected_uncorrectable"] += 1
+            # (a mixed capture that does not correct is already counted as mixed)
+            self.stats["captures_mixed_uncorrectable" if code.mixed else "frames_rejected_uncorrectable"] += 1
             return False
         f, refused = self.steps_rx.parse(message)
         if f is None:

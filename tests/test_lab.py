@@ -54,7 +54,9 @@ def test_the_bench_chooses_its_layout_and_repair_when_the_room_pins_none():
     # the exact room reads every frame of the fastest layout of the collectives' ladder; the slower ones
     # cannot beat it even read whole, so they are not shown at all
     assert (c["rows"], c["cols"], c["hold_s"], c["share_read"]) == (68, 124, 0.05, 1.0)
-    assert [t.get("skipped") is None for t in c["tried"]] == [True] + [False] * (len(c["tried"]) - 1)
+    # (then the chosen one shows more tensors, to measure its loss)
+    assert [t.get("skipped") is None for t in c["tried"]] == [True] + [False] * (len(c["tried"]) - 2) + [True]
+    assert c["tried"][-1]["loss_measured_over"] > 0 and c["frames_lost"] == 0
     assert r["layout"]["rows"] == 68 and r["tensors_delivered"] == 2 and r["undetected_errors"] == 0
     from wccl.lab.bench import spare_frames
 

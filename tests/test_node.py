@@ -286,3 +286,66 @@ def test_a_room_file_that_names_only_its_nodes_runs_as_well_as_the_shipped_one(t
     assert fixed["period_s"] <= 2.0, fixed
     assert f["applied"] == 30 and f["replicas_identical"] is True and f["test_accuracy"] >= 0.84, f
     print(f"nodes-only room: step {fixed['period_s']} s, {f}")
+
+
+def test_two_reads_that_cannot_be_corrected_alone_are_combined_cell_by_cell():
+    import dataclasses
+
+    import numpy as np
+    import pytest as _pytest
+
+    from protocols import fec, transfer
+    from wccl.imaging.reader import ReadCode
+
+    cfg = make_config()
+    codec = cfg.link.codec()
+    packets = codec.encode(bytes(range(256)) * 4, count=2, session=1, sender=0, stream="avg", step=4)  # frames
+    rng = np.random.default_rng(0)
+
+    def read(packet, bad, parity=0):
+        """A read of `packet` whose cells `bad` are wrong, and doubted a little (but not erased)."""
+        raw = cells_of(packet)
+        sym = raw.copy()
+        sym[bad] = (sym[bad] + 1 + rng.integers(0, codec.layout.colours - 1, len(bad))) % codec.layout.colours
+        conf = np.ones(len(sym), np.float32)
+        conf[bad] = 0.3
+        return ReadCode(None, 0, parity, False, sym.astype(np.uint8), conf, 10.0)
+
+    def cells_of(packet):
+        from protocols import cells
+
+        return cells.bytes_to_symbols(packet, codec.layout.colours, codec.layout.n_data)  # what the screen shows
+
+    n = codec.layout.n_data
+    half = n // 2
+    # each read has a fifth of its cells wrong: far beyond what the code corrects; but never the same cells
+    a_bad = rng.choice(np.arange(half), n // 5, replace=False)
+    b_bad = rng.choice(np.arange(half, n), n // 5, replace=False)
+    a, b = read(packets[0], a_bad), read(packets[0], b_bad)
+    for r in (a, b):
+        with _pytest.raises(fec.UncorrectableFrame):
+            codec.decode_message(r.symbols, r.confidence)
+
+    async def go():
+        clock = NodeClock(origin=0.0)
+        async with ActorHarness(FrameDecoder, node="bob", clock=clock, codec=codec, session=1,
+                                node_names=["alice", "bob"], assembler=StepAssembler()) as dec:
+            d = dec.actor
+            with _pytest.raises(fec.UncorrectableFrame):
+                d._decode(a, 1.00)
+            message, _, used = d._decode(b, 1.03)  # the same screen 33 ms later: combined
+            assert d.stats["captures_combined"] == 1
+            assert transfer.parse_message(message).header is not None and message == codec.decode_message(
+                cells_of(packets[0]))[0]
+            # a read of another frame, or too late, or of the other parity, is not combined (and a combination
+            # of two frames would fail the check anyway)
+            other = read(packets[1], b_bad)
+            for first, second, t in ((a, other, 0.03), (a, b, 0.5), (a, dataclasses.replace(b, parity=1), 0.03)):
+                d._failed.clear()
+                with _pytest.raises(fec.UncorrectableFrame):
+                    d._decode(first, 2.0)
+                with _pytest.raises(fec.UncorrectableFrame):
+                    d._decode(second, 2.0 + t)
+            assert d.stats["captures_combined"] == 1
+
+    run_virtual(go)

@@ -154,6 +154,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
                                   k != "frames_rejected_uncorrectable"),
         captures=link.get("captures", 0),
         captures_mixed=link.get("captures_mixed", 0),
+        captures_combined=link.get("captures_combined", 0),  # frames two uncorrectable reads gave together
         codes_seen=link.get("codes_seen", 0),
         tensors_sent=n_tensors,
         tensors_delivered=delivered,
@@ -220,6 +221,7 @@ def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: f
 
 
 PROBE_TENSORS = 3  # tensors each layout shows while the bench chooses (about 60-120 frames)
+LOSS_TENSORS = 8  # and the chosen one then, to measure its loss (about 300 frames of 64 KB tensors)
 MIN_SHARE = 0.5  # a layout whose frames the camera reads less often than this is not chosen
 MISS = 0.01  # chance a tensor may miss its frames, in choosing its repair frames
 Z = 1.0  # the loss taken as the measured share plus this many standard errors (Wilson's bound)
@@ -281,5 +283,15 @@ def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | N
                          + "; ".join(f"{t['rows']}x{t['cols']}: {t['share_read']:.0%} of frames" for t in tried
                                      if "share_read" in t))
     row, pinned = best
+    # The chosen layout's loss, which sets every tensor's repair frames, from more frames than the choice
+    # needed (three tensors' worth gives a bound too loose to size the repair by).
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        r = runner.run(_bench(pinned, LOSS_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed + 1, sender, receiver))
+    row = dict(row, frames_shown=row["frames_shown"] + r["frames_shown"],
+               frames_lost=row["frames_lost"] + r["frames_shown"] - r["frames_decoded"],
+               probe_sim_seconds=row["probe_sim_seconds"] + r["sim_seconds"])
+    row["share_read"] = round(1 - row["frames_lost"] / max(1, row["frames_shown"]), 3)
+    tried.append(dict(rows=row["rows"], cols=row["cols"], hold_s=row["hold_s"], loss_measured_over=r["frames_shown"],
+                      probe_sim_seconds=r["sim_seconds"]))
     return pinned, dict(row, tried=tried,
                         probe_sim_seconds=round(sum(t.get("probe_sim_seconds", 0) for t in tried), 3))
