@@ -31,7 +31,6 @@ wrong key, a replay).
 from __future__ import annotations
 
 import dataclasses
-
 from collections import Counter
 
 import numpy as np
