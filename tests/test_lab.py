@@ -247,3 +247,12 @@ def test_collectives_lab_says_why_an_algorithm_cannot_run():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--ranks", "9"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "2 to 8 ranks" in p.stderr
+
+
+def test_the_cimbar_comparison_says_where_to_get_cimbar_when_it_is_not_built(tmp_path):
+    env = dict(__import__("os").environ)
+    env.pop("WCCL_CIMBAR", None)
+    for extra in ([], ["--cimbar", str(tmp_path / "nothing")]):
+        p = subprocess.run([sys.executable, "-m", "wccl.lab.cimbar", "--profile", "exact", *extra], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 2 and "docs/cimbar.md" in p.stderr and "--cimbar or WCCL_CIMBAR" in p.stderr
