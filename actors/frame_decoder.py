@@ -153,7 +153,10 @@ class FrameDecoder(Actor):
         sides = fit.edges(image, quad.corners, self.grid)
         if sides is None or fit.used is False:
             return reader.sample(image, quad, self.grid)
-        through = reader.sample(image, quad, self.grid, lens=fit.lens, sides=sides)
+        pixels = fit.pixels(sides, self.grid, image.shape)
+        if pixels is None:
+            return reader.sample(image, quad, self.grid)
+        through = reader.sample(image, quad, self.grid, pixels)
         if fit.used:
             return through
         pinhole = reader.sample(image, quad, self.grid)

@@ -35,10 +35,10 @@ from protocols import sync
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, Show, Snapshot,
                                 TensorReceived, Tick)
 from protocols.security import NO_KEY, RoomKey
-from protocols.codecs import Codec, get_codec
+from protocols.codecs import Codec, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext
 from wccl.recovery import save_checkpoint
-from wccl.training.exchange import GradientEncoder, reduce
+from wccl.training.exchange import reduce
 from wccl.schedule import Schedule
 
 ANNOUNCE_FRAMES = 2  # the Clock's announcement takes the first frames of every uplink window
@@ -59,7 +59,7 @@ class ParameterServer(Actor):
         self.quorum = quorum
         self.numel = numel
         self.codec = codec or get_codec("bf16")  # the run's gradient codec (wccl.training.exchange)
-        self.downlink = GradientEncoder(self.codec)  # the average's error feedback (the server's own)
+        self.downlink = ErrorFeedback(self.codec)  # the average's error feedback (the server's own)
         self.replica = replica  # the server's own copy of the training state
         self.hold_s = hold_s
         self.snapshot_frames = snapshot_frames

@@ -34,8 +34,9 @@ import structlog
 from protocols import snapshot as snap
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, Show, Snapshot,
                                 TensorReceived, Tick)
-from protocols.codecs import Codec, CodecError, get_codec
+from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext
+from wccl.training.divergence import HINT, DivergenceWatch
 from wccl.schedule import Schedule
 
 KEEP_AVERAGES = 256  # averages kept for catching up after a snapshot
@@ -48,13 +49,10 @@ class Worker(Actor):
     def __init__(self, ctx: ActorContext, replica: Any, server: str, eval_every: int = 1,
                  codec: Codec | None = None) -> None:
         super().__init__(ctx)
-        from wccl.training.divergence import DivergenceWatch
-        from wccl.training.exchange import GradientEncoder
-
         self.watch = DivergenceWatch()
         self.replica = replica
         self.codec = codec or get_codec("bf16")
-        self.encoder = GradientEncoder(self.codec)  # this worker's error feedback (local: replicas never need it)
+        self.encoder = ErrorFeedback(self.codec)  # this worker's error feedback (local: replicas never need it)
         self.server = server
         self.local_server = server == ctx.node
         self.eval_every = eval_every
@@ -118,13 +116,11 @@ class Worker(Actor):
             self.results["steps_without_state"] += 1
             return
         grad, loss = self.replica.compute_gradient(step, raw=True)
-        payload = self.encoder.encode(grad)
+        payload, _ = self.encoder.encode(grad)
         self.results["bytes_sent"] += len(payload)
         self._losses[step] = loss
         why = self.watch.observe(loss)
         if why is not None:
-            from wccl.training.divergence import HINT
-
             self.results["diverging"] = why
             self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
         fields = self.message_fields(step)

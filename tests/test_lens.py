@@ -53,7 +53,8 @@ def test_the_lens_fitted_from_the_edges_reads_the_neighbours_a_pinhole_misreads(
     for quad in neighbours:
         pinhole = reader.read_quad(image, quad, grid, sampled=reader.sample(image, quad, grid))
         sides = fit.edges(image, quad.corners, grid)
-        through = reader.read_quad(image, quad, grid, sampled=reader.sample(image, quad, grid, fit.lens, sides))
+        through = reader.read_quad(image, quad, grid, sampled=reader.sample(image, quad, grid,
+                                                                       fit.pixels(sides, grid, image.shape)))
         assert _errors(through, truth) < 0.02 < 0.04 < _errors(pinhole, truth)
         assert through.confidence.mean() > pinhole.confidence.mean()
 

@@ -99,6 +99,10 @@ class ErrorFeedback:
         self.codec = codec
         self.residual: torch.Tensor | None = None
 
+    def reset(self) -> None:
+        """Forget the residual (the state it belonged to was replaced, e.g. by a snapshot)."""
+        self.residual = None
+
     def encode(self, x: torch.Tensor) -> tuple[bytes, torch.Tensor]:
         """(bytes, decoded): what travels, and what every reader will decode from it."""
         x = Codec._flat(x)

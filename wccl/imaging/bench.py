@@ -72,11 +72,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def cells(img: np.ndarray, q):
         # what the FrameDecoder does per code once it uses the fitted lens: the code's edges, then the cells
-        if fit is not None:
-            sides = fit.edges(img, q.corners, grid)
-            if sides is not None:
-                return reader.sample(img, q, grid, lens=fit.lens, sides=sides)
-        return reader.sample(img, q, grid)
+        sides = fit.edges(img, q.corners, grid) if fit is not None else None
+        pixels = fit.pixels(sides, grid, img.shape) if sides is not None else None
+        return reader.sample(img, q, grid, pixels)
 
     def full(img: np.ndarray) -> bool:
         ok = False
@@ -106,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         repeated(img)
         times_rep.append(time.perf_counter() - t)
     new_ms, rep_ms = float(np.median(times_new)) * 1000, float(np.median(times_rep)) * 1000
-    out = dict(profile=args.profile, lens=lens_mode, lens_fits=fit.fits if fit else None, layout=f"{grid.rows}x{grid.cols}x{grid.colours}@{grid.cell_px}px",
+    out = dict(profile=args.profile, lens=lens_mode, lens_fits=fit.fits if fit else None,
+               layout=f"{grid.rows}x{grid.cols}x{grid.colours}@{grid.cell_px}px",
                captures=len(captures), decoded=decoded, new_frame_ms=round(new_ms, 2),
                new_frame_fps=round(1000 / new_ms, 1), repeated_frame_ms=round(rep_ms, 2),
                repeated_frame_fps=round(1000 / rep_ms, 1))

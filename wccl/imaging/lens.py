@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 
 from protocols.layout import GridLayout
-from wccl.imaging.reader import SAMPLE_OFFSETS, _brightest_channel, grid_homography
+from wccl.imaging.reader import SAMPLE_OFFSETS, _brightest_channel, grid_homography, pixel_index
 
 PROFILES = 24  # normal profiles per side
 REUSE_PX = 0.5  # a code whose corners moved less than this keeps the edges found before
@@ -153,6 +153,8 @@ class LensFit:
         self.used: bool | None = None  # None: on trial
         self._votes: list[float] = []
         self._last: list[tuple[np.ndarray, list[np.ndarray]]] = []  # the last captures' codes: corners, edges
+        # Pixels to sample the last codes' cells at: (edges, lens, layout, image size, pixel_index)
+        self._pixels: list[tuple] = []
 
     def edges(self, image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
         """The code's edge points (see edge_points), found in a crop of `image` around `corners`. A code
@@ -172,6 +174,21 @@ class LensFit:
                 self.fits += 1
                 self.used, self._votes = None, []  # a new guess: on trial again
         return sides
+
+    def pixels(self, sides: list[np.ndarray], layout: GridLayout, shape: tuple[int, ...]) -> np.ndarray | None:
+        """Where to sample a code's cells through the fitted lens (reader.sample's `pixels`), from its edges
+        (`edges`); None if its straightened corners cannot be found. A screen that holds still keeps its
+        edges (the same object again), and so its pixels: worked out once per lens."""
+        size = tuple(shape[:2])
+        for sd, lens, lay, sz, pix in self._pixels:
+            if sd is sides and lens is self.lens and lay == layout and sz == size:
+                return pix
+        pts = sample_points(self.lens, sides, layout)
+        if pts is None:
+            return None
+        pix = pixel_index(pts, *size)
+        self._pixels = [(sides, self.lens, layout, size, pix)] + self._pixels[:7]
+        return pix
 
     @staticmethod
     def _find(image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:

@@ -204,43 +204,29 @@ def grid_homography(corners: np.ndarray, layout: GridLayout) -> np.ndarray:
     return cv2.getPerspectiveTransform(src, np.asarray(corners, np.float32))
 
 
-_LAST_POINTS: list = [None]  # (lens, sides, layout, image size, flat pixel indices) of the last lens sampling
+def pixel_index(img_pts: np.ndarray, h: int, w: int) -> np.ndarray:
+    """Flat indices (row * w + column) of the pixels nearest `img_pts` (..., 2), clipped to the image."""
+    xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
+    ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
+    return ys * w + xs
 
 
-def sample(image: np.ndarray, quad: Quad, layout: GridLayout, lens=None, sides=None) -> tuple[np.ndarray, float]:
+def sample(image: np.ndarray, quad: Quad, layout: GridLayout,
+           pixels: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Mean BGR of every cell (n_cells, 3) float32, and camera pixels per cell.
 
-    With `lens` (wccl.imaging.lens.Lens) and the code's edge points `sides` (LensFit.edges): through the
-    corners of the straightened edges, then the lens (a wide lens bends the grid); else one homography
-    from the quad's corners (a pinhole camera)."""
+    `pixels`: where each cell's samples lie (pixel_index, (len(SAMPLE_OFFSETS), n_cells)), e.g. through a
+    fitted lens (wccl.imaging.lens.LensFit.pixels: a wide lens bends the grid); else one homography from
+    the quad's corners (a pinhole camera)."""
     out_r, out_c = layout.outer_cells
     edges = np.linalg.norm(quad.corners - np.roll(quad.corners, -1, axis=0), axis=1)
     cell_px = float((edges[0] + edges[2]) / (2 * out_c) + (edges[1] + edges[3]) / (2 * out_r)) / 2
-    h, w = image.shape[:2]
-    img_pts = None
-    if lens is not None and sides is not None:
-        # A screen that holds still keeps its edges (LensFit.edges gives the same `sides` object again):
-        # its sampling points are then the same too, worked out once.
-        hit = _LAST_POINTS[0]
-        if hit is not None and hit[0] is lens and hit[1] is sides and hit[2] == layout and hit[3] == (h, w):
-            flat = hit[4]
-            return image.reshape(-1, image.shape[2])[flat].astype(np.float32).mean(axis=0), cell_px
-        from wccl.imaging.lens import sample_points
-
-        img_pts = sample_points(lens, sides, layout)
-        if img_pts is not None:
-            xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
-            ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
-            flat = ys * w + xs
-            _LAST_POINTS[0] = (lens, sides, layout, (h, w), flat)
-            return image.reshape(-1, image.shape[2])[flat].astype(np.float32).mean(axis=0), cell_px
-    if img_pts is None:
+    if pixels is None:
         H = homography(quad, layout)
         pts = (layout.cell_centres()[None, :, :] + SAMPLE_OFFSETS[:, None, :]).reshape(-1, 2)
         img_pts = cv2.perspectiveTransform(pts.reshape(-1, 1, 2), H).reshape(len(SAMPLE_OFFSETS), -1, 2)
-    xs = np.clip(np.rint(img_pts[..., 0]), 0, w - 1).astype(np.intp)
-    ys = np.clip(np.rint(img_pts[..., 1]), 0, h - 1).astype(np.intp)
-    values = image[ys, xs].astype(np.float32).mean(axis=0)
+        pixels = pixel_index(img_pts, *image.shape[:2])
+    values = image.reshape(-1, image.shape[2])[pixels].astype(np.float32).mean(axis=0)
     return values, cell_px
 
 

@@ -156,6 +156,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         captures_mixed=link.get("captures_mixed", 0),
         captures_combined=link.get("captures_combined", 0),  # frames two uncorrectable reads gave together
         codes_seen=link.get("codes_seen", 0),
+        source_frames=codec.frames_needed(sealed, len(names), echoes=True),  # a tensor's, without repair
         tensors_sent=n_tensors,
         tensors_delivered=delivered,
         undetected_errors=undetected,
@@ -212,12 +213,16 @@ def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: f
             _, choice = choose_layout(cfg, tensor_bytes, seed, sender, receiver)  # the pinned layout's loss
         per_tensor = choice["source_frames"] + spare_frames(choice["source_frames"], choice["frames_lost"],
                                                             choice["frames_shown"])
-    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        result = runner.run(_bench(cfg, nbytes, tensor_bytes, repair or 0.0, extra or 0, seed, sender, receiver,
-                                   per_tensor))
+    result = _run(_bench(cfg, nbytes, tensor_bytes, repair or 0.0, extra or 0, seed, sender, receiver, per_tensor))
     if choice is not None:
         result["layout_choice"] = choice
     return result
+
+
+def _run(coro):
+    """Run one bench coroutine on its own virtual-time loop."""
+    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
+        return runner.run(coro)
 
 
 PROBE_TENSORS = 3  # tensors each layout shows while the bench chooses (about 60-120 frames)
@@ -236,11 +241,13 @@ def spare_frames(source: int, lost: int, shown: int, miss: float = MISS) -> int:
     z2 = Z * Z
     p = (p_hat + z2 / (2 * n) + Z * math.sqrt(p_hat * (1 - p_hat) / n + z2 / (4 * n * n))) / (1 + z2 / n)
     p = min(max(p, 1e-6), 0.95)
+    lp, lq = math.log(p), math.log1p(-p)
     for s in range(0, 10 * source + 50):
-        total = source + s
-        # P(lost > s) for lost ~ Binomial(total, p)
-        tail = 1.0 - sum(math.comb(total, i) * p ** i * (1 - p) ** (total - i) for i in range(s + 1))
-        if tail <= miss:
+        n = source + s
+        # P(lost > s) for lost ~ Binomial(n, p), its terms in log space (no overflow for long tensors)
+        head = sum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * lp + (n - i) * lq)
+                   for i in range(s + 1))
+        if 1.0 - head <= miss:
             return s
     return 10 * source + 50
 
@@ -257,24 +264,22 @@ def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | N
     names = [n.name for n in cfg.room.nodes]
     for codec, hold in collective_ladder(cfg):
         lay = codec.layout
-        sealed = tensor_bytes + STEP_OVERHEAD
-        source = codec.frames_needed(sealed, len(names), echoes=True)
-        ceiling = tensor_bytes / (source * hold) / 1000  # read at every frame
+        # read at every frame (a sealed tensor's frames: at most these, without a key a tag fewer)
+        ceiling = tensor_bytes / (codec.frames_needed(tensor_bytes + STEP_OVERHEAD, len(names), echoes=True)
+                                  * hold) / 1000
         if best is not None and ceiling <= best[0]["estimate_kBps"]:
             tried.append(dict(rows=lay.rows, cols=lay.cols, hold_s=hold, estimate_kBps=round(ceiling, 2),
                               skipped="slower than the best so far even if every frame were read"))
             continue
         pinned = with_overrides(cfg, link=dict(choose="pinned", rows=lay.rows, cols=lay.cols, colours=lay.colours,
                                                cell_px=lay.cell_px, hold_s=hold, code_rate=codec.code_rate))
-        with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-            r = runner.run(_bench(pinned, PROBE_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed, sender,
-                                  receiver))
+        r = _run(_bench(pinned, PROBE_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed, sender, receiver))
         shown, ok = r["frames_shown"], r["frames_decoded"]
         share = ok / shown if shown else 0.0
         est = ceiling * share
         row = dict(rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px, hold_s=hold,
                    code_rate=codec.code_rate, frames_shown=shown, frames_lost=shown - ok, share_read=round(share, 3),
-                   source_frames=source, estimate_kBps=round(est, 2), probe_sim_seconds=r["sim_seconds"])
+                   source_frames=r["source_frames"], estimate_kBps=round(est, 2), probe_sim_seconds=r["sim_seconds"])
         tried.append(row)
         if share >= MIN_SHARE and (best is None or est > best[0]["estimate_kBps"]):
             best = (row, pinned)
@@ -285,8 +290,7 @@ def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | N
     row, pinned = best
     # The chosen layout's loss, which sets every tensor's repair frames, from more frames than the choice
     # needed (three tensors' worth gives a bound too loose to size the repair by).
-    with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
-        r = runner.run(_bench(pinned, LOSS_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed + 1, sender, receiver))
+    r = _run(_bench(pinned, LOSS_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed + 1, sender, receiver))
     row = dict(row, frames_shown=row["frames_shown"] + r["frames_shown"],
                frames_lost=row["frames_lost"] + r["frames_shown"] - r["frames_decoded"],
                probe_sim_seconds=row["probe_sim_seconds"] + r["sim_seconds"])

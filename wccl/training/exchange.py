@@ -1,8 +1,8 @@
 """The built-in run's gradient exchange through a codec (protocols/codecs), and its state.
 
 Per step of `python -m wccl.node` with `[training] codec = C`:
-  1. each worker encodes its float32 gradient with C (`GradientEncoder`, which
-     keeps its error-feedback residual: what C dropped is added to the next
+  1. each worker encodes its float32 gradient with C through its own
+     `ErrorFeedback` (protocols.codecs: what C dropped is added to the next
      step's gradient) and shows the bytes;
   2. the server decodes every worker's bytes, leaves out those that are not
      finite, averages the rest in float32 in sorted-name order (`reduce`) and
@@ -19,11 +19,14 @@ to bfloat16 again.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
+from wccl.training.replica import finite_only
 
-__all__ = ["GradientEncoder", "Reduced", "reduce", "codec_from_config"]
+__all__ = ["Reduced", "reduce", "codec_from_config"]
 
 
 def codec_from_config(training) -> Codec:
@@ -31,31 +34,19 @@ def codec_from_config(training) -> Codec:
     return get_codec(training.codec, **training.codec_params())
 
 
-class GradientEncoder:
-    """One sender's side: gradient (float32) -> the bytes it shows, with error feedback."""
-
-    def __init__(self, codec: Codec) -> None:
-        self.codec = codec
-        self.feedback = ErrorFeedback(codec)
-
-    def encode(self, grad: torch.Tensor) -> bytes:
-        return self.feedback.encode(grad)[0]
-
-    def reset(self) -> None:
-        """Forget the residual (the state it belonged to was replaced, e.g. by a snapshot)."""
-        self.feedback.residual = None
-
-
+@dataclass(frozen=True)
 class Reduced:
-    """What the server's reduce made of one step's gradients."""
+    """What the server's reduce made of one step's gradients: the bytes to show and what every reader
+    decodes from them (None: nothing averaged), and which workers' gradients were used or left out."""
 
-    def __init__(self, payload: bytes | None, average: torch.Tensor | None, used: list[str], nonfinite: list[str],
-                 undecodable: list[str]) -> None:
-        self.payload, self.average = payload, average  # the bytes to show, and what every reader decodes
-        self.used, self.nonfinite, self.undecodable = used, nonfinite, undecodable
+    payload: bytes | None
+    average: torch.Tensor | None
+    used: list[str]
+    nonfinite: list[str]
+    undecodable: list[str]
 
 
-def reduce(codec: Codec, payloads: dict[str, bytes], numel: int, downlink: GradientEncoder | None,
+def reduce(codec: Codec, payloads: dict[str, bytes], numel: int, downlink: ErrorFeedback | None,
            quorum: int = 1) -> Reduced:
     """Decode each worker's bytes, drop the undecodable and the non-finite, average the rest in float32 in
     sorted-name order, and encode the average (with `downlink`'s error feedback; None: plain encode).
@@ -68,13 +59,13 @@ def reduce(codec: Codec, payloads: dict[str, bytes], numel: int, downlink: Gradi
             decoded[name] = codec.decode(payloads[name], numel)
         except CodecError:
             undecodable.append(name)
-    nonfinite = [n for n, g in decoded.items() if not bool(torch.isfinite(g).all())]
-    used = [n for n in decoded if n not in nonfinite]
+    usable, nonfinite = finite_only(decoded)
+    used = list(usable)  # sorted, as decoded
     if len(used) < max(1, quorum):
         return Reduced(None, None, [], nonfinite, undecodable)
     acc = torch.zeros(numel, dtype=torch.float32)
     for n in used:
-        acc += decoded[n]
+        acc += usable[n]
     acc /= float(len(used))
-    data = downlink.encode(acc) if downlink is not None else codec.encode(acc)
+    data = downlink.encode(acc)[0] if downlink is not None else codec.encode(acc)
     return Reduced(data, codec.decode(data, numel), used, nonfinite, undecodable)

@@ -295,18 +295,19 @@ def reference_run(
     ]
     encoders = downlink = None
     if codec is not None:
-        from .exchange import GradientEncoder
+        from protocols.codecs import ErrorFeedback
 
-        encoders = {w: GradientEncoder(codec) for w in workers}
-        downlink = GradientEncoder(codec)
+        from .exchange import reduce
+
+        encoders = {w: ErrorFeedback(codec) for w in workers}
+        downlink = ErrorFeedback(codec)
     accs: list[float] = []
     for step in range(steps):
         if encoders is None:
             avg = average_gradients({w: r.compute_gradient(step)[0] for w, r in zip(workers, replicas)})
         else:
-            from .exchange import reduce
-
-            sent = {w: encoders[w].encode(r.compute_gradient(step, raw=True)[0]) for w, r in zip(workers, replicas)}
+            sent = {w: encoders[w].encode(r.compute_gradient(step, raw=True)[0])[0]
+                    for w, r in zip(workers, replicas)}
             avg = reduce(codec, sent, replicas[0].numel, downlink).average
             if avg is None:
                 raise RuntimeError(f"step {step}: no finite gradient to average (training diverged)")
