@@ -11,6 +11,7 @@ from actors.frame_decoder import FrameDecoder
 from actors.intruder import Intruder
 from actors.observer import Observer
 from actors.parameter_server import ParameterServer
+from actors.rank_worker import RankWorker
 from actors.screen_writer import ScreenWriter
 from actors.transfer_writer import TransferWriter
 from actors.worker import Worker
@@ -25,6 +26,7 @@ STANDARD = {
     "parameter_server": ParameterServer,
     "observer": Observer,
     "collectives": Collectives,
+    "rank_worker": RankWorker,
     "intruder": Intruder,
 }
 
@@ -33,4 +35,4 @@ for _role, _cls in STANDARD.items():
 # A rank of the torch.distributed backend shows transfers until they are acknowledged.
 REGISTRY.register("actor.screen_writer", "transfers", TransferWriter, replace=True)
 
-__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "TransferWriter", "Observer", "ParameterServer", "ScreenWriter", "Worker", "STANDARD"]
+__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "TransferWriter", "Observer", "ParameterServer", "RankWorker", "ScreenWriter", "Worker", "STANDARD"]

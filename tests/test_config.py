@@ -72,6 +72,8 @@ BAD = {
     "phases_out_of_order": ({"schedule": {"preset": "custom", "phases": [{"name": "uplink", "seconds": 1.0}, {"name": "compute", "seconds": 1.0}]}}, "schedule"),
     "quorum_too_big": ({"training": {"quorum": 3}}, "quorum"),
     "missing_dataset": ({"training": {"dataset": "no/such/folder"}}, "training.dataset: no such folder"),
+    "observer_without_server": ({"training": {"exchange": "collectives"}},
+                                "observer 'carol' watches a parameter server's screen"),
     "unknown_actor_policy": ({"supervision": {"actors": {"janitor": {"max_restarts": 1}}}}, "janitor"),
 }
 

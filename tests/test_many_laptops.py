@@ -73,3 +73,112 @@ def test_four_laptops_on_a_circle_all_see_all_through_their_wide_lenses(tmp_path
     # every camera chose how to read after trying both ways; at least one reads through its fitted lens
     lens = _events(proc.stderr, "lens_chosen")
     assert {e["node"] for e in lens} == set(names) and any(e["lens"] == "fit" for e in lens)
+
+
+# ---- the built-in run (python -m wccl.node) with every node a rank: [training] exchange = "collectives" ----
+
+RANKS3 = [{"name": n, "roles": ["server", "worker"] if i == 0 else ["worker"]}
+          for i, n in enumerate(("alice", "bob", "carol"))]
+
+
+def _ranks_config(**over):
+    from conftest import make_config
+
+    sections = dict(room={"nodes": RANKS3, "profile": "exact"},
+                    training={"steps": 6, "eval_every": 0, "exchange": "collectives", "codec": "topk_ef",
+                              "topk_ratio": 0.25})
+    for k, v in over.items():
+        sections[k] = {**sections.get(k, {}), **v}
+    return make_config(**sections)
+
+
+def _run(cfg, cover_s: float | None = None):
+    """RoomRun over the config; with `cover_s`, a hand over carol's camera for that long, from the moment
+    alice has applied two steps."""
+    import asyncio
+
+    from conftest import run_virtual
+    from wccl.node import RoomRun
+
+    async def go():
+        run = RoomRun(cfg)
+
+        async def hand():
+            alice = next(s for s in run.supervisors if s.node == "alice")
+            while alice.results.get("worker", {}).get("applied", 0) < 2:
+                await asyncio.sleep(0.01)
+            room = run.medium
+            start = room.now() - room.cameras_started_at
+            room.cover("carol", start, start + cover_s)
+
+        if cover_s is None:
+            return await run.run()
+        task = asyncio.create_task(hand())
+        try:
+            return await run.run()
+        finally:
+            task.cancel()
+
+    return run_virtual(go)
+
+
+def test_exchange_auto_is_the_server_up_to_three_nodes_and_collectives_beyond():
+    from conftest import make_config
+    from wccl.config import load_config
+
+    assert make_config().exchange == "server"  # config.toml: alice, bob and the observer carol
+    assert load_config(ROOT / "rooms" / "table-8.toml").exchange == "collectives"
+    assert load_config(ROOT / "rooms" / "circle-4.toml").exchange == "collectives"
+    assert _ranks_config().exchange == "collectives"  # named
+    assert _ranks_config(training={"exchange": "auto"}).exchange == "server"
+
+
+def test_the_built_in_run_on_a_ring_is_bit_exact_with_its_reference():
+    """Three ranks, no parameter server: each step's compressed gradients go round a ring (forced), every
+    rank reduces them as the server would, and every replica ends with the in-process reference's bits
+    (the server's run of the same workers gives the same)."""
+    from protocols.codecs import get_codec
+    from test_node import _reference_sha
+
+    cfg = _ranks_config(collectives={"algorithm": "ring"})
+    result = _run(cfg)
+    assert result["applied"] == 6 and result["replicas_identical"]
+    shas = {n: r["worker"]["params_sha256"] for n, r in result["nodes"].items()}
+    assert set(shas) == {"alice", "bob", "carol"} and set(shas.values()) == {_reference_sha(cfg)}
+    size = get_codec("topk_ef", ratio=0.25).encoded_size(670)
+    for r in result["nodes"].values():
+        w = r["worker"]
+        assert w["algorithms"] == {"ring": 6} and w["bytes_sent"] == 6 * size and w["skipped"] == 0
+        # and what went round came through the cameras: each rank read the other two ranks' parts
+        assert r["collectives"]["bytes_received"] >= 6 * 2 * size
+
+
+def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_fails_them_all(_quiet_logs):
+    """Carol's camera is covered in the middle of the run. For 2 s (less than the timeout): every rank waits
+    for her and the run ends with the reference's bits, later. For longer than the timeout: the step fails,
+    the run fails saying why, and no rank applied that step (the agreement of actors/collectives.py)."""
+    from test_node import _reference_sha
+    from wccl.supervisor import NodeFailed
+
+    cfg = _ranks_config()
+    clear = _run(cfg)
+    covered = _run(cfg, cover_s=2.0)
+    assert covered["replicas_identical"] and covered["applied"] == 6
+    assert {r["worker"]["params_sha256"] for r in covered["nodes"].values()} == {_reference_sha(cfg)}
+    assert covered["sim_seconds"] > clear["sim_seconds"] + 1.0
+
+    _quiet_logs.truncate(0)
+    _quiet_logs.seek(0)
+    with pytest.raises(BaseExceptionGroup) as eg:
+        _run(_ranks_config(collectives={"timeout_s": 3.0}), cover_s=60.0)
+    failed = eg.value.subgroup(NodeFailed).exceptions
+    assert failed and all("the gradient exchange failed on every rank" in str(e) for e in failed)
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines() if line.startswith("{")]
+    applied = {}
+    for e in events:
+        if e["event"] == "step_applied":
+            applied.setdefault(e["node"], set()).add(e["step"])
+    steps = {n: max(s) for n, s in applied.items()}
+    assert set(steps) == {"alice", "bob", "carol"} and len(set(steps.values())) == 1, steps
+    assert max(steps.values()) in (1, 2)  # the run stopped at the covered step, alike on every rank
+

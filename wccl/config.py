@@ -413,6 +413,10 @@ class TrainingConfig(_Strict):
     seed: int = 0  # model initialisation
     data_seed: int = 0  # shuffle, split and batch order
     quorum: int | None = Field(default=None, ge=1)  # gradients the server needs to average (default: all workers)
+    # The built-in run's gradient exchange: "server" (the parameter server reads every worker's screen on a
+    # step schedule), "collectives" (every node is a rank: gradients all-gathered by the algorithm the sight
+    # graph fits, ring, all-see-all or star), "auto": the server in rooms of up to 3 nodes, collectives beyond.
+    exchange: Literal["auto", "server", "collectives"] = "auto"
     eval_every: int = Field(default=1, ge=0)  # evaluate every N steps (0: only at the end)
     # wccl.lab train and wccl.distributed (the built-in run sends bf16 gradients every step)
     split: Literal["iid", "by_class"] = "iid"  # by_class: each laptop holds different classes
@@ -506,6 +510,9 @@ class CollectivesConfig(_Strict):
     # Discovery at start-up: once every rank is up, each camera measures this long (room seconds) which
     # screens it reads and how well, before the ranks agree on the sight graph the algorithms use.
     discovery_s: float = Field(default=1.5, gt=0, le=600)
+    # The built-in run's collectives (python -m wccl.node with exchange = "collectives"): one not done in
+    # this long (room seconds) fails on every rank (wccl.distributed takes init_process_group's timeout).
+    timeout_s: float = Field(default=60.0, gt=0, le=86400)
 
     @field_validator("algorithm")
     @classmethod
@@ -515,6 +522,9 @@ class CollectivesConfig(_Strict):
         if v != "auto" and v not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {v!r} (known: auto, {', '.join(ALGORITHMS)})")
         return v
+
+
+AUTO_SERVER_NODES = 3  # exchange = "auto": rooms of up to this many nodes train through the parameter server
 
 
 class WcclConfig(_Strict):
@@ -550,6 +560,16 @@ class WcclConfig(_Strict):
     @property
     def quorum(self) -> int:
         return self.training.quorum or len(self.room.workers)
+
+    @property
+    def exchange(self) -> str:
+        """The built-in run's exchange: `[training] exchange`, with "auto" resolved from the room's size. Up to
+        3 nodes the server's camera reads every worker (the webcam rooms place them so); with more, no webcam
+        we model reads every screen at once, and the collectives fit the pattern to what each camera reads."""
+        ex = self.training.exchange
+        if ex == "auto":
+            ex = "server" if len(self.room.nodes) <= AUTO_SERVER_NODES else "collectives"
+        return ex
 
 
 def _format_loc(loc: tuple) -> str:

@@ -71,8 +71,15 @@ class RoomRun:
         # A simulated room that names no key gets a fresh one for this run (wccl.keys), as if copied to
         # every laptop; each node gets its own copy of the config, as each laptop reads its own file.
         self.run_key = new_ephemeral() if config.room.medium == "simulated" else None
-        self.supervisors = [NodeSupervisor(config.model_copy(deep=True), n, self.medium, self.stop, origin,
-                                           monitor=self.monitor, run_key=self.run_key)
+        # exchange = "server": each node's supervisor runs the parameter server's step schedule; "collectives":
+        # every node is a rank and all-gathers its gradients by the algorithm its room's sight fits (wccl.ranks).
+        self.node_class = NodeSupervisor
+        if config.exchange == "collectives":
+            from wccl.ranks import TrainingRank
+
+            self.node_class = TrainingRank
+        self.supervisors = [self.node_class(config.model_copy(deep=True), n, self.medium, self.stop, origin,
+                                            monitor=self.monitor, run_key=self.run_key)
                             for n in self.names]
         self.result: dict[str, Any] = {}
         self.faults = {f.node: f for f in faults}
@@ -82,8 +89,6 @@ class RoomRun:
 
     async def _node(self, sup: Any) -> Any:
         """Run one node; with a fault planned for it, kill it and start a fresh one as planned."""
-        from wccl.supervisor import NodeSupervisor
-
         fault = self.faults.get(sup.node)
         if fault is None:
             return await sup.run()
@@ -100,8 +105,8 @@ class RoomRun:
         cfg = self.config.model_copy(deep=True)
         if fault.resume:
             cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
-        fresh = NodeSupervisor(cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
-                               run_key=self.run_key)
+        fresh = self.node_class(cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
+                                run_key=self.run_key)
         self.supervisors[self.supervisors.index(sup)] = fresh
         log.warning("node_restarted", node=sup.node, down_s=fault.down_s)
         fresh.build()
@@ -136,7 +141,7 @@ class RoomRun:
         t0 = loop.time()
         log.info("run_started", nodes=self.names, clock=self.config.room.clock, medium=self.config.room.medium,
                  profile=self.config.room.profile, steps=self.config.training.steps,
-                 schedule=self.config.schedule.preset)
+                 exchange=self.config.exchange, schedule=self.config.schedule.preset)
         for sup in self.supervisors:
             sup.build()
         async with asyncio.TaskGroup() as tg:
@@ -256,9 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = _override(load_config(Path(args.config)), args)
-        builtin_run_check(cfg)
     except ConfigError as e:
         print(f"wccl: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        builtin_run_check(cfg)
+    except ConfigError as e:
+        print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(cfg.logging.format, cfg.logging.level)
     import torch

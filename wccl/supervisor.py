@@ -41,6 +41,7 @@ MAILBOXES: dict[str, tuple[int, Overflow]] = {
     "parameter_server": (256, Overflow.BLOCK),
     "observer": (64, Overflow.BLOCK),
     "collectives": (256, Overflow.BLOCK),
+    "rank_worker": (16, Overflow.BLOCK),
     "intruder": (2, Overflow.DROP_OLDEST),  # what it films: only the latest matters
 }
 SOURCES = ("camera_reader",)  # actors that loop on a source, not on their inbox: cancelled at the end

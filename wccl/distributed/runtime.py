@@ -173,6 +173,35 @@ class CollectiveNode(NodeSupervisor):
     async def submit(self, req: CollectiveRequest | Drain) -> None:
         await self.mailboxes["collectives"].put(req)
 
+    def greet_problem(self) -> str:
+        """What the run handshake (and discovery) still lacks, for the error of a rank that cannot start."""
+        hs, names = self.handshake, self.ranks
+        st = hs.sight
+        key = (f"or they use another room key (this one's fingerprint: {self.key_fingerprint}; "
+               "python -m wccl.keys fingerprint)")
+        silent = [names[r] for r in range(len(names)) if r != self.rank and not hs.echo()[r]]
+        if silent:
+            return (f"never heard of {', '.join(silent)}: no camera in the room reads their screens (or they "
+                    f"did not start), {key}")
+        if st is not None and not st.known:
+            unread = [names[r] for r in range(len(names)) if r != self.rank and r not in hs.trusted]
+            if not st.rows[self.rank].reads:
+                return (f"reads no screen: its camera decoded no frame of this run from "
+                        f"{', '.join(unread)} ({key})")
+            waiting = [names[r] for r in range(len(names)) if not st.rows[r].final]
+            return (f"could not agree on which camera reads which screen: no final word yet from "
+                    f"{', '.join(waiting)} (every rank must read some screen, and their words travel "
+                    "from camera to camera)")
+        if st is not None:
+            missing = [names[r] for r in range(len(names)) if r != self.rank
+                       and ((st.reads(self.rank, r) and r not in hs.trusted)
+                            or (st.reads(r, self.rank) and r not in hs.trusted_by and not st.trusts(r, self.rank)))]
+        else:
+            missing = [names[r] for r in range(len(names)) if r != self.rank
+                       and (r not in hs.trusted or r not in hs.trusted_by)]
+        return (f"could not greet {', '.join(missing)}: their screens are not in view of this camera (or this "
+                f"one of theirs), {key}")
+
 
 def _thread_cpu_clock(ident: int) -> Callable[[], float]:
     """CPU seconds thread `ident` has used so far (readable from any thread)."""
@@ -324,34 +353,7 @@ class RankNode:
         self._cpu_mark = self._program_cpu()
 
     def _greet_problem(self) -> str:
-        """What the handshake still lacks, for init_process_group's error."""
-        sup = self.sup
-        hs, names = sup.handshake, self.config.room.ranks
-        st = hs.sight
-        key = (f"or they use another room key (this one's fingerprint: {sup.key_fingerprint}; "
-               "python -m wccl.keys fingerprint)")
-        silent = [names[r] for r in range(len(names)) if r != sup.rank and not hs.echo()[r]]
-        if silent:
-            return (f"never heard of {', '.join(silent)}: no camera in the room reads their screens (or they "
-                    f"did not start), {key}")
-        if st is not None and not st.known:
-            unread = [names[r] for r in range(len(names)) if r != sup.rank and r not in hs.trusted]
-            if not st.rows[sup.rank].reads:
-                return (f"reads no screen: its camera decoded no frame of this run from "
-                        f"{', '.join(unread)} ({key})")
-            waiting = [names[r] for r in range(len(names)) if not st.rows[r].final]
-            return (f"could not agree on which camera reads which screen: no final word yet from "
-                    f"{', '.join(waiting)} (every rank must read some screen, and their words travel "
-                    "from camera to camera)")
-        if st is not None:
-            missing = [names[r] for r in range(len(names)) if r != sup.rank
-                       and ((st.reads(sup.rank, r) and r not in hs.trusted)
-                            or (st.reads(r, sup.rank) and r not in hs.trusted_by and not st.trusts(r, sup.rank)))]
-        else:
-            missing = [names[r] for r in range(len(names)) if r != sup.rank
-                       and (r not in hs.trusted or r not in hs.trusted_by)]
-        return (f"could not greet {', '.join(missing)}: their screens are not in view of this camera (or this "
-                f"one of theirs), {key}")
+        return self.sup.greet_problem()
 
     def close(self) -> None:
         """Let peers read what they still need (until `drain_s`), then stop the node and its thread."""

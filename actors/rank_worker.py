@@ -1,0 +1,139 @@
+"""RankWorker: the built-in run's replica when every node is a rank (`[training] exchange = "collectives"`).
+
+Consumes: `CollectiveDone` (this node's Collectives actor: every rank's
+gradient, in rank order). Emits: `CollectiveRequest` (this step's gradient,
+to be all-gathered), `Drain` (the run is over: show until the peers have
+what they need, then stop the node).
+
+There is no parameter server and no step schedule: each step every rank
+computes its gradient, encodes it with the run's codec through its own error
+feedback (as a worker of the server's run does), and all-gathers the bytes
+over the light by the algorithm the room's sight graph fits (ring,
+all-see-all or star: protocols.algorithms, chosen by the cost model, logged
+`algorithm_chosen`). Every rank then does what the server does: decodes the
+gradients, leaves out the non-finite, averages the rest in float32 in
+sorted-name order and encodes the average with its downlink error feedback
+(wccl.training.exchange.reduce). The downlink residuals start equal and are
+fed the same bytes, so every rank applies the same bits: the same result as
+the server's run with the same workers, bit for bit.
+
+The collectives' agreement (actors/collectives.py) hands a step's gradients
+on only once every rank holds them, so a step is applied by every rank or by
+none; a step that fails (a camera dark past `[collectives] timeout_s`)
+fails every rank's node with the reason, never a replica that differs.
+
+Compute is charged to the node's clock as in wccl.distributed: a step's
+gradient goes up when a laptop that computes as fast as this machine would
+have it (its CPU time times `[collectives] compute_scale`). Evaluating on the
+test digits is for the logs and is not charged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+from protocols.codecs import Codec, ErrorFeedback
+from protocols.messages import CollectiveDone, CollectiveRequest, Drain
+from wccl.actor import Actor, ActorContext, GiveUp
+from wccl.training.divergence import HINT, DivergenceWatch
+from wccl.training.exchange import reduce
+
+
+class RankWorker(Actor):
+    consumes = (CollectiveDone,)
+
+    def __init__(self, ctx: ActorContext, replica: Any, codec: Codec, names: list[str], steps: int,
+                 greeted: asyncio.Event, greet_problem, greet_timeout_s: float, quorum: int = 1,
+                 eval_every: int = 1, compute_scale: float = 1.0, drain_s: float = 10.0) -> None:
+        """`names`: the ranks in rank order; `greeted`: set once the run handshake and discovery are done
+        (`greet_problem()` says what is missing if they are not within `greet_timeout_s` room seconds)."""
+        super().__init__(ctx)
+        self.replica = replica
+        self.codec = codec
+        self.names = names
+        self.steps = steps
+        self.greeted = greeted
+        self.greet_problem = greet_problem
+        self.greet_timeout_s = greet_timeout_s
+        self.quorum = quorum
+        self.eval_every = eval_every
+        self.compute_scale = compute_scale
+        self.drain_s = drain_s
+        self.numel = replica.numel
+        self.uplink = ErrorFeedback(codec)  # what this rank's codec left out of its gradient
+        self.downlink = ErrorFeedback(codec)  # the average's: alike on every rank
+        self.watch = DivergenceWatch()
+        self.results = ctx.results.setdefault("worker", {"applied": 0, "skipped": 0, "bytes_sent": 0,
+                                                         "gradient_nonfinite": 0, "gradient_undecodable": 0,
+                                                         "algorithms": {}})
+
+    async def run(self) -> None:
+        try:
+            await asyncio.wait_for(self.greeted.wait(), self.greet_timeout_s)
+        except TimeoutError:
+            raise GiveUp(f"{self.greet_problem()} within {self.greet_timeout_s:g} s") from None
+        self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe())
+        mark = self.clock.now()  # node-clock time up to which this rank's compute is charged
+        for step in range(self.steps):
+            cpu0 = time.thread_time()
+            grad, loss = self.replica.compute_gradient(step, raw=True)
+            payload, _ = self.uplink.encode(grad)
+            mark = max(mark, self.clock.now()) + (time.thread_time() - cpu0) * self.compute_scale
+            self.results["bytes_sent"] += len(payload)
+            why = self.watch.observe(loss)
+            if why is not None:
+                self.results["diverging"] = why
+                self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
+            await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=step, op="allgather",
+                                              dtype="uint8", numel=len(payload), inputs=(payload,), root=0,
+                                              ready_at=mark, handle=step))
+            done = await self._done(step)
+            cpu0 = time.thread_time()
+            fields = self._apply(step, done)
+            mark = max(mark, self.clock.now()) + (time.thread_time() - cpu0) * self.compute_scale
+            if fields is None:
+                continue
+            if self.eval_every and (step + 1) % self.eval_every == 0:
+                acc, test_loss = self.replica.evaluate()  # for the logs: not charged
+                fields.update(test_accuracy=round(acc, 4), test_loss=round(test_loss, 4))
+            self.log.info("step_applied", step=step, loss=round(loss, 4), **fields)
+        self._final()
+        await self.emit(Drain(sender=self.ctx.node, time=self.clock.now(), timeout_s=self.drain_s))
+
+    async def _done(self, step: int) -> CollectiveDone:
+        msg = await self.ctx.inbox.get()
+        if not isinstance(msg, CollectiveDone) or msg.seq != step:
+            raise GiveUp(f"step {step}: expected its gradient exchange, got {type(msg).__name__} "
+                         f"#{getattr(msg, 'seq', '?')}")
+        if msg.error is not None:
+            raise GiveUp(f"step {step}: the gradient exchange failed on every rank: {msg.error}")
+        return msg
+
+    def _apply(self, step: int, done: CollectiveDone) -> dict[str, Any] | None:
+        """Reduce every rank's gradient and apply the average; what to log, or None if nothing was."""
+        algos = self.results["algorithms"]
+        algos[done.algorithm] = algos.get(done.algorithm, 0) + 1
+        payloads = {self.names[r]: b"".join(parts) for r, parts in enumerate(done.parts)}
+        red = reduce(self.codec, payloads, self.numel, self.downlink, self.quorum)
+        for key, names in (("gradient_nonfinite", red.nonfinite), ("gradient_undecodable", red.undecodable)):
+            if names:
+                self.results[key] += len(names)
+                self.log.warning(key, step=step, left_out=names)
+        if red.average is None:
+            self.results["skipped"] += 1
+            self.log.warning("step_skipped", step=step, usable=len(red.used), quorum=self.quorum)
+            return None
+        self.replica.apply(red.average)
+        self.results["applied"] += 1
+        return dict(applied=self.results["applied"], algorithm=done.algorithm, averaged=len(red.used))
+
+    def _final(self) -> None:
+        acc, test_loss = self.replica.evaluate()
+        params = self.replica.parameters_flat()
+        self.results.update(test_accuracy=acc, test_loss=test_loss, state_applied=self.results["applied"],
+                            params_sha256=hashlib.sha256(params.numpy().tobytes()).hexdigest())
+        self.log.info("worker_finished", test_accuracy=round(acc, 4), applied=self.results["applied"],
+                      skipped=self.results["skipped"])
