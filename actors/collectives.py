@@ -12,7 +12,7 @@ Every rank issues the same collectives in the same order (torch's rule), so
 the k-th request of every rank is collective `seq` k. Each request starts
 when its rank's program issued it (`ready_at`: the program's compute is
 charged to the node's clock). How its bytes move is an algorithm of
-protocols.algorithms (all_see_all, ring, star), the same on every rank:
+protocols.algorithms (all_see_all, ring, star, tree), the same on every rank:
 chosen by the cost model on the room's sight graph for the op and size, or
 the configured one; its plan says which transfers to show (each to the ranks
 that must read it) and when it has what it needs. Every rank ends with the

@@ -154,8 +154,8 @@ def test_the_cost_model_picks_what_the_cameras_allow():
 def test_a_configured_algorithm_the_room_cannot_carry_is_a_clear_error():
     with pytest.raises(AlgorithmError, match="all_see_all.*cannot carry allreduce.*rank 0 does not read rank 1"):
         choose(ring_sight(3), "allreduce", 100, want="all_see_all")
-    with pytest.raises(AlgorithmError, match="unknown collective algorithm 'tree'"):
-        choose(ring_sight(3), "allreduce", 100, want="tree")
+    with pytest.raises(AlgorithmError, match="unknown collective algorithm 'mesh'"):
+        choose(ring_sight(3), "allreduce", 100, want="mesh")
     with pytest.raises(AlgorithmError, match="no collective algorithm can carry"):
         choose(Sight(3, {(0, 1): 1.0}, 0.1), "allreduce", 100)
 
@@ -165,6 +165,46 @@ def test_the_config_refuses_an_unknown_algorithm(tmp_path):
 
     p = tmp_path / "r.toml"
     p.write_text('[room]\n[[room.nodes]]\nname = "a"\nroles = ["server", "worker"]\n[[room.nodes]]\nname = "b"\n'
-                 'roles = ["worker"]\n[collectives]\nalgorithm = "tree"\n')
-    with pytest.raises(ConfigError, match="unknown algorithm 'tree'"):
+                 'roles = ["worker"]\n[collectives]\nalgorithm = "mesh"\n')
+    with pytest.raises(ConfigError, match="unknown algorithm 'mesh'"):
         load_config(p)
+
+
+def table_sight(g: float = 4_300.0) -> Sight:
+    """rooms/table-8.toml's sight: two rows of four facing each other, each camera reading the screen across
+    and the two diagonal ones (ranks a0, b0, a1, b1, ... in room order)."""
+    names = ["a0", "b0", "a1", "b1", "a2", "b2", "a3", "b3"]
+    return Sight(8, {(i, j): g for i, r in enumerate(names) for j, s in enumerate(names)
+                     if r[0] != s[0] and abs(int(r[1]) - int(s[1])) <= 1}, 0.166)
+
+
+def test_the_trees_use_every_screen_a_camera_reads():
+    from protocols.algorithms.tree import trees
+
+    s = table_sight()
+    tr = trees(s, list(range(8)))
+    for root, parent in tr.items():
+        assert sorted(parent) == [r for r in range(8) if r != root]
+        for r, p in parent.items():
+            assert s.reads(r, p)
+        depth = max(len(_path(parent, r, root)) for r in parent)
+        assert depth <= 4  # against 7 hops round the ring
+    # small tensors go down the trees (fewer rounds), a big all_reduce round the ring (fewer bytes a screen)
+    assert choose(s, "allgather", 1340).name == "tree"
+    assert choose(s, "broadcast", 2680, root=3).name == "tree"
+    assert choose(s, "allreduce", 100_000).name == "ring"
+    est = estimates(s, "allgather", 1340)
+    assert est["tree"] < est["ring"] and isinstance(est["star"], str) and isinstance(est["all_see_all"], str)
+    # where every camera reads every screen, the trees are all-see-all's one round (which wins the tie)
+    assert estimates(Sight.complete(4, 20_000.0, 0.3), "allreduce", 2048)["tree"] == \
+        estimates(Sight.complete(4, 20_000.0, 0.3), "allreduce", 2048)["all_see_all"]
+    # a screen nobody can reach: no tree
+    assert "out of reach" in ALGORITHMS["tree"].feasible(Sight(3, {(0, 1): 1.0, (1, 0): 1.0, (2, 0): 1.0}, 0.1),
+                                                          "allgather")
+
+
+def _path(parent, r, root):
+    out = [r]
+    while out[-1] != root:
+        out.append(parent[out[-1]])
+    return out[1:]

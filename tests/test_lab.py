@@ -214,15 +214,15 @@ def test_collectives_bytes_a_rank_reads_follow_the_algorithm():
 
 def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--room", "rooms/two-laptops-sim.toml",
-                        "--ranks", "3", "--algorithms", "all_see_all,ring,star,tree", "--ops", "all_reduce",
+                        "--ranks", "3", "--algorithms", "all_see_all,ring,star,tree,mesh", "--ops", "all_reduce",
                         "--sizes", "4,2048", "--repeat", "1", "--json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["world"] == 3 and out["ranks"] == 3
-    assert out["algorithms"] == ["all_see_all", "ring", "star", "tree"]
+    assert out["algorithms"] == ["all_see_all", "ring", "star", "tree", "mesh"]
     rows = {(r["algorithm"], r["bytes"]): r for r in out["rows"]}
-    assert set(rows) == {(a, b) for a in ("all_see_all", "ring", "star") for b in (4, 2048)}
+    assert set(rows) == {(a, b) for a in ("all_see_all", "ring", "star", "tree") for b in (4, 2048)}
     for (alg, nbytes), r in rows.items():
         assert r["correct"] and r["ran"] == alg and r["op"] == "all_reduce", r
         assert r["latency_s"] >= r["latency_min_s"] > 0
@@ -230,20 +230,22 @@ def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     assert rows[("all_see_all", 2048)]["received_bytes"] == rows[("star", 2048)]["received_bytes"] == 4096
     assert rows[("star", 2048)]["received_bytes_min"] == 2048
     assert 2728 <= rows[("ring", 2048)]["received_bytes"] <= 2736
+    # where every camera reads every screen the trees are one hop deep: all-see-all's transfers
+    assert rows[("tree", 2048)]["received_bytes"] == 4096
     # ring takes 2(n-1) rounds, all-see-all one
     assert rows[("ring", 4)]["latency_s"] > rows[("all_see_all", 4)]["latency_s"]
-    tree = next(r for r in out["runs"] if r["algorithm"] == "tree")
-    assert "unknown algorithm 'tree'" in tree["reason"] and "\n" not in tree["reason"]
+    mesh = next(r for r in out["runs"] if r["algorithm"] == "mesh")
+    assert "unknown algorithm 'mesh'" in mesh["reason"] and "\n" not in mesh["reason"]
     assert "Traceback" not in p.stderr
 
 
 def test_collectives_lab_says_why_an_algorithm_cannot_run():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--config", "rooms/two-laptops-sim.toml",
-                        "--algorithms", "tree", "--ops", "all_reduce", "--sizes", "4"],
+                        "--algorithms", "mesh", "--ops", "all_reduce", "--sizes", "4"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
-    line = next(ln for ln in p.stdout.splitlines() if "tree" in ln)
-    assert "cannot run" in line and "unknown algorithm 'tree' (known: auto, all_see_all, ring, star)" in line
+    line = next(ln for ln in p.stdout.splitlines() if "mesh" in ln)
+    assert "cannot run" in line and "unknown algorithm 'mesh' (known: auto, all_see_all, ring, star, tree)" in line
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--ranks", "9"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "2 to 8 ranks" in p.stderr

@@ -505,7 +505,7 @@ class CollectivesConfig(_Strict):
     # this long without a new acknowledgement.
     drain_s: float = Field(default=10.0, gt=0, le=3600)
     # How a collective's bytes move (protocols.algorithms): "auto" lets the cost model choose per
-    # collective from which screens each camera reads; or "all_see_all", "ring", "star" for every one.
+    # collective from which screens each camera reads; or "all_see_all", "ring", "star", "tree" for every one.
     algorithm: str = "auto"
     # Discovery at start-up: once every rank is up, each camera measures this long (room seconds) which
     # screens it reads and how well, before the ranks agree on the sight graph the algorithms use.

@@ -14,9 +14,9 @@ graph (`feasible`) and what a collective of a size would cost there
 `choose` picks the cheapest feasible one, or the configured one.
 
 Every algorithm ends every rank with the same bytes: a reduction is folded in
-one fixed order (all_see_all: rank order, on every rank; ring: each chunk once
-around the ring, by the rank that finishes it, then copied; star: by the hub,
-then copied).
+one fixed order (all_see_all and tree: rank order, on every rank; ring: each
+chunk once around the ring, by the rank that finishes it, then copied; star:
+by the hub, then copied).
 
 Add an algorithm: write `protocols/algorithms/NAME.py` defining a `Plan`
 subclass with `name = "NAME"` and list the module in `_MODULES` below.
@@ -192,7 +192,7 @@ class Plan(ABC):
         to write the outputs. A reducing op gets one of the two; broadcast gets the root's in every slot."""
 
 
-_MODULES = ("all_see_all", "ring", "star")
+_MODULES = ("all_see_all", "ring", "star", "tree")
 ALGORITHMS: dict[str, type[Plan]] = named_subclasses(__name__, _MODULES, Plan)
 
 
