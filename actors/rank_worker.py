@@ -22,6 +22,10 @@ on only once every rank holds them, so a step is applied by every rank or by
 none; a step that fails (a camera dark past `[collectives] timeout_s`)
 fails every rank's node with the reason, never a replica that differs.
 
+A RankWorker that fails is not restarted: a fresh one could not rejoin the
+collectives midway (its replica and the group's collective numbers have moved
+on), so the node fails, saying why.
+
 Compute is charged to the node's clock as in wccl.distributed: a step's
 gradient goes up when a laptop that computes as fast as this machine would
 have it (its CPU time times `[collectives] compute_scale`). Evaluating on the
@@ -71,6 +75,16 @@ class RankWorker(Actor):
                                                          "algorithms": {}})
 
     async def run(self) -> None:
+        try:
+            await self._train()
+        except GiveUp:
+            raise
+        except Exception as e:
+            # A fresh RankWorker could not take over: its replica and the group's collective numbers have
+            # moved on. The node fails, saying why, rather than train from a state the others do not share.
+            raise GiveUp(f"the rank's training failed ({e!r}); a rank cannot rejoin its collectives midway") from e
+
+    async def _train(self) -> None:
         try:
             await asyncio.wait_for(self.greeted.wait(), self.greet_timeout_s)
         except TimeoutError:

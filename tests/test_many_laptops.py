@@ -184,3 +184,26 @@ def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_f
     assert set(steps) == {"alice", "bob", "carol"} and len(set(steps.values())) == 1, steps
     assert max(steps.values()) in (1, 2)  # the run stopped at the covered step, alike on every rank
 
+
+
+def test_a_rank_whose_training_fails_fails_its_node_and_is_not_restarted(monkeypatch, _quiet_logs):
+    from wccl.supervisor import NodeFailed
+    from wccl.training.replica import Replica
+
+    calls = [0]
+    real = Replica.compute_gradient
+
+    def flaky(self, step, raw=False):
+        calls[0] += 1
+        if calls[0] == 5:  # the second step of one of the three ranks
+            raise RuntimeError("out of memory (simulated)")
+        return real(self, step, raw=raw)
+
+    monkeypatch.setattr(Replica, "compute_gradient", flaky)
+    with pytest.raises(BaseExceptionGroup) as eg:
+        _run(_ranks_config())
+    failed = eg.value.subgroup(NodeFailed).exceptions
+    assert len(failed) == 1 and "out of memory (simulated)" in str(failed[0])
+    assert "a rank cannot rejoin its collectives midway" in str(failed[0])
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines() if line.startswith("{")]
+    assert not any(e["event"] == "actor_restarted" for e in events)
