@@ -8,7 +8,7 @@ what they need, then stop the node).
 There is no parameter server and no step schedule: each step every rank
 computes its gradient, encodes it with the run's codec through its own error
 feedback (as a worker of the server's run does), and all-gathers the bytes
-over the light by the algorithm the room's sight graph fits (ring,
+over the light by the algorithm the room's sight graph fits (ring, tree,
 all-see-all or star: protocols.algorithms, chosen by the cost model, logged
 `algorithm_chosen`). Every rank then does what the server does: decodes the
 gradients, leaves out the non-finite, averages the rest in float32 in
@@ -90,12 +90,14 @@ class RankWorker(Actor):
         except TimeoutError:
             raise GiveUp(f"{self.greet_problem()} within {self.greet_timeout_s:g} s") from None
         self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe())
-        mark = self.clock.now()  # node-clock time up to which this rank's compute is charged
+        # Node-clock time up to which this rank's compute is charged. Virtual time stands still while it
+        # computes (the mark moves on by the CPU time); real time moves by itself (the mark is then behind).
+        mark = self.clock.now()
         for step in range(self.steps):
-            cpu0 = time.thread_time()
+            start, cpu0 = max(mark, self.clock.now()), time.thread_time()
             grad, loss = self.replica.compute_gradient(step, raw=True)
             payload, _ = self.uplink.encode(grad)
-            mark = max(mark, self.clock.now()) + (time.thread_time() - cpu0) * self.compute_scale
+            mark = start + (time.thread_time() - cpu0) * self.compute_scale
             self.results["bytes_sent"] += len(payload)
             why = self.watch.observe(loss)
             if why is not None:
@@ -103,11 +105,11 @@ class RankWorker(Actor):
                 self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
             await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=step, op="allgather",
                                               dtype="uint8", numel=len(payload), inputs=(payload,), root=0,
-                                              ready_at=mark, handle=step))
+                                              ready_at=max(mark, self.clock.now()), handle=step))
             done = await self._done(step)
-            cpu0 = time.thread_time()
+            start, cpu0 = max(mark, self.clock.now()), time.thread_time()
             fields = self._apply(step, done)
-            mark = max(mark, self.clock.now()) + (time.thread_time() - cpu0) * self.compute_scale
+            mark = start + (time.thread_time() - cpu0) * self.compute_scale
             if fields is None:
                 continue
             if self.eval_every and (step + 1) % self.eval_every == 0:
