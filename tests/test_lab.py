@@ -216,7 +216,7 @@ def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--room", "rooms/two-laptops-sim.toml",
                         "--ranks", "3", "--algorithms", "all_see_all,ring,star,tree,mesh", "--ops", "all_reduce",
                         "--sizes", "4,2048", "--repeat", "1", "--json"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["world"] == 3 and out["ranks"] == 3

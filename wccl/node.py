@@ -248,6 +248,10 @@ def builtin_run_check(cfg: WcclConfig) -> None:
     odd = [f"{k} = {getattr(tr, k)!r}" for k, default in (("sync_every", 1), ("drift_correction", False),
                                                           ("ema", 0.0), ("augment", 0))
            if getattr(tr, k) != default]
+    if cfg.exchange == "collectives":
+        from wccl.ranks import check
+
+        check(cfg)
     if cfg.room.intruders:
         raise ConfigError(f"room.nodes: intruder {cfg.room.intruders[0]!r}: intruders attack the rooms of "
                           "wccl.distributed (python -m wccl.launch); the built-in run has none")
