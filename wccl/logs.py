@@ -7,6 +7,11 @@ Console renderer on a terminal, JSON lines otherwise (or when asked); on a
 terminal one live progress line (`ProgressLine`) stays under the log.
 Taps (`add_tap`) are shown a copy of every event that passes the level
 filter: the live dashboard reads the run's events this way.
+
+The console at level info shows only the run's headlines (`HEADLINES`:
+start, layout, clock sync, recovery, devices) and every warning and error;
+per-step and per-frame detail reaches the console at level debug. JSON logs
+carry every event of the level, whatever it is.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import atexit
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -28,6 +34,21 @@ def _add_room_time(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
         event.setdefault("t", round(asyncio.get_running_loop().time(), 3))
     except RuntimeError:
         pass
+    return event
+
+
+# The info events a console shows at level info; the rest of info (per step, per frame) shows at debug.
+HEADLINES = frozenset({
+    "run_started", "run_folder", "dashboard_listening", "dashboard_waiting_for_page", "dashboard_lingering",
+    "room_key", "node_started", "window_opened", "webcam_opened", "webcam_locked", "rank_ready",
+    "layout_chosen", "sight_known", "schedule_fixed", "schedule_resumed", "server_resumed", "clock_synced",
+    "joining_late", "snapshot_adopted", "observer_recovered",
+})
+
+
+def _headlines_only(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    if method == "info" and event.get("event") not in HEADLINES:
+        raise structlog.DropEvent
     return event
 
 
@@ -52,10 +73,14 @@ def _feed_taps(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
 
 class ProgressLine:
     """One live line under the log on a terminal: step k of N, the phase, the last accuracy, the link's
-    health (frames read / frames read or rejected) and the simulated time left. Log lines go above it."""
+    health (frames read / frames read or rejected) and the simulated time left. Log lines go above it;
+    between them the line is redrawn as the run goes (at most every `REDRAW_S` wall seconds)."""
+
+    REDRAW_S = 0.25
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        self.drawn_at = 0.0
         self.steps: int | None = None
         self.step = -1
         self.phase = "starting"
@@ -81,6 +106,10 @@ class ProgressLine:
             self.frames[1] += sum(rejected.values()) if isinstance(rejected, dict) else 0
         elif name in ("run_finished", "run_interrupted"):
             self.phase = "finished" if name == "run_finished" else "interrupted"
+        if self.shown and time.monotonic() - self.drawn_at > self.REDRAW_S:
+            self.stream.write(f"\r\x1b[K{self.render()}")
+            self.stream.flush()
+            self.drawn_at = time.monotonic()
 
     def render(self) -> str:
         parts = [f"step {self.step + 1}/{self.steps}" if self.steps else "step -", self.phase]
@@ -98,6 +127,7 @@ class ProgressLine:
         self.stream.write(f"{clear}{message}\n{self.render()}")
         self.stream.flush()
         self.shown = True
+        self.drawn_at = time.monotonic()
 
     def close(self) -> None:
         if self.shown:
@@ -122,9 +152,10 @@ _progress: ProgressLine | None = None
 
 
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None,
-                      progress: bool = True) -> None:
+                      progress: bool = True) -> str:
     """Configure structlog for this process. `fmt`: auto | console | json. On a terminal with the
-    console format, `progress` keeps one live progress line under the log."""
+    console format, `progress` keeps one live progress line under the log. Returns the format in use
+    ("console" or "json")."""
     global _progress
     if _progress is not None:
         remove_tap(_progress.tap)
@@ -146,6 +177,8 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
             structlog.processors.JSONRenderer(),
         ]
     elif fmt == "console":
+        if level == "info":
+            processors.append(_headlines_only)
         processors += [
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             structlog.dev.ConsoleRenderer(colors=stream.isatty()),
@@ -165,6 +198,13 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         logger_factory=factory,
         cache_logger_on_first_use=False,
     )
+    return fmt
+
+
+def end_progress() -> None:
+    """End the live progress line (if any), so that what is printed next starts on a line of its own."""
+    if _progress is not None:
+        _progress.close()
 
 
 def get_logger() -> structlog.typing.FilteringBoundLogger:

@@ -23,7 +23,7 @@ import structlog
 
 from wccl.cli import HelpFormatter
 from wccl.config import ConfigError, WcclConfig, load_config
-from wccl.logs import configure_logging
+from wccl.logs import configure_logging, end_progress
 from wccl.media.display import DeviceError
 from wccl.registry import REGISTRY, UnknownPart
 from wccl.timebase import new_loop
@@ -142,6 +142,9 @@ class RoomRun:
         log.info("run_started", nodes=self.names, clock=self.config.room.clock, medium=self.config.room.medium,
                  profile=self.config.room.profile, steps=self.config.training.steps,
                  exchange=self.config.exchange, schedule=self.config.schedule.preset)
+        rec = self.config.recovery
+        if self.config.exchange == "server" and self.config.room.server in self.names and rec.checkpoint_every:
+            log.info("run_folder", path=rec.checkpoint_dir, holds=f"checkpoints every {rec.checkpoint_every} steps")
         for sup in self.supervisors:
             sup.build()
         async with asyncio.TaskGroup() as tg:
@@ -219,7 +222,32 @@ def _override(cfg: WcclConfig, args: argparse.Namespace) -> WcclConfig:
     return cfg
 
 
-async def _main_async(cfg: WcclConfig, only: str | None) -> int:
+def summary_table(result: dict[str, Any]) -> str:
+    """The end of a run in a few lines, for a terminal: accuracy, steps, times, and per node what its
+    screen sent and its camera read and lost (by reason). The same figures are in `run_finished`."""
+    acc = result["test_accuracy"]
+    lines = [f"run {'interrupted' if result['stopped'] else 'finished'}: {result['applied']} of {result['steps']} "
+             f"steps applied, test accuracy {acc:.3f}"]
+    same = {True: "identical", False: "DIFFERENT", None: "-"}
+    lines.append(f"  replicas {same[result['replicas_identical']]}, observers {same[result['observer_identical']]}; "
+                 f"{result['sim_seconds']:.1f} s room time, {result['wall_seconds']:.1f} s wall")
+    if result["restarts"]:
+        lines.append(f"  restarts: {', '.join(f'{n} {k}' for n, k in result['restarts'].items())}")
+    rows = [("node", "frames shown", "bytes sent", "frames read", "frames lost (by reason)")]
+    for name, actors in result["nodes"].items():
+        link = result["link"].get(name, {})
+        shown = sum(a.get("frames_shown", 0) for a in actors.values() if isinstance(a, dict))
+        sent = sum(a.get("bytes_sent", 0) + a.get("bytes_posted", 0) for a in actors.values() if isinstance(a, dict))
+        lost = {k.removeprefix("frames_rejected_"): v for k, v in link.items()
+                if k.startswith("frames_rejected_") and v}
+        lost_text = ", ".join(f"{k} {v}" for k, v in sorted(lost.items(), key=lambda kv: -kv[1])) or "none"
+        rows.append((name, str(shown), str(sent), str(link.get("frames_ok", 0)), lost_text))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+    return "\n".join(lines)
+
+
+async def _main_async(cfg: WcclConfig, only: str | None, summary: bool = False) -> int:
     from wccl.supervisor import NodeFailed
 
     loop = asyncio.get_running_loop()
@@ -238,6 +266,9 @@ async def _main_async(cfg: WcclConfig, only: str | None) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    if summary:
+        end_progress()
+        print(summary_table(result), flush=True)
     return EXIT_INTERRUPTED if result["stopped"] else EXIT_OK
 
 
@@ -273,14 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    configure_logging(cfg.logging.format, cfg.logging.level)
+    fmt = configure_logging(cfg.logging.format, cfg.logging.level)
     import torch
 
     # One thread: the model is tiny, and gradients must not depend on the thread count (bit-exact replicas).
     torch.set_num_threads(1)
     try:
         with asyncio.Runner(loop_factory=lambda: new_loop(cfg.room.clock)) as runner:
-            return runner.run(_main_async(cfg, args.node))
+            return runner.run(_main_async(cfg, args.node, summary=fmt == "console"))
     except (ConfigError, UnknownPart) as e:
         print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
         return EXIT_CONFIG
