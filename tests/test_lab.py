@@ -235,7 +235,7 @@ def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     # ring takes 2(n-1) rounds, all-see-all one
     assert rows[("ring", 4)]["latency_s"] > rows[("all_see_all", 4)]["latency_s"]
     mesh = next(r for r in out["runs"] if r["algorithm"] == "mesh")
-    assert "unknown algorithm 'mesh'" in mesh["reason"] and "\n" not in mesh["reason"]
+    assert "'mesh' is not an algorithm" in mesh["reason"] and "\n" not in mesh["reason"]
     assert "Traceback" not in p.stderr
 
 
@@ -245,7 +245,8 @@ def test_collectives_lab_says_why_an_algorithm_cannot_run():
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
     line = next(ln for ln in p.stdout.splitlines() if "mesh" in ln)
-    assert "cannot run" in line and "unknown algorithm 'mesh' (known: auto, all_see_all, ring, star, tree)" in line
+    assert "cannot run" in line and ("collectives.algorithm: 'mesh' is not an algorithm; choose one of auto, "
+                                     "all_see_all, ring, star, tree") in line
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--ranks", "9"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "2 to 8 ranks" in p.stderr

@@ -1,17 +1,21 @@
 """`wccl COMMAND ...`: one command for everything; each `python -m wccl.X` keeps working.
 
-    wccl run --config config.toml                 # the built-in run (python -m wccl.node)
-    wccl launch --config ROOM.toml train.py ...   # your PyTorch script on every laptop (python -m wccl.launch)
-    wccl lab bench|sweep|sync|collectives|train   # measure the link, collectives, training (python -m wccl.lab)
-    wccl devices                                  # cameras and displays (python -m wccl.devices)
-    wccl room snapshot|fit|bench|serve ...        # the simulated room's tools (python -m wccl.room.X)
+    wccl run --config config.toml                  # the built-in run (python -m wccl.node)
+    wccl launch --config ROOM.toml train.py ...    # your PyTorch script on every laptop (python -m wccl.launch)
+    wccl lab bench|sweep|sync|collectives|train    # measure the link, collectives, training (python -m wccl.lab)
+    wccl devices                                   # cameras and displays (python -m wccl.devices)
+    wccl keys new|fingerprint ...                  # room keys (python -m wccl.keys)
+    wccl room snapshot|fit|bench|serve ...         # the simulated room's tools (python -m wccl.room.X)
 
-`wccl COMMAND --help` lists the command's options with their defaults.
+`wccl` alone prints the commands to stderr and exits 2 (`wccl --help`: to
+stdout, exit 0); `wccl room` likewise lists the room's tools. `wccl COMMAND
+--help` lists the command's options with their defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import sys
 
@@ -32,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("wccl.launch", "run a PyTorch script on every laptop of a room (the 'wccl' backend)"),
     "lab": ("wccl.lab.__main__", "measure the link, collectives, training: bench, sweep, sync, collectives, train"),
     "devices": ("wccl.devices", "list this laptop's cameras and displays"),
+    "keys": ("wccl.keys", "make a room key, or fingerprint one (new, fingerprint)"),
     "seeds": ("wccl.training.seeds", "the seed study of the built-in model"),
 }
 ROOM_COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,27 +47,45 @@ ROOM_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def _usage() -> str:
-    lines = ["usage: wccl COMMAND [options]   (wccl COMMAND --help for its options)", "", "commands:"]
-    lines += [f"  {name:<9} {text}" for name, (_, text) in COMMANDS.items()]
-    lines += [f"  room {name:<4} {text}" for name, (_, text) in ROOM_COMMANDS.items()]
-    return "\n".join(lines)
+def _columns(rows: list[tuple[str, str]]) -> list[str]:
+    """`  name  description` lines, every description starting in the same column."""
+    width = max(len(name) for name, _ in rows)
+    return [f"  {name:<{width}}  {text}" for name, text in rows]
+
+
+def usage() -> str:
+    """The top-level help: every command, and the room's tools as `room NAME`."""
+    rows = [(name, text) for name, (_, text) in COMMANDS.items()]
+    rows += [(f"room {name}", text) for name, (_, text) in ROOM_COMMANDS.items()]
+    return "\n".join(["usage: wccl COMMAND [options]   (wccl COMMAND --help lists its options)", "", "commands:",
+                      *_columns(rows)])
+
+
+def room_usage() -> str:
+    """`wccl room`'s help: the simulated room's tools, its subcommands."""
+    rows = [(name, text) for name, (_, text) in ROOM_COMMANDS.items()]
+    return "\n".join(["usage: wccl room SUBCOMMAND [options]   (wccl room SUBCOMMAND --help lists its options)", "",
+                      "the simulated room's tools:", *_columns(rows)])
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command's `main` with the rest of the arguments; its exit status, or 2 for no or no such command."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
+    prog, table, help_text, what = "wccl", COMMANDS, usage, "command"
+    if argv[:1] == ["room"]:
+        prog, table, help_text, what = "wccl room", ROOM_COMMANDS, room_usage, "subcommand"
+        argv = argv[1:]
+    if not argv:
+        print(help_text(), file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help"):
+        print(help_text())
         return 0
     name, rest = argv[0], argv[1:]
-    table = COMMANDS
-    if name == "room":
-        if not rest or rest[0] in ("-h", "--help"):
-            print(_usage())
-            return 0 if rest else 2
-        name, rest, table = rest[0], rest[1:], ROOM_COMMANDS
     if name not in table:
-        print(f"wccl: no command {name!r}\n\n{_usage()}", file=sys.stderr)
+        near = difflib.get_close_matches(name, list(table), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else ""
+        print(f"{prog}: no {what} {name!r}{hint}\n\n{help_text()}", file=sys.stderr)
         return 2
     module = importlib.import_module(table[name][0])
     return int(module.main(rest) or 0)

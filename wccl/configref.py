@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import types
 import typing
 
 from pydantic import BaseModel
@@ -45,12 +46,28 @@ def _comments(cls: type) -> dict[str, str]:
     return out
 
 
-def _type(annotation) -> str:
-    if typing.get_origin(annotation) is typing.Literal:
-        return " / ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in typing.get_args(annotation))
-    text = str(annotation).replace("typing.", "")
-    text = re.sub(r"<class '([\w.]+)'>", lambda m: m.group(1).rsplit(".", 1)[-1], text)
-    return re.sub(r"wccl\.config\.", "", text).replace(" | ", " or ")
+def _choices(names) -> str:
+    return " / ".join(f'"{a}"' if isinstance(a, str) else str(a) for a in names)
+
+
+def _type(annotation, field=None) -> str:
+    """A field's type in words: its choices for an enumerated one (Literal, or OneOf: a module's names, or a
+    registry kind's, which tests may add to), else the type with `or` for unions."""
+    checks = [m.func for m in (field.metadata if field is not None else ())
+              if isinstance(getattr(m, "func", None), C.OneOf)]
+    if checks:
+        names = checks[0].names
+        return f"str: a registered {names.kind}" if isinstance(names, C.Registered) else _choices(names())
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return _choices(args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type(a) for a in args)
+    if origin is not None:
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(_type(a) for a in args)}]"
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
 
 
 def _bounds(field) -> str:
@@ -88,7 +105,7 @@ def reference() -> str:
         lines += ["| key | type | default | bounds | meaning |", "|---|---|---|---|---|"]
         notes = _comments(cls)
         for name, field in cls.model_fields.items():
-            lines.append(f"| `{name}` | {_type(field.annotation)} | {_default(field)} | {_bounds(field)} | "
+            lines.append(f"| `{name}` | {_type(field.annotation, field)} | {_default(field)} | {_bounds(field)} | "
                          f"{notes.get(name, '').replace('|', '/')} |")
         lines.append("")
     return "\n".join(lines)

@@ -4,6 +4,8 @@
     python -m wccl.keys fingerprint room.key  8 hex digits: the same on every laptop of the room
     python -m wccl.keys fingerprint --config rooms/two-laptops.toml
 
+(`wccl keys ...` is the same command.)
+
 A room names its key with `[room] key_file = "room.key"` or `key_env =
 "WCCL_ROOM_KEY"` (a passphrase in that environment variable, stretched with
 scrypt). A simulated room that names neither gets a fresh random key for
