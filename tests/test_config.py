@@ -77,6 +77,12 @@ BAD = {
     "observer_without_server": ({"training": {"exchange": "collectives"}},
                                 "observer 'carol' watches a parameter server's screen"),
     "unknown_actor_policy": ({"supervision": {"actors": {"janitor": {"max_restarts": 1}}}}, "janitor"),
+    "exact_room_channel": ({"room": {"profile": "exact", "channel": {"blur_sigma_px": 1.0}}},
+                           "room.channel: the 'exact' profile takes no channel parameters"),
+    "exact_node_channel": ({"room": {"profile": "exact", "nodes": [
+        {"name": "alice", "roles": ["server", "worker"]},
+        {"name": "bob", "roles": ["worker"], "channel": {"blur_sigma_px": 1.0, "yaw_deg": 3.0}}]}},
+        "room.nodes[1].channel: the 'exact' profile takes no channel parameters but a pose"),
 }
 
 
@@ -86,7 +92,7 @@ def test_bad_config_exits_2_naming_file_and_key(case, tmp_path, capsys):
     data = shipped_config_dict()
     if "room" in update and "nodes" in update["room"]:
         data["room"]["nodes"] = update["room"]["nodes"]
-        update = {}
+        update = {"room": {k: v for k, v in update["room"].items() if k != "nodes"}}
     path = _write(tmp_path, deep_update(data, update))
     assert main(["--config", path]) == 2
     err = capsys.readouterr().err

@@ -277,6 +277,16 @@ class RoomConfig(_Strict):
 
     @model_validator(mode="after")
     def _roles_work(self) -> RoomConfig:
+        if self.profile == "exact":
+            from wccl.room.room import POSE_KEYS
+
+            if self.channel:
+                raise user_error("the 'exact' profile takes no channel parameters (choose profile 'ideal', "
+                                 "'webcam' or 'harsh')", "channel")
+            for i, n in enumerate(self.nodes):
+                if set(n.channel) - POSE_KEYS:  # where a laptop stands may stay: the perfect camera ignores it
+                    raise user_error(f"the 'exact' profile takes no channel parameters but a pose "
+                                     f"({', '.join(sorted(POSE_KEYS))})", "nodes", i, "channel")
         for i, n in enumerate(self.nodes):
             want = CAMERAS_OF_MEDIUM.get(n.camera)
             if want is not None and want != self.medium:
