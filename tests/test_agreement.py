@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-import actors  # noqa: F401  (registers the actors)
+import pytest
 from conftest import make_config, run_virtual
+
+import actors  # noqa: F401  (registers the actors)
 from protocols.messages import CollectiveRequest, Drain
 from wccl.distributed.runtime import CollectiveNode
 from wccl.room import SimulatedRoom
@@ -74,6 +76,7 @@ def _run(cover_s: float, timeout_s: float):
     return run_virtual(go)
 
 
+@pytest.mark.slow
 def test_a_camera_covered_midway_for_less_than_the_timeout_delays_every_rank_alike():
     done, took = _run(cover_s=2.5, timeout_s=30.0)
     want = tuple((bytes([7 * i + 3]) * BIG,) for i in range(3))
@@ -84,6 +87,7 @@ def test_a_camera_covered_midway_for_less_than_the_timeout_delays_every_rank_ali
     assert min(took.values()) > 2.5, took
 
 
+@pytest.mark.slow
 def test_a_camera_covered_midway_for_longer_than_the_timeout_fails_the_collective_on_every_rank():
     done, _ = _run(cover_s=30.0, timeout_s=4.0)
     for n in NAMES:

@@ -67,6 +67,7 @@ def matrix(request, tmp_path_factory):
     return lines
 
 
+@pytest.mark.slow
 def test_every_collective_dtype_and_op_is_right_on_every_rank(matrix):
     cases = matrix[0]["cases"]
     assert len(cases) > 60  # 6 dtypes x (all_reduce ops, broadcast, 2 gathers, 2 reduce-scatters) + more
@@ -81,12 +82,14 @@ def test_every_collective_dtype_and_op_is_right_on_every_rank(matrix):
         assert must in cases
 
 
+@pytest.mark.slow
 def test_every_rank_ends_with_the_same_bits(matrix):
     assert len({d["digest"] for d in matrix}) == 1
 
 
 # ---- DDP, comm hooks, against gloo -----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ddp_in_an_exact_room_equals_gloo_bit_for_bit(tmp_path):
     proc, lines = launch(room_file(tmp_path), EXAMPLES / "ddp_mnist.py", "--steps", "8")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -95,6 +98,7 @@ def test_ddp_in_an_exact_room_equals_gloo_bit_for_bit(tmp_path):
     assert all(d["sim_seconds"] > 0 for d in lines)
 
 
+@pytest.mark.slow
 def test_powersgd_hook_runs_unchanged_and_equals_gloo(tmp_path):
     # PowerSGD all-reduces inside future callbacks and waits there: no deadlock.
     proc, lines = launch(room_file(tmp_path), EXAMPLES / "powersgd.py", "--steps", "5", "--start-iter", "2")
@@ -127,6 +131,7 @@ def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
 
 # ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------
 
+@pytest.mark.slow
 def test_a_dead_rank_fails_the_others_clearly_after_the_timeout(tmp_path):
     # The launcher stops the survivors `--grace-s` wall seconds after a rank fails; alice needs 5 simulated
     # seconds (her timeout), which on a loaded 2-core machine can take longer than the default 30 s.
@@ -178,6 +183,7 @@ def test_init_method_errors_name_what_is_wrong(tmp_path, url_tail, world, messag
     assert proc.returncode != 0 and message in proc.stderr
 
 
+@pytest.mark.slow
 def test_init_method_wccl_without_the_launcher(tmp_path):
     """Two processes started by hand: `init_method='wccl://ROOM?node=NAME'` and a room started by hand."""
     cfg = room_file(tmp_path)
@@ -218,6 +224,7 @@ def _in_session(sid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_process_the_launcher_started(tmp_path):
     cmd = [sys.executable, "-m", "wccl.launch", "--config", str(room_file(tmp_path)), str(SCRIPTS / "forever.py")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
@@ -237,6 +244,7 @@ def test_ctrl_c_stops_every_process_the_launcher_started(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [1.0, 0.0])
 def test_a_ranks_compute_is_charged_to_the_room_time(tmp_path, scale):
     """Rank 0 computes 0.4 s of CPU between two all-reduces: with compute_scale 1 its second all-reduce
@@ -253,6 +261,7 @@ def test_a_ranks_compute_is_charged_to_the_room_time(tmp_path, scale):
         assert all(t < 0.4 for t in took), took
 
 
+@pytest.mark.slow
 def test_a_callbacks_compute_is_charged_too(tmp_path):
     """The same 0.4 s of CPU inside a callback on the first all-reduce's future (where a comm hook such as
     PowerSGD computes), with the second all-reduce issued from the callback: it goes up 0.4 s later, so
@@ -280,10 +289,12 @@ def _check_compressed(lines: list[dict], world: int) -> None:
     assert lines[0]["local"]["bytes"] == lines[0]["local"]["expected_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_codec_hooks_and_local_steps_over_gloo():
     _check_compressed(torchrun(SCRIPTS / "compressed.py", 2), 2)
 
 
+@pytest.mark.slow
 def test_codec_hooks_and_local_steps_over_light_frame_exactly_the_codec_bytes(tmp_path):
     proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--codecs", "int8,topk_ef")
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -301,6 +312,7 @@ def test_codec_hooks_and_local_steps_over_light_frame_exactly_the_codec_bytes(tm
     assert d2["bytes_posted"] - d["bytes_posted"] == codec_bytes2 - codec_bytes
 
 
+@pytest.mark.slow
 def test_local_steps_refuse_ranks_that_start_apart(tmp_path):
     proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--mismatch")
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -59,6 +59,7 @@ def test_any_cells_raise_only_uncorrectable(n, hi, with_conf, seed):
         pass
 
 
+@pytest.mark.slow
 def test_the_fuzzer_finds_nothing_in_a_short_run():
     from wccl.lab.fuzz import ENTRY_POINTS, fuzz
 

@@ -114,6 +114,7 @@ def test_frames_of_another_session_or_an_unknown_sender_are_ignored():
     assert len(got) == 1 and got[0].payload == data and got[0].origin == "bob"
 
 
+@pytest.mark.slow
 def test_dropped_frames_are_covered_by_the_fountain_code():
     """A camera that loses a third of its captures still gets every tensor, exactly."""
     cfg = with_overrides(make_config(room={"channel": {"drop_prob": 0.35}}), "ideal",

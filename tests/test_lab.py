@@ -6,11 +6,13 @@ import json
 import subprocess
 import sys
 
-from wccl.lab.bench import run_bench, with_overrides
-
+import pytest
 from conftest import ROOT, make_config
 
+from wccl.lab.bench import run_bench, with_overrides
 
+
+@pytest.mark.slow
 def test_bench_delivers_every_tensor_exactly_on_the_exact_profile():
     cfg = with_overrides(make_config(), "exact", {"rows": 40, "cols": 70, "cell_px": 16, "hold_s": 0.2})
     r = run_bench(cfg, nbytes=20_000, tensor_bytes=5_000)
@@ -46,6 +48,7 @@ def test_spare_frames_cover_the_measured_loss_and_no_more():
     assert spare_frames(28, 50, 1110) < spare_frames(28, 5, 111)
 
 
+@pytest.mark.slow
 def test_the_bench_chooses_its_layout_and_repair_when_the_room_pins_none():
     cfg = with_overrides(make_config(), "exact", {})
     assert cfg.link.choose == "auto"
@@ -63,6 +66,7 @@ def test_the_bench_chooses_its_layout_and_repair_when_the_room_pins_none():
     assert r["frames_per_tensor"] == c["source_frames"] + spare_frames(c["source_frames"], 0, c["frames_shown"])
 
 
+@pytest.mark.slow
 def test_bench_cli_prints_one_json_object():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "bench", "--config", "config.toml", "--profile", "exact",
                         "--bytes", "3000", "--tensor-bytes", "1500", "--set", "hold_s=0.2", "--json"],
@@ -81,6 +85,7 @@ def test_bench_rejects_a_bad_override():
     assert p.returncode == 2 and "link.colours" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_sync_bench_reports_clock_residuals_and_lockstep():
     from wccl.lab.syncbench import run_sync_bench
 
@@ -91,6 +96,7 @@ def test_sync_bench_reports_clock_residuals_and_lockstep():
     assert r["step_period_s"] <= 2.0 and abs(r["estimated_clocks"]["bob"]["offset_s"]) > 1.0
 
 
+@pytest.mark.slow
 def test_the_bench_says_why_nothing_got_through():
     # The shipped room places carol beside bob, turned to alice's screen: carol's camera never sees bob's.
     cfg = with_overrides(make_config(), "exact", {"hold_s": 0.2})
@@ -115,6 +121,7 @@ def _train_room(tmp_path):
     return f
 
 
+@pytest.mark.slow
 def test_lab_train_over_light_writes_the_curve_and_keeps_replicas_identical(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "wccl.lab", "train", "--config", str(_train_room(tmp_path)),
@@ -141,6 +148,7 @@ def test_lab_train_over_light_writes_the_curve_and_keeps_replicas_identical(tmp_
     assert json.loads(proc.stdout.strip().splitlines()[-1])["params_sha256"] == result["params_sha256"]
 
 
+@pytest.mark.slow
 def test_lab_train_says_when_a_run_diverges(tmp_path):
     # LeNet-5 under Adam at lr 0.5 (its default is 0.002; --set wins over the new model's defaults): the loss
     # jumps five orders of magnitude at the second step and the run ends at chance. Over gloo: 10 s.
@@ -161,6 +169,7 @@ def test_lab_train_says_when_a_run_diverges(tmp_path):
     assert result["diverging"] is None and result["test_accuracy"] > 0.6 and "diverg" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_lab_train_names_a_bad_key(tmp_path):
     for extra, key in ((["--set", "topk_ratio=3"], "training.topk_ratio"), (["--codec", "zip"], "codec"),
                        (["--set", "colour=1"], "training.colour: unknown key")):
@@ -212,6 +221,7 @@ def test_collectives_bytes_a_rank_reads_follow_the_algorithm():
     assert _received("barrier", 4, 3, "all_see_all") == [2, 2, 2]
 
 
+@pytest.mark.slow
 def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--room", "rooms/two-laptops-sim.toml",
                         "--ranks", "3", "--algorithms", "all_see_all,ring,star,tree,mesh", "--ops", "all_reduce",
@@ -239,6 +249,7 @@ def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_collectives_lab_says_why_an_algorithm_cannot_run():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--config", "rooms/two-laptops-sim.toml",
                         "--algorithms", "mesh", "--ops", "all_reduce", "--sizes", "4"],
@@ -252,6 +263,7 @@ def test_collectives_lab_says_why_an_algorithm_cannot_run():
     assert p.returncode == 2 and "2 to 8 ranks" in p.stderr
 
 
+@pytest.mark.slow
 def test_the_cimbar_comparison_says_where_to_get_cimbar_when_it_is_not_built(tmp_path):
     env = dict(__import__("os").environ)
     env.pop("WCCL_CIMBAR", None)

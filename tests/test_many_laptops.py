@@ -134,6 +134,7 @@ def test_exchange_auto_is_the_server_up_to_three_nodes_and_collectives_beyond():
     assert _ranks_config(training={"exchange": "auto"}).exchange == "server"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_the_built_in_run_on_the_collectives_is_bit_exact_with_its_reference(algorithm):
     """Three ranks, no parameter server: each step's compressed gradients go round a ring or down the trees
@@ -155,6 +156,7 @@ def test_the_built_in_run_on_the_collectives_is_bit_exact_with_its_reference(alg
         assert r["collectives"]["bytes_received"] >= 6 * 2 * size
 
 
+@pytest.mark.slow
 def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_fails_them_all(_quiet_logs):
     """Carol's camera is covered in the middle of the run. For 2 s (less than the timeout): every rank waits
     for her and the run ends with the reference's bits, later. For longer than the timeout: the step fails,
@@ -186,6 +188,7 @@ def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_f
 
 
 
+@pytest.mark.slow
 def test_a_rank_whose_training_fails_fails_its_node_and_is_not_restarted(monkeypatch, _quiet_logs):
     from wccl.supervisor import NodeFailed
     from wccl.training.replica import Replica

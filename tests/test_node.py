@@ -42,6 +42,7 @@ def _reference_sha(cfg) -> str:
     return hashlib.sha256(params.numpy().tobytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_optical_run_is_bit_exact_with_in_process_reference():
     cfg = make_config(training={"steps": 6, "eval_every": 0})
     result = run_room(cfg)
@@ -56,6 +57,7 @@ def test_optical_run_is_bit_exact_with_in_process_reference():
     assert abs(bob_clock["offset_s"]) > 1.0 and bob_clock["residual_max_ms"] < 15
 
 
+@pytest.mark.slow
 def test_a_built_in_run_with_a_codec_and_a_by_class_split_is_bit_exact_with_its_reference():
     from protocols.codecs import get_codec
 
@@ -75,6 +77,7 @@ def test_a_built_in_run_with_a_codec_and_a_by_class_split_is_bit_exact_with_its_
     assert result["nodes"]["alice"]["server"]["bytes_sent"] == 6 * size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("blind", ["bob", "alice"])
 def test_camera_swapped_for_a_fake_through_the_registry(blind, _quiet_logs):
     # One camera has its lens cap on. Bob then never reads alice's frames (or alice never reads bob's, so
@@ -136,6 +139,7 @@ def _crashing_camera_reader(crashes: int | None):
     return Crashing
 
 
+@pytest.mark.slow
 def test_crashing_actor_is_restarted_by_policy_and_the_run_stays_exact():
     REGISTRY.register("actor.camera_reader", "crash_twice", _crashing_camera_reader(2), replace=True)
     cfg = make_config(training={"steps": 4, "eval_every": 0},
@@ -224,6 +228,7 @@ def test_nodes_share_no_state_but_the_room():
     assert id(back_channel) in a.keys() & b.keys()
 
 
+@pytest.mark.slow
 def test_sigint_shuts_down_cleanly():
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     p = subprocess.Popen([sys.executable, "-m", "wccl.node", "--config", "config.toml", "--clock", "realtime",

@@ -40,6 +40,7 @@ def _events(buf, name: str) -> list[dict]:
     return [e for e in map(json.loads, buf.getvalue().splitlines()) if e["event"] == name]
 
 
+@pytest.mark.slow
 def test_observer_rebuilds_the_servers_model_bit_for_bit_from_light(_quiet_logs):
     cfg = make_config(**FAST, training={"steps": 4})
     result = run_room(cfg)
@@ -59,6 +60,7 @@ def test_observer_rebuilds_the_servers_model_bit_for_bit_from_light(_quiet_logs)
     assert "screen" not in nodes["carol"] and "worker" not in nodes["carol"]
 
 
+@pytest.mark.slow
 def test_a_blind_observer_applies_nothing_and_ends_with_the_room():
     # Lens cap on: nothing reaches the observer any other way, and the run still ends when the trainers do.
     nodes = [dict(n) for n in TRIO]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import make_config, run_room
 
 FAST = {
@@ -20,6 +21,7 @@ def _nodes(key, **bob):
             "nodes": [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"], **bob}]}
 
 
+@pytest.mark.slow
 def test_replayed_recording_decodes_identically(tmp_path):
     path = tmp_path / "bob.nut"
     key = tmp_path / "room.key"

@@ -50,6 +50,7 @@ def test_anchors_and_alignment_on_a_raw_photo():
     assert rate < 0.02
 
 
+@pytest.mark.slow
 @needs_photos
 def test_simulated_webcam_is_at_least_as_hard_as_the_photo():
     from wccl.room.fit import sim_error

@@ -295,6 +295,7 @@ def ok(res: dict) -> dict:
 
 
 # (a) two node processes see each other's screens on virtual time, the same way every run
+@pytest.mark.slow
 def test_two_processes_swap_images_deterministically(where, servers):
     config = write_room(where, "exact")
     specs = {"alice": {"shows": [[0.0, 11], [0.05, 12]], "captures": 3},
@@ -328,6 +329,7 @@ def test_two_processes_swap_images_deterministically(where, servers):
 
 
 # (b) the service's captures are the in-process room's, byte for byte (webcam: jitter, exposure, noise, JPEG)
+@pytest.mark.slow
 def test_service_captures_match_in_process_room(where, servers):
     # Many drops and stalls, and bob reads slowly (missed slots): every path of the camera's schedule.
     config = write_room(where, "webcam", seed=5, channel="drop_prob = 0.3, stall_rate_hz = 3.0")
@@ -349,6 +351,7 @@ def test_service_captures_match_in_process_room(where, servers):
 
 
 # (c) the room's time stands still while a node is busy, and a thread can wake a node waiting in the room
+@pytest.mark.slow
 def test_time_waits_for_a_busy_node(where, servers):
     config = write_room(where, "exact")
     sock = where / "r.sock"
@@ -368,6 +371,7 @@ def test_time_waits_for_a_busy_node(where, servers):
 
 
 # (d) a node process that dies is dropped; the other goes on; (e) the room leaves when everyone has
+@pytest.mark.slow
 def test_dead_node_is_dropped_and_the_other_goes_on(where, servers):
     config = write_room(where, "exact")
     sock = where / "r.sock"
@@ -384,6 +388,7 @@ def test_dead_node_is_dropped_and_the_other_goes_on(where, servers):
     assert events[-1]["event"] == "room_empty"
 
 
+@pytest.mark.slow
 def test_deadlock_ends_the_room_and_the_nodes_say_so(where, servers):
     config = write_room(where, "exact")
     sock = where / "r.sock"
@@ -397,6 +402,7 @@ def test_deadlock_ends_the_room_and_the_nodes_say_so(where, servers):
         assert res[n]["rc"] == 4 and "the room closed" in res[n]["error"]
 
 
+@pytest.mark.slow
 def test_realtime_room(where, servers):
     config = write_room(where, "exact")
     sock = where / "r.sock"

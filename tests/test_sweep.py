@@ -9,11 +9,22 @@ import subprocess
 import sys
 import tomllib
 
-from wccl.config import parse_config
-from wccl.lab.sweep import (BEST_TOML, CSV_NAME, PLOTS, RESULTS, SUMMARY, best_point, grid_for, make_points,
-                            margin_of, run_sweep)
-
+import pytest
 from conftest import ROOT, shipped_config_dict
+
+from wccl.config import parse_config
+from wccl.lab.sweep import (
+    BEST_TOML,
+    CSV_NAME,
+    PLOTS,
+    RESULTS,
+    SUMMARY,
+    best_point,
+    grid_for,
+    make_points,
+    margin_of,
+    run_sweep,
+)
 
 SMALL = dict(screen_w=1280, screen_h=720, border=1, margin=1, nbytes=6000, tensor_bytes=3000, repair=0.25, extra=2,
              seed=0)
@@ -40,6 +51,7 @@ def test_grid_fills_the_screen_and_fits():
     assert [margin_of(p.__dict__, 1280, 720, 1) for p in two] == [None, 1, 6]
 
 
+@pytest.mark.slow
 def test_sweep_resumes_without_redoing_finished_points(tmp_path):
     cfg = _cfg_data()
     two = make_points(["exact"], [16], [8], [0.1], [0.8], hackathon=False, **SMALL) + \
@@ -94,6 +106,7 @@ def test_budget_excludes_lost_tensors_and_undetected_errors():
     assert best_point(recs[:2], 0.0) is None
 
 
+@pytest.mark.slow
 def test_small_sweep_end_to_end_through_the_cli(tmp_path):
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "wccl.lab", "sweep", "--config", "config.toml", "--profiles", "exact",

@@ -35,6 +35,7 @@ def _run(cfg, faults=()):
 # ---------------------------------------------------------------------------------- pure parts
 
 
+@pytest.mark.slow
 @given(offset=st.floats(-10, 10), drift_ppm=st.floats(-400, 400), lat_a=st.floats(0.03, 0.12),
        seed=st.integers(0, 2**16))
 @settings(max_examples=40, deadline=None)
@@ -88,6 +89,7 @@ def test_malformed_sync_and_snapshot_payloads_are_errors_not_values():
 # ------------------------------------------------------------------------------ in the room
 
 
+@pytest.mark.slow
 def test_extreme_clock_offsets_and_drifts_sync_and_stay_in_lockstep(_quiet_logs):
     nodes = [dict(TWO[0], clock_offset_s=9.7, clock_drift_ppm=-195.0),
              dict(TWO[1], clock_offset_s=-9.9, clock_drift_ppm=198.0)]
@@ -115,6 +117,7 @@ class _SilentOnce(Worker):
         await super()._compute(step)
 
 
+@pytest.mark.slow
 def test_worker_silent_for_a_whole_uplink_phase(_quiet_logs):
     REGISTRY.register("actor.worker", "silent_once", _SilentOnce, replace=True)
     nodes = [TWO[0], dict(TWO[1], actors={"worker": "silent_once"})]
@@ -128,6 +131,7 @@ def test_worker_silent_for_a_whole_uplink_phase(_quiet_logs):
     assert result["nodes"]["bob"]["worker"]["applied"] == 6 and result["replicas_identical"]
 
 
+@pytest.mark.slow
 def test_worker_killed_and_restarted_rejoins_in_lockstep(_quiet_logs):
     cfg = make_config(training={"steps": 16, "eval_every": 0, "quorum": 1}, room={"nodes": TWO})
     result = _run(cfg, faults=(Fault("bob", at_s=12.0, down_s=3.0),))

@@ -326,6 +326,7 @@ def test_default_recipe_learns(mnist):
     assert DEFAULT_RECIPE["model_name"] == "hackathon_cnn"
 
 
+@pytest.mark.slow
 def test_reference_run_does_not_depend_on_thread_count(mnist):
     # Without Replica's single-thread section, 1 vs 2 intra-op threads flip a
     # few bf16 gradient entries from step 15 on (seed 0, batch 512).

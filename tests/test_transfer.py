@@ -143,6 +143,7 @@ async def _until(done, n):
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", ["exact", "webcam"])
 def test_two_ranks_all_reduce_and_broadcast_over_the_room(profile):
     async def script(nodes, done):
@@ -168,6 +169,7 @@ def test_two_ranks_all_reduce_and_broadcast_over_the_room(profile):
     assert nodes["alice"].results["collectives"]["transfers_posted"] == 2
 
 
+@pytest.mark.slow
 def test_a_mismatched_call_fails_on_both_ranks_with_both_calls_named():
     async def script(nodes, done):
         a, b = nodes["alice"], nodes["bob"]
@@ -182,6 +184,7 @@ def test_a_mismatched_call_fails_on_both_ranks_with_both_calls_named():
         assert "allreduce" in m.error and "allgather" in m.error
 
 
+@pytest.mark.slow
 def test_a_silent_peer_times_out_with_a_clear_error():
     async def script(nodes, done):
         a = nodes["alice"]
