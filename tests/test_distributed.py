@@ -133,8 +133,8 @@ def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
 
 @pytest.mark.slow
 def test_a_dead_rank_fails_the_others_clearly_after_the_timeout(tmp_path):
-    # The launcher stops the survivors `--grace-s` wall seconds after a rank fails; alice needs 5 simulated
-    # seconds (her timeout), which on a loaded 2-core machine can take longer than the default 30 s.
+    # The launcher stops the survivors at once when a rank fails, or `--grace-s` wall seconds later: here alice
+    # is given the time to see her own collective fail (5 simulated seconds, her timeout), as a user may ask.
     proc, lines = launch(room_file(tmp_path), SCRIPTS / "dead_rank.py", timeout=240, launcher_args=("--grace-s", "150"))
     assert proc.returncode == 3, proc.stderr[-3000:]  # the first failing rank's status: bob's
     (alice,) = [d for d in lines if d["rank"] == 0]

@@ -224,24 +224,22 @@ def test_collectives_bytes_a_rank_reads_follow_the_algorithm():
 @pytest.mark.slow
 def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "collectives", "--room", "rooms/two-laptops-sim.toml",
-                        "--ranks", "3", "--algorithms", "all_see_all,ring,star,tree,mesh", "--ops", "all_reduce",
+                        "--ranks", "3", "--algorithms", "all_see_all,ring,mesh", "--ops", "all_reduce",
                         "--sizes", "4,2048", "--repeat", "1", "--json"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["world"] == 3 and out["ranks"] == 3
-    assert out["algorithms"] == ["all_see_all", "ring", "star", "tree", "mesh"]
+    assert out["algorithms"] == ["all_see_all", "ring", "mesh"]
     rows = {(r["algorithm"], r["bytes"]): r for r in out["rows"]}
-    assert set(rows) == {(a, b) for a in ("all_see_all", "ring", "star", "tree") for b in (4, 2048)}
+    assert set(rows) == {(a, b) for a in ("all_see_all", "ring") for b in (4, 2048)}
     for (alg, nbytes), r in rows.items():
         assert r["correct"] and r["ran"] == alg and r["op"] == "all_reduce", r
         assert r["latency_s"] >= r["latency_min_s"] > 0
-    # bytes the busiest rank reads: all-see-all and star's hub 2 x the tensor, ring 2(n-1)/n = 4/3 x
-    assert rows[("all_see_all", 2048)]["received_bytes"] == rows[("star", 2048)]["received_bytes"] == 4096
-    assert rows[("star", 2048)]["received_bytes_min"] == 2048
+    # bytes the busiest rank reads: all-see-all 2 x the tensor, ring 2(n-1)/n = 4/3 x (star and tree: the
+    # harness of every algorithm, tests/test_algorithms.py)
+    assert rows[("all_see_all", 2048)]["received_bytes"] == 4096
     assert 2728 <= rows[("ring", 2048)]["received_bytes"] <= 2736
-    # where every camera reads every screen the trees are one hop deep: all-see-all's transfers
-    assert rows[("tree", 2048)]["received_bytes"] == 4096
     # ring takes 2(n-1) rounds, all-see-all one
     assert rows[("ring", 4)]["latency_s"] > rows[("all_see_all", 4)]["latency_s"]
     mesh = next(r for r in out["runs"] if r["algorithm"] == "mesh")

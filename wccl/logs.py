@@ -152,10 +152,10 @@ _progress: ProgressLine | None = None
 
 
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None,
-                      progress: bool = True) -> str:
+                      progress: bool = True, taps_level: str | None = None) -> str:
     """Configure structlog for this process. `fmt`: auto | console | json. On a terminal with the
-    console format, `progress` keeps one live progress line under the log. Returns the format in use
-    ("console" or "json")."""
+    console format, `progress` keeps one live progress line under the log. `taps_level` (below `level`)
+    lets the taps see events the log does not show. Returns the format in use ("console" or "json")."""
     global _progress
     if _progress is not None:
         remove_tap(_progress.tap)
@@ -170,6 +170,17 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         _add_room_time,
         _feed_taps,
     ]
+    floor = level
+    if taps_level is not None and _LEVELS[taps_level] < _LEVELS[level]:
+        floor = taps_level
+        threshold = _LEVELS[level]
+
+        def _below_level(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+            if _LEVELS.get(event.get("level", method), logging.CRITICAL) < threshold:  # (add_log_level named it)
+                raise structlog.DropEvent
+            return event
+
+        processors.append(_below_level)
     if fmt == "json":
         processors += [
             structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -194,7 +205,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         factory = lambda *args: _ProgressLogger(line)  # noqa: E731
     structlog.configure(
         processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[floor]),
         logger_factory=factory,
         cache_logger_on_first_use=False,
     )

@@ -11,7 +11,14 @@ used, for rendezvous or anything else: the launcher's environment (RANK,
 WORLD_SIZE, WCCL_CONFIG, WCCL_NODE, and WCCL_ROOM: the simulated room's
 socket) says everything; `env://` gets a process-local store when WCCL_CONFIG
 is set and MASTER_ADDR is not, and `wccl://` always does. The store is never
-used to talk to other ranks.
+used to talk to other ranks. `init_process_group("wccl")` in a process that
+neither the launcher nor torchrun started (no WCCL_CONFIG, no MASTER_ADDR)
+raises a ConfigError saying how to start it, instead of torch's "environment
+variable RANK expected".
+
+The launcher also sets WCCL_LOG_LEVEL and WCCL_LOG_FORMAT (they override the
+room file's [logging]) and WCCL_STATUS_FD, a pipe on which the rank reports
+its start-up and its collectives' totals (wccl.distributed.status).
 
 Each rank runs its node (camera, screen, decoder, collectives) on a thread of
 its own process (wccl.distributed.runtime); the process group
@@ -24,6 +31,7 @@ import atexit
 import contextlib
 import importlib
 import os
+import sys
 import urllib.parse
 from collections.abc import Iterator
 from datetime import timedelta
@@ -37,14 +45,30 @@ _rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (t
 BACKEND = "wccl"
 _pending: dict = {}  # what the rendezvous learned, for the backend's creator
 _nodes: list = []
+_status: list = []  # this process's status channel to the launcher (wccl.distributed.status), if any
+NOT_LAUNCHED = ("wccl: this script needs its ranks started by the launcher: python -m wccl.launch --config "
+                "ROOM.toml script.py (or pass init_method='wccl://ROOM.toml?node=NAME')")
 
 
 def _room_from_env() -> tuple[WcclConfig, str]:
     path, node = os.environ.get("WCCL_CONFIG"), os.environ.get("WCCL_NODE")
     if not path or not node:
-        raise ConfigError("wccl: set WCCL_CONFIG and WCCL_NODE (python -m wccl.launch does), or pass "
-                          "init_method='wccl://ROOM.toml?node=NAME'")
+        raise ConfigError(f"{NOT_LAUNCHED}; WCCL_CONFIG and WCCL_NODE are not both set")
     return load_config(Path(path)), node
+
+
+def _init_backend() -> str | None:
+    """The backend of the `init_process_group` call running this rendezvous (torch hands a rendezvous
+    handler no backend; the call's frame has it), or None when no such call is found."""
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "init_process_group" and "backend" in frame.f_locals:
+            backend = frame.f_locals["backend"]
+            return str(backend).lower() if backend is not None else None
+        frame = frame.f_back
+    return None
 
 
 def _check_rank(cfg: WcclConfig, node: str, rank: int | None, world: int | None, source: str) -> tuple[int, int]:
@@ -92,6 +116,9 @@ def _env_rendezvous(url: str, timeout: timedelta = dist.default_pg_timeout, **kw
         _pending.update(config=cfg, node=node)
         yield dist.HashStore(), r, w
         return
+    if not os.environ.get("MASTER_ADDR") and _init_backend() == BACKEND:
+        # Neither the launcher nor torchrun started this process: torch would ask for RANK.
+        raise ConfigError(NOT_LAUNCHED)
     yield from _env_handler(url, timeout=timeout, **kwargs)
 
 
@@ -111,27 +138,45 @@ def _create(store, rank: int, world: int, timeout: timedelta):
         if clock not in ("virtual", "realtime"):
             raise ConfigError(f"WCCL_CLOCK={clock}: expected 'virtual' or 'realtime'")
         cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"clock": clock})})
-    import sys
+    from wccl.distributed import status
+    from wccl.logs import add_tap, configure_logging
 
-    from wccl.logs import configure_logging
-
-    configure_logging(cfg.logging.format, cfg.logging.level, stream=sys.stderr)  # stdout is the program's
+    level = os.environ.get("WCCL_LOG_LEVEL") or cfg.logging.level
+    fmt = os.environ.get("WCCL_LOG_FORMAT") or cfg.logging.format
+    if level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"WCCL_LOG_LEVEL={level}: expected debug, info, warning or error")
+    if fmt not in ("auto", "console", "json"):
+        raise ConfigError(f"WCCL_LOG_FORMAT={fmt}: expected auto, console or json")
+    channel = status.from_env(node)
+    # stdout is the program's; the status tap reads the node's start-up events (info) whatever the level
+    configure_logging(fmt, level, stream=sys.stderr, taps_level="info" if channel is not None else None)
+    if channel is not None:
+        add_tap(channel.tap)
+        _status.append(channel)
     node_rt = RankNode(cfg, node, timeout_s=timeout.total_seconds(), room_socket=os.environ.get("WCCL_ROOM"))
     node_rt.start()
+    if channel is not None:
+        channel.send("joined", world=world)
     try:
         node_rt.wait_handshake(timeout.total_seconds())
     except RuntimeError:
         node_rt.close()
         raise
     _nodes.append(node_rt)
-    return WcclProcessGroup(rank, world, node_rt)
+    if channel is not None:
+        channel.send("ready", t=round(node_rt.sim_seconds(), 3))
+    return WcclProcessGroup(rank, world, node_rt, status=channel)
 
 
 def shutdown() -> None:
-    """Drain and stop this process's node (peers first read what they still need). Idempotent; also
-    runs at exit and from `destroy_process_group` through atexit."""
+    """Drain and stop this process's node (peers first read what they still need), and write the last
+    collectives' totals to the launcher. Idempotent; also runs at exit and from `destroy_process_group`
+    through atexit."""
+    t = _nodes[0].sim_seconds() if _nodes else None
     while _nodes:
         _nodes.pop().close()
+    for channel in _status:
+        channel.flush(t)
 
 
 def sim_seconds() -> float:

@@ -12,7 +12,9 @@ protocols.algorithms moves them (all_see_all: one transfer per rank, and
 every rank reduces the same parts in rank order; ring and star reduce on the
 way, with these same torch operations) so every rank's result is the same
 bit for bit. Zero-element tensors complete at once (they still take their
-sequence number).
+sequence number). With the launcher's status channel (wccl.distributed.status),
+each finished collective is counted there: its tensor bytes and the rank's
+room time.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.distributed as dist
 
 from protocols.messages import CollectiveDone
 from wccl.distributed.runtime import RankNode
+from wccl.distributed.status import StatusChannel
 
 DTYPES: dict[torch.dtype, str] = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64",
@@ -140,10 +143,11 @@ class WcclWork(dist.Work):
 class WcclProcessGroup(dist.ProcessGroup):
     """A process group whose collectives travel as frames between screens and cameras."""
 
-    def __init__(self, rank: int, world: int, node: RankNode) -> None:
+    def __init__(self, rank: int, world: int, node: RankNode, status: StatusChannel | None = None) -> None:
         super().__init__(rank, world)
         self._rank, self._world = rank, world
         self._node = node
+        self._status = status  # the launcher's status channel: every finished collective is counted there
         self._seq = itertools.count()
         self._lock = threading.Lock()  # the program's thread and a hook on the node's thread may both call
 
@@ -155,7 +159,10 @@ class WcclProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Called by `destroy_process_group`: drain the node (peers read what they still need), stop it."""
+        t = self._node.sim_seconds()
         self._node.close()
+        if self._status is not None:
+            self._status.flush(t)
 
     def __repr__(self) -> str:
         return f"WcclProcessGroup(rank={self._rank}, world={self._world}, node={self._node.node})"
@@ -179,6 +186,8 @@ class WcclProcessGroup(dist.ProcessGroup):
         fut: torch.futures.Future = torch.futures.Future()
 
         def done(msg: CollectiveDone) -> None:
+            if self._status is not None:
+                self._status.collective_done(len(payload), msg.error is None, self._node.sim_seconds())
             if msg.error is not None:
                 fut.set_exception(WcclError(f"wccl: {msg.error}"))
                 return

@@ -1,7 +1,7 @@
 """The simulated room as its own process, one node process per laptop around it.
 
     python -m wccl.room.serve --config FILE --socket PATH [--clock virtual|realtime]
-                              [--nodes a,b,...] [--authkey-env NAME]
+                              [--nodes a,b,...] [--authkey-env NAME] [--supervised]
 
 `RoomServer` owns a `SimulatedRoom` (wccl/room/room.py) and serves it on a
 local Unix-domain socket (never TCP/IP) to node processes, which reach it
@@ -27,7 +27,9 @@ idle/busy messages. Emits: hello answers (clock offset and drift, camera
 rate, profile, screen size, origin), camera slots and images, `now T`;
 logs `room_ready`, `room_client_joined`, `room_time_started`,
 `room_client_left`, `room_request_failed`, `room_deadlock`, `room_empty`,
-`room_stopped`.
+`room_stopped`. `room_client_left` is a warning when a node leaves without
+saying goodbye, except under `--supervised` (python -m wccl.launch, which
+reports each rank's exit itself and stops the ranks it tears down): info.
 
 Exit status: 0 when every node has left (after at least one came) or on
 SIGTERM/SIGINT; 1 on a deadlock; 2 on a bad config or command line (one line
@@ -143,7 +145,8 @@ class RoomServer:
     """Serves `room` on the Unix socket `socket_path`; `serve()` returns the exit status."""
 
     def __init__(self, room: SimulatedRoom, socket_path: str | Path, mode: str = "virtual",
-                 nodes: list[str] | None = None, authkey: bytes = b"", deadlock_grace_s: float = 0.5) -> None:
+                 nodes: list[str] | None = None, authkey: bytes = b"", deadlock_grace_s: float = 0.5,
+                 supervised: bool = False) -> None:
         if mode not in ("virtual", "realtime"):
             raise ValueError(f"unknown clock mode {mode!r} (expected 'virtual' or 'realtime')")
         expected = list(room.nodes if nodes is None else nodes)
@@ -154,6 +157,7 @@ class RoomServer:
         self.socket_path = str(socket_path)
         self.mode = mode
         self.expected = set(expected)
+        self.supervised = supervised  # a launcher reports the nodes' exits: a node gone without bye is info
         self.authkey = authkey
         self.grace = deadlock_grace_s
         self.now = 0.0  # the room's virtual time
@@ -303,7 +307,7 @@ class RoomServer:
         c.chan.close()
         self._clients.remove(c)
         if c.node is not None and not quiet:
-            level = self.log.info if reason == "bye" else self.log.warning
+            level = self.log.info if reason == "bye" or self.supervised else self.log.warning
             level("room_client_left", node=c.node, reason=reason, **self._t())
 
     def _error(self, c: _Client, kind: str, message: str) -> None:
@@ -475,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"environment variable holding the authkey (default: {AUTHKEY_ENV} if set, else none)")
     p.add_argument("--deadlock-grace-s", type=float, default=0.5,
                    help="how long (real seconds) every node may wait without a deadline before it is a deadlock")
+    p.add_argument("--supervised", action="store_true",
+                   help="a launcher reports each node's exit: log a node that leaves without goodbye at info")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.config)
@@ -493,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(cfg.logging.format, cfg.logging.level)
     try:
         server = RoomServer(room, args.socket, mode=args.clock or cfg.room.clock, nodes=nodes, authkey=authkey,
-                            deadlock_grace_s=args.deadlock_grace_s)
+                            deadlock_grace_s=args.deadlock_grace_s, supervised=args.supervised)
     except ValueError as e:
         return _fail(str(e))
     old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
