@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import sys
 
 import structlog
 
 from wccl.config import ConfigError, WcclConfig, load_config
+from wccl.hostos import stop_on_signals
 from wccl.supervisor import NodeSupervisor
 
 
@@ -51,9 +51,8 @@ async def _run(cfg: WcclConfig, node: str, medium) -> None:
     structlog.contextvars.bind_contextvars(node=node)
     sup = IntruderNode(cfg, node, medium)
     loop = asyncio.get_running_loop()
-    for s in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(s, sup.stop.set)
-    await sup.run()
+    with stop_on_signals(loop, sup.stop.set):
+        await sup.run()
 
 
 def main() -> int:

@@ -40,7 +40,7 @@ def _add_room_time(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
 # The info events a console shows at level info; the rest of info (per step, per frame) shows at debug.
 HEADLINES = frozenset({
     "run_started", "run_folder", "dashboard_listening", "dashboard_waiting_for_page", "dashboard_lingering",
-    "room_key", "node_started", "window_opened", "webcam_opened", "webcam_locked", "rank_ready",
+    "room_key", "node_started", "window_opened", "webcam_opened", "webcam_locked", "rank_ready", "keep_awake",
     "layout_chosen", "sight_known", "schedule_fixed", "schedule_resumed", "server_resumed", "clock_synced",
     "joining_late", "snapshot_adopted", "observer_recovered",
 })

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import structlog
 
 from wccl.cli import HelpFormatter
 from wccl.config import ConfigError, WcclConfig, load_config
+from wccl.hostos import stop_on_signals
 from wccl.logs import configure_logging, end_progress
 from wccl.media.display import DeviceError
 from wccl.registry import REGISTRY, UnknownPart
@@ -252,10 +252,9 @@ async def _main_async(cfg: WcclConfig, only: str | None, summary: bool = False) 
 
     loop = asyncio.get_running_loop()
     run = RoomRun(cfg, only)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, run.stop.set)
     try:
-        result = await run.run()
+        with stop_on_signals(loop, run.stop.set):
+            result = await run.run()
     except BaseExceptionGroup as eg:
         failed, rest = eg.split(NodeFailed)
         if rest is not None or failed is None:
@@ -263,9 +262,6 @@ async def _main_async(cfg: WcclConfig, only: str | None, summary: bool = False) 
         for e in failed.exceptions:
             structlog.get_logger("wccl").error("run_failed", error=str(e))
         return EXIT_FAILED
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
     if summary:
         end_progress()
         print(summary_table(result), flush=True)

@@ -12,6 +12,9 @@ node ends as it does on Ctrl-C. And it keeps the windows it made: `close()`
 closes them, on the thread that calls it, which must be the thread that made
 them (a rank of the `wccl` backend runs its node, windows included, on a
 thread of its own, and closes the medium there when the node ends).
+While it is open, the laptop neither sleeps nor blanks its screen
+(wccl.hostos.KeepAwake, started by the medium, ended by `close()` or when
+the process ends).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from wccl.config import ConfigError
+from wccl.hostos import KeepAwake
 from wccl.media.display import probe_display
 
 
@@ -52,13 +56,19 @@ def require_realtime(config, medium: str) -> None:
 
 
 class HardwareMedium(StopHook):
-    def __init__(self, config) -> None:
+    def __init__(self, config, keep_awake: KeepAwake | None = None) -> None:
         super().__init__()
         require_realtime(config, "hardware")
         self.config = config
         self.display = None
         if any(n.screen == "window" for n in config.room.nodes):
             self.display = probe_display()  # NoDisplay (exit 3) before anything else is built
+        self.keep_awake = (keep_awake or KeepAwake()).start()
+
+    def close(self) -> None:
+        """Close the windows and let the laptop sleep again (idempotent; on the thread that made the medium)."""
+        super().close()
+        self.keep_awake.close()
 
     @classmethod
     def from_config(cls, *, config) -> HardwareMedium:
