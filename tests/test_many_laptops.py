@@ -183,8 +183,11 @@ def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_f
         if e["event"] == "step_applied":
             applied.setdefault(e["node"], set()).add(e["step"])
     steps = {n: max(s) for n, s in applied.items()}
-    assert set(steps) == {"alice", "bob", "carol"} and len(set(steps.values())) == 1, steps
-    assert max(steps.values()) in (1, 2)  # the run stopped at the covered step, alike on every rank
+    # The run stopped at the covered step on every rank. Where the cover falls after every rank held that
+    # step's exchange but before carol (blind now) learnt it, alice and bob applied it and carol failed it,
+    # saying so (no protocol settles that moment: docs/limits.md); never more than that one step apart.
+    assert set(steps) == {"alice", "bob", "carol"} and max(steps.values()) - min(steps.values()) <= 1, steps
+    assert max(steps.values()) in (1, 2)
 
 
 
