@@ -71,7 +71,9 @@ class FrameDecoder(Actor):
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
         # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
         self.current: int | None = 0 if len(self.ladder) == 1 else None
-        self._order = list(range(len(self.ladder)))  # candidates to try, the last that worked first
+        # candidates to try: the last that worked, then the layouts after it in ladder order (the order the
+        # probe schedule shows them in, protocols.discovery.ProbeSchedule)
+        self._order = list(range(len(self.ladder)))
         self._use(0)  # sets codec, grid, model and the layout being read
         self.tracker = reader.QuadTracker(self.ladder[0].layout)
         self.session = session
@@ -134,8 +136,7 @@ class FrameDecoder(Actor):
                 done = await self._read(msg, quad, previous)
                 if done:
                     if self.current is None and self._order[0] != k:
-                        self._order.remove(k)
-                        self._order.insert(0, k)
+                        self._order = list(range(k, len(self.ladder))) + list(range(k))
                     break
 
     def _use(self, k: int) -> None:
@@ -310,18 +311,28 @@ class FrameDecoder(Actor):
             await self.emit(self._acks_message())
             if hs.sight is not None and hs.sight.known and not self._sight_sent:
                 self._sight_sent = True
-                k, graph = hs.sight.choose_layout(self.layout_cost)
+                st = hs.sight
+                k, graph = st.choose_layout(self.layout_cost)
                 edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
                 names = self.node_names
                 lay = self.ladder[k].layout
+                # how many layouts of the ladder each rank measured (discovery stops where the rest could not
+                # change the choice), and whether it took a second round
+                measured = {names[r_]: st.layouts - st.rows[r_].unmeasured for r_ in range(len(names))}
+                second = any(row.full for row in st.rows)
                 self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
                               layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
                               **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
-                                              sorted(hs.sight.graph(j).items())} for j in range(len(self.ladder))]}
+                                              sorted(st.graph(j).items())} for j in range(len(self.ladder))],
+                                  "measured": measured, "second_round": second}
                                  if len(self.ladder) > 1 else {}))
                 if self.current != k:
                     self.current = k
                     self._use(k)
+                self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second,
+                                                     edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
+                                                            for r_, s_, q in edges},
+                                                     captures=self.stats["captures"] + self.totals["captures"])
                 await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k))
         if r.refused:
             self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")

@@ -24,7 +24,9 @@ and the discovery table the others need, relayed camera to camera. Otherwise the
 an unchanged frame cheaply.
 
 With a start-up ladder of layouts (`ladder`, densest first), the status frames
-go up in each layout in turn (each held for its own hold) until discovery
+go up in the layouts of the probe schedule (`probe`: the layout a frame shown
+at a time goes up in and until when, protocols.discovery.ProbeSchedule.at;
+without one, each layout in turn, each held for its own hold) until discovery
 says which layout the room's cameras read (`SightKnown.layout`, the same on
 every rank); from then on every frame is in that layout.
 """
@@ -52,7 +54,7 @@ class TransferWriter(Actor):
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, rank: int, world: int, loss: float = 0.1,
                  margin_frames: int = 1, key: RoomKey = NO_KEY, run_nonce: int | None = None,
-                 ladder: list[tuple[LinkCodec, float]] | None = None) -> None:
+                 ladder: list[tuple[LinkCodec, float]] | None = None, probe=None) -> None:
         super().__init__(ctx)
         self.screen = screen
         self.codec = codec
@@ -61,7 +63,8 @@ class TransferWriter(Actor):
         # The layouts status frames cycle through until discovery picks one (one layout: no probing).
         self.ladder = list(ladder) if ladder and len(ladder) > 1 and world > 1 else None
         self._layouts = len(self.ladder) if self.ladder else 1  # the layouts the status frames' table measures
-        self._probe = 0  # the ladder layout the next status frame goes up in, while probing
+        self._probe = 0  # the ladder layout the next status frame goes up in, while probing (without `probe`)
+        self.probe = probe
         self.session = session
         self.rank, self.world = rank, world
         self.plan = ScreenPlan(loss=loss, margin=margin_frames)
@@ -139,7 +142,10 @@ class TransferWriter(Actor):
             self._status_due = max(0, self._status_due - 1)
             self.results["status_frames"] += 1
             codec, hold_s = self.codec, self.hold_s
-            if self.ladder is not None:  # probing: each status frame in the next layout of the ladder
+            if self.ladder is not None and self.probe is not None:  # probing: the layout of its time slot
+                k, until = self.probe(shown_us / 1e6)
+                codec, hold_s = self.ladder[k][0], until - shown_us / 1e6
+            elif self.ladder is not None:  # probing: each status frame in the next layout of the ladder
                 codec, hold_s = self.ladder[self._probe]
                 self._probe = (self._probe + 1) % len(self.ladder)
             return (transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,

@@ -3,23 +3,45 @@
 Each rank counts the frames it accepts from each peer (MAC checked, of this
 run: protocols.security.Handshake) and measures, per peer and per layout of
 the start-up ladder, the share of the frames that peer showed in that layout
-that it read (`quality`): while the layout is not chosen, every rank shows
-its status frames in each layout of the ladder in turn (densest first). That
-is its *row*: the ranks it reads, their quality in each layout, the ranks it
-trusts, and flags. Every status
-frame carries the sender's table of rows (its own and the latest it has of
-every other rank), so rows travel along the cameras' lines of sight: in a
-ring where each camera sees one screen, every rank has every row after n-1
-hops. A rank freezes its row (FINAL) once every rank is alive (its nonce
-known), it has watched long enough for every layout to show a few frames,
-and `settle_s` passed without a change in which screens it reads (in any
-layout, at either threshold); when every row is
-FINAL, every rank builds the same `Sight` graph (protocols.algorithms) from
-the same rows, and picks the same layout (`choose_layout`: of those whose
-graph of edges read at least `min_ok` of the time carries the collectives,
-the one where they cost least). A rank sets COMPLETE in its row once its handshake is
-complete, and keeps greeting (showing status frames) until every row is
-COMPLETE, so the others' rows and echoes still pass through it.
+that it read (`quality`). While the layout is not chosen, every rank shows
+its status frames in the layouts of the ladder on a timetable of its own
+clock (`ProbeSchedule`): a run of frames in the first layout (the fastest,
+the one most rooms pick), then a couple in each of the others, over and
+over; a reader knows from the shown times of the frames it read how many
+frames of each layout their sender showed between them. That is its *row*:
+the ranks it reads, their quality in each layout it has measured, the ranks
+it trusts, and flags. Every status frame carries the sender's table of rows
+(its own and the latest it has of every other rank), so rows travel along
+the cameras' lines of sight: in a ring where each camera sees one screen,
+every rank has every row after n-1 hops.
+
+A layout is *measured* once every peer read showed enough frames in it
+between the first and the last frame read of it (`need`: enough for a
+layout read `min_ok` of the time to give MIN_FRAMES reads; or MIN_FRAMES
+none of which was read: clearly unreadable), every peer never read has been
+alive long enough to have shown that many, or the rank has watched for
+`watch_s` (the longest the schedule takes to show `need` frames of every
+layout). A row measures the ladder from its first layout on (its qualities
+beyond are 0, and its flags say how many layouts it left out). A rank
+freezes its row (FINAL) once every rank is alive (its nonce known) and it
+reads some screen, and either the rows it has decide without the layouts
+not measured (`decide`: the layout chosen from the layouts every row
+measured costs no more than any other would cost read whole on every edge,
+the bound by which the link bench skips a layout that could not beat the
+best so far, so measuring the rest could not change the choice), or it has
+measured every layout and nothing it reads changed for `settle_s`.
+
+When every row is FINAL, every rank builds the same `Sight` graph
+(protocols.algorithms) from the same rows, and picks the same layout
+(`choose_layout`: of those whose graph of edges read at least `min_ok` of
+the time carries the collectives, the one where they cost least). A row
+frozen early was frozen on what the others had measured then; if the FINAL
+rows of this first round do not decide after all, every rank sees it from
+the same rows and starts a second round (FULL): every row measures the
+whole ladder and is frozen again, and the choice is made from those rows. A
+rank sets COMPLETE in its row once its handshake is complete, and keeps
+greeting (showing status frames) until every row is COMPLETE, so the
+others' rows and echoes still pass through it.
 
 Rows are relayed only from senders this rank trusts (their frames proven to
 be of this run); a newer `version` replaces an older one. Pure: no I/O,
@@ -28,6 +50,7 @@ no asyncio; times are the caller's clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 import struct
 from collections.abc import Callable
@@ -51,9 +74,14 @@ def table_bytes(layouts: int) -> int:
 
 
 TABLE_BYTES = table_bytes(MAX_LAYOUTS)  # the largest table
-FINAL, COMPLETE = 0x01, 0x02
+# Flags: FINAL (frozen), COMPLETE (handshake complete), FULL (second round: every layout measured), and in
+# bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout).
+FINAL, COMPLETE, FULL = 0x01, 0x02, 0x04
+UNMEASURED_SHIFT, UNMEASURED_MASK = 3, 0x38
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
 MIN_FRAMES = 4  # frames of a peer before its quality is measured
+FIRST_FRAMES = 8  # frames of the ladder's first layout in a row, each period of the probe schedule
+OTHER_FRAMES = 2  # and of each other layout
 
 
 @dataclass(frozen=True)
@@ -62,7 +90,8 @@ class Row:
     flags: int = 0
     reads: int = 0
     trusts: int = 0
-    # quality[r][k]: the share of rank r's frames in layout k read, in fifteenths (0: not read)
+    # quality[r][k]: the share of rank r's frames in layout k read, in fifteenths (0: not read, or layout k
+    # not measured: see `unmeasured`)
     quality: tuple[tuple[int, ...], ...] = ((0,) * MAX_LAYOUTS,) * MAX_RANKS
 
     def share(self, shown: int, layout: int = 0) -> float:
@@ -75,6 +104,16 @@ class Row:
     @property
     def complete(self) -> bool:
         return bool(self.flags & COMPLETE)
+
+    @property
+    def full(self) -> bool:
+        """Of the second round: measured over the whole ladder."""
+        return bool(self.flags & FULL)
+
+    @property
+    def unmeasured(self) -> int:
+        """How many layouts at the end of the ladder this row did not measure."""
+        return (self.flags & UNMEASURED_MASK) >> UNMEASURED_SHIFT
 
 
 EMPTY = Row()
@@ -125,6 +164,79 @@ def _newer(a: int, b: int) -> bool:
     return a != b and (a - b) & 0xFFFF < 0x8000
 
 
+# A time this little before a slot of the probe schedule starts is in it: a sender's frame shown a little early
+# (shown times are whole microseconds; a real screen's timer jitters) goes up in its slot's layout.
+SLOT_EPS = 0.002
+
+
+class ProbeSchedule:
+    """The layout of the start-up ladder each status frame goes up in while probing, as a timetable on
+    the sender's own clock that repeats every `period` seconds from time 0: `frames[k]` frames of layout k
+    (each held for its own hold), layout after layout in ladder order. A frame's layout and the frames of
+    each layout its sender showed between two times follow from the frames' shown times alone.
+
+    By default (`frames` None) the first layout, the fastest and the one most rooms pick, gets FIRST_FRAMES
+    frames in a row and every other layout OTHER_FRAMES: the first layout shows enough frames to be measured
+    within about a period (1.3 s for the collectives' ladder), every layout within four."""
+
+    def __init__(self, holds: tuple[float, ...], frames: tuple[int, ...] | None = None) -> None:
+        self.holds = tuple(float(h) for h in holds)
+        if not self.holds or min(self.holds) <= 0:
+            raise ValueError(f"a probe schedule needs layouts held a positive time, not {self.holds}")
+        if frames is None:
+            frames = (FIRST_FRAMES,) + (OTHER_FRAMES,) * (len(self.holds) - 1) if len(self.holds) > 1 else (1,)
+        if len(frames) != len(self.holds) or min(frames) < 1:
+            raise ValueError(f"a probe schedule shows each of its {len(self.holds)} layouts at least once a "
+                             f"period, not {frames}")
+        self.frames = tuple(int(n) for n in frames)
+        self.layout_of: list[int] = [k for k, n in enumerate(self.frames) for _ in range(n)]
+        self.starts: list[float] = []
+        t = 0.0
+        for k in self.layout_of:
+            self.starts.append(t)
+            t += self.holds[k]
+        self.period = t
+        # before[i][k]: the slots of layout k among the first i slots of a period
+        self.before = [[0] * len(self.holds)]
+        for k in self.layout_of:
+            row = list(self.before[-1])
+            row[k] += 1
+            self.before.append(row)
+
+    def _slot(self, t: float) -> tuple[int, int]:
+        """(period number, slot in the period) of the slot time `t` is in."""
+        u = t + SLOT_EPS
+        n = math.floor(u / self.period)
+        i = bisect.bisect_right(self.starts, u - n * self.period) - 1
+        return n, max(0, i)
+
+    def at(self, t: float) -> tuple[int, float]:
+        """The layout a frame shown at `t` goes up in, and when its slot ends (the next frame's time)."""
+        n, i = self._slot(t)
+        k = self.layout_of[i]
+        return k, n * self.period + self.starts[i] + self.holds[k]
+
+    def count(self, layout: int, a: float, b: float) -> int:
+        """Frames of `layout` shown from the slot of time `a` to the slot of time `b`, both included."""
+        if b < a:
+            return 0
+        slots = len(self.layout_of)
+
+        def upto(n: int, i: int) -> int:  # slots of `layout` before slot i of period n
+            return n * self.frames[layout] + self.before[i][layout]
+
+        na, ia = self._slot(a)
+        nb, ib = self._slot(b)
+        ib += 1
+        if ib == slots:
+            nb, ib = nb + 1, 0
+        return upto(nb, ib) - upto(na, ia)
+
+    def span(self, layout: int, frames: int) -> float:
+        """At most how long, from any time, until `frames` frames of `layout` have gone up."""
+        return (math.ceil(frames / self.frames[layout]) + 1) * self.period
+
+
 @dataclass
 class _Seen:
     first_us: int
@@ -137,24 +249,33 @@ def level(q: float) -> int:
     return max(1, math.ceil(q * QUALITY_LEVELS - 1e-9))
 
 
+Cost = Callable[[int, dict[tuple[int, int], float]], "float | None"]
+
+
 @dataclass
 class SightTable:
     """This rank's measurement and its copy of every rank's row (see the module docstring). `hold_s`: how
-    long each frame stays up, per layout of the ladder (one float: one layout); while probing, every rank
-    shows one status frame in each layout in turn, so each layout's frames come once every sum of holds."""
+    long each frame stays up, per layout of the ladder (one float: one layout); `schedule`: the timetable
+    every rank's status frames follow while probing (default: ProbeSchedule(hold_s)); `cost`: what the
+    collectives would cost in a layout on a graph of edges (seconds, None: they cannot run there), the same
+    on every rank; without it every row measures the whole ladder before it is frozen."""
 
     rank: int
     world: int
     hold_s: float | tuple[float, ...]
     settle_s: float = 2.0
     min_ok: float = 0.5  # the share of frames a layout must get through on an edge to carry it (not the last)
+    cost: Cost | None = None
+    schedule: ProbeSchedule | None = None
     rows: list[Row] = field(default_factory=list)
     _seen: dict[tuple[int, int], _Seen] = field(default_factory=dict)
-    _since: float | None = None  # when the set of ranks read or alive last changed
+    _since: float | None = None  # when what this rank reads (or trusts, or the ranks alive) last changed
     _alive: int = 0
     _alive_new: bool = False  # a rank came alive since the last update
-    _edges: tuple = ()  # the edges (per layout, per threshold) at the last update
+    _edges: tuple = ()  # what this camera read in every layout (ranks, edges per threshold) at the last update
     _first: float | None = None  # when this rank first read a frame of this run
+    _alive_at: dict[int, float] = field(default_factory=dict)  # rank -> when this rank first knew it alive
+    _costs: dict = field(default_factory=dict)  # (layout, edges) -> cost, as `cost` said
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -164,9 +285,16 @@ class SightTable:
         if not 1 <= len(self.holds) <= MAX_LAYOUTS:
             raise ValueError(f"discovery measures 1 to {MAX_LAYOUTS} layouts, not {len(self.holds)}")
         self.layouts = len(self.holds)
-        self.cycle_s = sum(self.holds)  # a sender's frames in one layout come once a cycle while probing
-        # how long to watch before a row may be final: MIN_FRAMES frames of a layout read min_ok of the time
-        self.watch_s = MIN_FRAMES * self.cycle_s / max(self.min_ok, MIN_QUALITY) if self.layouts > 1 else 0.0
+        if self.schedule is None:
+            self.schedule = ProbeSchedule(self.holds)
+        if self.schedule.holds != self.holds:
+            raise ValueError(f"the probe schedule's holds {self.schedule.holds} are not the ladder's {self.holds}")
+        # frames a layout shows before it counts as measured: enough for one read min_ok of the time to give
+        # MIN_FRAMES reads (one layout: MIN_FRAMES, there is nothing to choose between)
+        self.need = math.ceil(MIN_FRAMES / max(self.min_ok, MIN_QUALITY) - 1e-9) if self.layouts > 1 else MIN_FRAMES
+        # and the longest a rank watches before every layout counts as measured, whatever it read: long
+        # enough for the schedule to show `need` frames of each from any time
+        self.watch_s = max(self.schedule.span(k, self.need) for k in range(self.layouts)) if self.layouts > 1 else 0.0
 
     # ---- what this rank sees
     def accepted(self, sender: int, shown_us: int, layout: int = 0) -> None:
@@ -186,28 +314,61 @@ class SightTable:
             self._alive |= ranks
             self._alive_new = True
 
+    def _span(self, sender: int) -> tuple[float, float] | None:
+        """The first and last frame read of `sender` in any layout (its clock, seconds), None if none."""
+        seen = [v for k in range(self.layouts) if (v := self._seen.get((sender, k))) is not None]
+        if not seen:
+            return None
+        return min(v.first_us for v in seen) / 1e6, max(v.last_us for v in seen) / 1e6
+
+    def shown(self, sender: int, layout: int = 0) -> int:
+        """Frames `sender` showed in `layout` from the first to the last frame read of it in any layout."""
+        span = self._span(sender)
+        return 0 if span is None else self.schedule.count(layout, *span)
+
     def quality(self, sender: int, layout: int = 0) -> float:
         """The share of `sender`'s frames in `layout` read: frames read, per frame it showed in that layout
         since the first and up to the last frame read of it in any layout (0 until MIN_FRAMES were shown)."""
         s = self._seen.get((sender, layout))
         if s is None:
             return 0.0
-        seen = [v for k in range(self.layouts) if (v := self._seen.get((sender, k))) is not None]
-        if not seen:
-            return 0.0
-        first, last = min(v.first_us for v in seen), max(v.last_us for v in seen)
-        shown = (last - first) / 1e6 / self.cycle_s + 1
+        shown = self.shown(sender, layout)
         if shown < MIN_FRAMES:
             return 0.0
         return min(1.0, len(s.frames) / shown)
 
-    def _reads(self) -> tuple[int, tuple[tuple[int, ...], ...]]:
+    def measured(self, now: float) -> int:
+        """How many layouts, from the first, this rank has measured at time `now` (see the module
+        docstring)."""
+        watched = -math.inf if self._first is None else now - self._first
+        if watched >= self.watch_s:
+            return self.layouts
+        m = 0
+        for k in range(self.layouts):
+            for r in range(self.world):
+                if r == self.rank:
+                    continue
+                if self._span(r) is None:
+                    # never read: long enough, since it came alive, that its frames would have been read
+                    since = max(self._first if self._first is not None else math.inf, self._alive_at.get(r, math.inf))
+                    if now - since < self.schedule.span(k, self.need):
+                        return m
+                    continue
+                shown = self.shown(r, k)
+                if shown < self.need and not (shown >= MIN_FRAMES and (r, k) not in self._seen):
+                    return m
+            m += 1
+        return m
+
+    def _reads(self, layouts: int) -> tuple[int, tuple[tuple[int, ...], ...]]:
+        """The ranks read at least MIN_QUALITY of the time in the first `layouts` layouts, and the quality of
+        each rank in each of them (the others 0), as a row says them."""
         q = [[0] * MAX_LAYOUTS for _ in range(MAX_RANKS)]
         mask = 0
         for r in range(self.world):
             if r == self.rank:
                 continue
-            for k in range(self.layouts):
+            for k in range(layouts):
                 share = self.quality(r, k)
                 # the nibble sent says at least MIN_QUALITY exactly when the share measured does
                 q[r][k] = max(round(QUALITY_LEVELS * share), level(MIN_QUALITY)) if share >= MIN_QUALITY else \
@@ -221,29 +382,45 @@ class SightTable:
         """Refresh this rank's own row at time `now`; True if it changed (a new version to show)."""
         me = self.rows[self.rank]
         everyone = (1 << self.world) - 1
-        if me.final:
-            reads, quality = me.reads, me.quality
+        for r in range(self.world):
+            if self._alive >> r & 1:
+                self._alive_at.setdefault(r, now)
+        flags = me.flags
+        if not me.full and (any(r.full for r in self.rows) or (me.final and self._undecided())):
+            # a second round: the first round's frozen rows do not decide (here, or as a row of the second
+            # round shows, on another rank)
+            flags = (flags | FULL) & ~FINAL
+            self._since = None
+        if flags & FINAL:
+            reads, quality, unmeasured = me.reads, me.quality, me.unmeasured
         else:
-            reads, quality = self._reads()
-            # the edges each layout would give: a row settles only once none of them moves
-            edges = tuple(sum(1 << r for r in range(self.world) if quality[r][k] >= t)
-                          for k in range(self.layouts) for t in (level(MIN_QUALITY), level(self.min_ok)))
+            m = self.measured(now)
+            unmeasured = self.layouts - m
+            # what the row says: the layouts measured (the others 0)
+            reads, quality = self._reads(m)
+            # what this camera reads in every layout so far: a row that measured the whole ladder settles once
+            # none of it moves
+            seen_reads, seen = self._reads(self.layouts)
+            edges = (seen_reads,) + tuple(sum(1 << r for r in range(self.world) if seen[r][k] >= t)
+                                          for k in range(self.layouts) for t in (level(MIN_QUALITY), level(self.min_ok)))
             # (a new trust counts too: the frames of a peer just trusted are about to be counted)
-            if (reads != me.reads or edges != self._edges or trusts != me.trusts or self._since is None
-                    or self._alive_new):
+            if edges != self._edges or trusts != me.trusts or self._since is None or self._alive_new:
                 self._since = now
                 self._alive_new = False
                 self._edges = edges
-        flags = me.flags
-        # FINAL: every rank is up, this camera reads some screen, nothing changed for settle_s, and it has
-        # watched long enough for a layout read min_ok of the time to show MIN_FRAMES frames (while probing a
-        # ladder, each layout's frames come once a cycle)
+            flags = (flags & ~UNMEASURED_MASK) | unmeasured << UNMEASURED_SHIFT
+        # FINAL: every rank is up and this camera reads some screen; and either it has measured the whole ladder
+        # and nothing changed for settle_s, or (first round) it has measured enough of the ladder that the rows
+        # decide (`decide`: measuring the rest could not change the choice)
         if self._seen and self._first is None:
             self._first = now
-        watched = self._first is not None and now - self._first >= self.watch_s
-        if (not me.final and self._alive & everyone == everyone and reads and watched
-                and now - self._since >= self.settle_s):
-            flags |= FINAL
+        if not flags & FINAL and self._alive & everyone == everyone and reads:
+            if unmeasured == 0:
+                final = now - self._since >= self.settle_s
+            else:
+                final = not flags & FULL and self._decides(Row(me.version + 1, flags, reads, trusts, quality))
+            if final:
+                flags |= FINAL
         if complete:
             flags |= COMPLETE
         new = Row(me.version, flags, reads, trusts, quality)
@@ -258,11 +435,13 @@ class SightTable:
         for r in range(self.world):
             if r == self.rank:
                 continue
-            theirs = sender_rows[r]
-            if theirs.version and (not self.rows[r].version or _newer(theirs.version, self.rows[r].version)):
-                if self.rows[r].final and (theirs.reads, theirs.quality) != (self.rows[r].reads,
-                                                                           self.rows[r].quality):
-                    continue  # a FINAL row never changes what it reads: keep the first
+            theirs, mine = sender_rows[r], self.rows[r]
+            if theirs.version and (not mine.version or _newer(theirs.version, mine.version)):
+                if mine.full and not theirs.full:
+                    continue  # a row of the first round never replaces one of the second
+                if (mine.final and (theirs.reads, theirs.quality, theirs.unmeasured)
+                        != (mine.reads, mine.quality, mine.unmeasured) and not (theirs.full and not mine.full)):
+                    continue  # a FINAL row never changes what it reads (but for a second round): keep the first
                 self.rows[r] = theirs
                 changed = True
                 self.alive(1 << r)
@@ -271,10 +450,71 @@ class SightTable:
     def table(self) -> tuple[Row, ...]:
         return tuple(self.rows)
 
+    # ---- the choice
+    def _measured_by(self, row: Row) -> int:
+        return 0 if not row.version else max(0, self.layouts - row.unmeasured)
+
+    def _cost(self, cost: Cost, k: int, graph: dict[tuple[int, int], float]) -> float | None:
+        key = (k, tuple(sorted(graph.items())))
+        if cost is not self.cost:
+            return cost(k, graph) if graph else None
+        if key not in self._costs:
+            if len(self._costs) > 256:
+                self._costs.clear()
+            self._costs[key] = cost(k, graph) if graph else None
+        return self._costs[key]
+
+    def decide(self, rows: list[Row] | tuple[Row, ...] | None = None,
+               cost: Cost | None = None) -> tuple[int, dict] | None:
+        """The layout `rows` (default: this table's) choose, and its graph, if measuring the layouts some
+        row left out could not change it: of the layouts every row measured, the cheapest by `cost`
+        (default: the table's) whose graph of edges read at least `min_ok` of the time carries the
+        collectives (the last layout: MIN_QUALITY), provided no layout left out would be cheaper even read
+        whole on every edge (ties go to the denser, a measured one). None: they do not decide. Rows that
+        measured the whole ladder always decide (`choose_layout`'s fallbacks included)."""
+        rows = list(self.rows if rows is None else rows)
+        cost = cost or self.cost
+        m = min(self._measured_by(r) for r in rows)
+        if m >= self.layouts:
+            return self._choose(rows, cost)
+        if cost is None or m == 0:
+            return None
+        last = self.layouts - 1
+        best: tuple[float, int, dict] | None = None
+        for k in range(m):
+            g = self.graph(k, max(self.min_ok, MIN_QUALITY) if k != last else MIN_QUALITY, rows)
+            c = self._cost(cost, k, g)
+            if c is not None and (best is None or c < best[0]):
+                best = (c, k, g)
+        if best is None:
+            return None
+        whole = {(r, s): 1.0 for r in range(self.world) for s in range(self.world) if r != s}
+        for j in range(m, self.layouts):
+            c = self._cost(cost, j, whole)
+            if c is not None and c < best[0]:
+                return None
+        return best[1], best[2]
+
+    def _decides(self, mine: Row) -> bool:
+        rows = list(self.rows)
+        rows[self.rank] = mine
+        return self.decide(rows) is not None
+
+    def _undecided(self) -> bool:
+        """Every row is frozen in the first round and they do not decide: a second round is due."""
+        return (all(r.final and not r.full for r in self.rows)
+                and self.decide() is None)
+
     @property
     def known(self) -> bool:
-        """Every rank's row is FINAL: the sight graph is the same on every rank."""
-        return all(r.final for r in self.rows)
+        """Every rank's row is FINAL, of the same round, and they decide: the sight graph and the layout are
+        the same on every rank."""
+        rows = self.rows
+        if not all(r.final for r in rows):
+            return False
+        if all(r.full for r in rows):
+            return True
+        return not any(r.full for r in rows) and self.decide() is not None
 
     @property
     def all_complete(self) -> bool:
@@ -286,12 +526,14 @@ class SightTable:
     def trusts(self, truster: int, trusted: int) -> bool:
         return bool(self.rows[truster].trusts >> trusted & 1)
 
-    def graph(self, layout: int = 0, min_quality: float = MIN_QUALITY) -> dict[tuple[int, int], float]:
+    def graph(self, layout: int = 0, min_quality: float = MIN_QUALITY,
+              rows: list[Row] | tuple[Row, ...] | None = None) -> dict[tuple[int, int], float]:
         """The edges read in `layout` at least `min_quality` of the time: (reader, shown) -> share read."""
+        rows = self.rows if rows is None else rows
         out = {}
         need = level(min_quality)
         for r in range(self.world):
-            row = self.rows[r]
+            row = rows[r]
             for s in range(self.world):
                 if s != r and row.quality[s][layout] >= need:
                     out[(r, s)] = row.share(s, layout)
@@ -302,20 +544,29 @@ class SightTable:
         quality."""
         return {e: nominal * q for e, q in self.graph(layout).items()}
 
-    def choose_layout(self, cost: Callable[[int, dict[tuple[int, int], float]], float | None]) -> tuple[int, dict]:
-        """The layout every rank picks from the same FINAL rows, and its graph: of the layouts whose graph
-        of edges read at least `min_ok` of the time can carry the collectives, the cheapest by `cost(layout,
-        graph)` (seconds, or None: no algorithm fits this graph); ties go to the denser. The last layout
-        counts every edge read at least MIN_QUALITY of the time. If none fits, the cheapest of the
-        every-edge graphs, else the last layout (its collectives then fail, saying why)."""
+    def choose_layout(self, cost: Cost | None = None) -> tuple[int, dict]:
+        """The layout every rank picks from the same FINAL rows, and its graph (`decide`, by `cost` or the
+        table's): of the layouts whose graph of edges read at least `min_ok` of the time can carry the
+        collectives, the cheapest by `cost(layout, graph)` (seconds, or None: no algorithm fits this graph);
+        ties go to the denser. The last layout counts every edge read at least MIN_QUALITY of the time. If
+        none fits, the cheapest of the every-edge graphs, else the last layout (its collectives then fail,
+        saying why)."""
+        chosen = self.decide(cost=cost)
+        if chosen is None:
+            return self.layouts - 1, self.graph(self.layouts - 1)
+        return chosen
+
+    def _choose(self, rows: list[Row], cost: Cost | None) -> tuple[int, dict]:
+        """`choose_layout` over rows that measured every layout."""
+        cost = cost or (lambda k, edges: float(k))
         last = self.layouts - 1
         for strict in (True, False):
             best: tuple[float, int, dict] | None = None
             for k in range(self.layouts):
-                g = self.graph(k, max(self.min_ok, MIN_QUALITY) if strict and k != last else MIN_QUALITY)
-                c = cost(k, g) if g else None
+                g = self.graph(k, max(self.min_ok, MIN_QUALITY) if strict and k != last else MIN_QUALITY, rows)
+                c = self._cost(cost, k, g)
                 if c is not None and (best is None or c < best[0]):
                     best = (c, k, g)
             if best is not None:
                 return best[1], best[2]
-        return last, self.graph(last)
+        return last, self.graph(last, rows=rows)

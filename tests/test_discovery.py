@@ -163,29 +163,31 @@ def test_a_transfer_meant_for_others_is_acknowledged_not_delivered():
 LADDER_HOLDS = (0.083, 0.1, 0.2)
 
 
-def simulate_ladder(read_share, world: int, seconds: float = 30.0, seed: int = 0):
-    """As `simulate`, with a ladder of three layouts: every rank shows its status frames in each layout in
-    turn (each held for its own hold); rank r reads rank s's frame in layout k with probability
-    `read_share(r, s, k)`. Returns the nodes and when each completed."""
+def simulate_ladder(read_share, world: int, seconds: float = 30.0, seed: int = 0, cost=None):
+    """As `simulate`, with a ladder of three layouts: every rank shows its status frames in the layouts of
+    its probe schedule (protocols.discovery.ProbeSchedule, each held for its own hold); rank r reads rank s's
+    frame in layout k with probability `read_share(r, s, k)`. `cost`: the tables' layout cost (None: every
+    row measures the whole ladder). Returns the nodes and when each completed."""
     rng = random.Random(seed)
+    schedule = discovery.ProbeSchedule(LADDER_HOLDS)
     nodes = []
     for r in range(world):
         n = Node(r, world)
-        n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=1.0))
+        n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=1.0, cost=cost))
         n.rx = TransferReceiver(r, world, 7, KEY, handshake=n.hs)
         nodes.append(n)
     done: dict[int, float] = {}
     for r, n in enumerate(nodes):
         n.hs.on_complete.append(lambda r=r: done.setdefault(r, t))
-    t, k = 0.0, 0
+    t = 0.0
     while t < seconds and any(n.hs.greeting for n in nodes):
+        k, end = schedule.at(t)
         shown = {r: n.status(t) for r, n in enumerate(nodes)}
         for r, n in enumerate(nodes):
             for s in range(world):
                 if s != r and rng.random() < read_share(r, s, k):
                     n.rx.receive(shown[s], now=t + 0.04, layout=k)
-        t += LADDER_HOLDS[k]
-        k = (k + 1) % len(LADDER_HOLDS)
+        t = end
     return nodes, done
 
 
@@ -262,3 +264,207 @@ def test_a_table_says_how_many_layouts_it_measures_by_its_size(layouts):
     msg = transfer.status_message(session=7, sender=0, acks=(), message_bytes=MESSAGE, rows=rows, layouts=layouts,
                                   key=KEY)
     assert transfer.parse_message(msg, KEY).rows[:2] == rows
+
+
+# ------------------------------------------------------------------------------ stopping early
+def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, seed: int = 0,
+                   offsets: tuple[float, ...] | None = None, settle_s: float = 1.0, nodes: list | None = None):
+    """Every rank shows its status frames on its own clock (its offset from the others': `offsets`, random
+    by default) in the layouts its probe schedule (protocols.discovery.ProbeSchedule) gives each frame's time,
+    until its handshake is complete and every rank's is; rank r reads rank s's frame in layout k shown at
+    room time t with probability `read_share(r, s, k, t)`, 40 ms after it went up. Returns the nodes (also
+    put in `nodes`, as soon as they are made) and when (room time) each completed."""
+    rng = random.Random(seed)
+    schedule = discovery.ProbeSchedule(LADDER_HOLDS)
+    offsets = offsets or tuple(rng.uniform(-30.0, 30.0) for _ in range(world))
+    nodes = [] if nodes is None else nodes
+    for r in range(world):
+        n = Node(r, world)
+        n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=settle_s, cost=cost,
+                                                              schedule=schedule))
+        n.rx = TransferReceiver(r, world, 7, KEY, handshake=n.hs)
+        nodes.append(n)
+    done: dict[int, float] = {}
+    t = 0.0
+    for r, n in enumerate(nodes):
+        n.hs.on_complete.append(lambda r=r: done.setdefault(r, t))
+    due = [0.0] * world  # room time of each rank's next frame
+    while any(n.hs.greeting for n in nodes):
+        s = min(range(world), key=lambda r: due[r])
+        t = due[s]
+        if t > seconds:
+            break
+        local = t + offsets[s]
+        k, end = schedule.at(local)
+        due[s] = t + (end - local)
+        frame = nodes[s].status(local)
+        for r, n in enumerate(nodes):
+            if r != s and rng.random() < read_share(r, s, k, t):
+                n.rx.receive(frame, now=t + 0.04 + offsets[r], layout=k)
+    return nodes, done
+
+
+def _picks(nodes, cost) -> set[int]:
+    return {n.hs.sight.choose_layout(cost)[0] for n in nodes}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_fast_layout_read_well_on_every_edge_is_chosen_without_measuring_the_rest(world):
+    # the first layout carries three times the bytes a frame: read nine tenths of the time it beats the others
+    # even were they read whole, so discovery stops once it has measured the first
+    cost = _cost(world, "auto", nominal=(3.0, 1.0, 0.3))
+    nodes, done = simulate_probe(lambda r, s, k, t: 0.9, world, cost=cost)
+    assert len(done) == world
+    assert _picks(nodes, cost) == {0}
+    sight = nodes[0].hs.sight
+    for n in nodes:  # every rank has every row, and every row measured the first layout only
+        assert [row.unmeasured for row in n.hs.sight.rows] == [2] * world
+        assert not any(row.full for row in n.hs.sight.rows)
+    assert set(sight.graph(0, 0.5)) == {(r, s) for r in range(world) for s in range(world) if r != s}
+    assert sight.graph(1) == {} and sight.graph(2) == {}  # not measured
+    # measuring the whole ladder takes several periods of the schedule longer
+    full, done_full = simulate_probe(lambda r, s, k, t: 0.9, world, cost=None)
+    assert _picks(full, cost) == {0}
+    assert [row.unmeasured for row in full[0].hs.sight.rows] == [0] * world
+    assert max(done.values()) < 3.0 < max(done_full.values())
+
+
+def test_when_no_camera_reads_the_first_layout_the_next_ones_are_measured():
+    world = 3
+    cost = _cost(world, "auto", nominal=(3.0, 1.0, 0.3))
+    nodes, done = simulate_probe(lambda r, s, k, t: 0.0 if k == 0 else 0.95, world, cost=cost, seed=2)
+    assert len(done) == world
+    assert _picks(nodes, cost) == {1}
+    for row in nodes[0].hs.sight.rows:
+        assert row.unmeasured <= 1  # the first layout measured as unread, the second as read
+    assert nodes[0].hs.sight.graph(0) == {}
+
+
+def test_a_first_layout_that_could_lose_to_the_next_read_whole_lets_the_next_be_measured():
+    # the first layout carries 10 % more a frame but is read only 60 % of the time: the second, read whole,
+    # would be faster, so it must be measured; read whole, it wins
+    world = 2
+    cost = _cost(world, "auto", nominal=(1.1, 1.0, 0.3))
+    nodes, done = simulate_probe(lambda r, s, k, t: 0.6 if k == 0 else 1.0, world, cost=cost, seed=1)
+    assert len(done) == world
+    assert _picks(nodes, cost) == {1}
+    assert all(row.unmeasured <= 1 for row in nodes[0].hs.sight.rows)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_rank_picks_the_same_layout_and_one_every_camera_reads(seed):
+    """Random rooms: each edge reads each layout some share of the time. Whether discovery stops early, late
+    or takes a second round, every rank ends with the same layout; every edge of it is read (MIN_QUALITY),
+    and read at least min_ok of the time (the last layout: MIN_QUALITY) if any layout measured has such
+    edges enough for the collectives."""
+    rng = random.Random(seed)
+    world = rng.choice([2, 3, 4])
+    share = {(r, s, k): rng.choice([0.0, 0.3, 0.6, 0.9, 1.0]) for r in range(world) for s in range(world)
+             for k in range(3)}
+    cost = _cost(world, "auto", nominal=(rng.uniform(1, 3), 1.0, 0.3))
+    nodes, done = simulate_probe(lambda r, s, k, t: share[(r, s, k)], world, cost=cost, seed=seed, seconds=120.0)
+    if len(done) < world:  # a room where some screen is read by no camera never completes: nothing chosen
+        assert not done
+        return
+    picks = [n.hs.sight.choose_layout(cost) for n in nodes]
+    assert all(p == picks[0] for p in picks), picks
+    k, graph = picks[0]
+    sight = nodes[0].hs.sight
+    assert graph.items() <= sight.graph(k).items()  # edges read at least MIN_QUALITY of the time
+    if any(cost(j, sight.graph(j, 0.5 if j < 2 else discovery.MIN_QUALITY)) is not None for j in range(3)):
+        assert graph == sight.graph(k, 0.5 if k < 2 else discovery.MIN_QUALITY) and cost(k, graph) is not None
+    elif cost(k, graph) is None:  # no layout carries the collectives (they fail, saying why)
+        assert all(cost(j, sight.graph(j)) is None for j in range(3))
+
+
+def test_a_camera_that_stops_reading_after_the_others_froze_their_rows_leads_to_a_second_round():
+    """Alice freezes her row on bob's row as it was (both read the first layout whole); then bob's camera is
+    covered for 1.5 s and, uncovered, no longer reads alice's finest cells. Either bob still finds the first
+    layout good enough and the first round decides, or the frozen rows do not decide and both ranks measure
+    the whole ladder again: either way both pick the same layout, one bob's camera still reads."""
+    world = 2
+    cost = _cost(world, "auto", nominal=(3.0, 1.0, 0.3))
+    second_rounds = 0
+    for seed in range(8):
+        nodes: list = []
+        frozen: list[float] = []
+
+        def share(r, s, k, t, nodes=nodes, frozen=frozen):
+            if not frozen and nodes and nodes[0].hs.sight.rows[0].final:
+                frozen.append(t)
+            if r == 1 and frozen and (t < frozen[0] + 1.5 or k == 0):
+                return 0.0
+            return 1.0
+
+        nodes, done = simulate_probe(share, world, cost=cost, seed=seed, nodes=nodes)
+        assert len(done) == world
+        picks = [n.hs.sight.choose_layout(cost) for n in nodes]
+        assert picks[0] == picks[1]
+        k, graph = picks[0]
+        assert graph[(1, 0)] >= 0.5
+        rows = nodes[0].hs.sight.rows
+        if rows[0].full:
+            second_rounds += 1
+            assert all(row.full and row.unmeasured == 0 for row in rows) and k == 1
+    assert second_rounds >= 1
+
+
+def _row(version: int, flags: int, unmeasured: int, reads: int, quality: dict[int, int]) -> discovery.Row:
+    q = tuple(tuple(quality.get(r, 0) if k == 0 else 0 for k in range(discovery.MAX_LAYOUTS))
+              for r in range(discovery.MAX_RANKS))
+    return discovery.Row(version, flags | unmeasured << discovery.UNMEASURED_SHIFT, reads, reads, q)
+
+
+def test_frozen_rows_that_do_not_decide_start_a_second_round_on_every_rank():
+    """Two rows frozen after measuring the first layout only: alice reads bob's frames in it whole, bob
+    reads a third of alice's (bob froze on what alice's row said then). They do not decide (the first layout
+    cannot carry the collectives, the others were not measured): both ranks see it from the same rows, go to
+    a second round that measures the whole ladder, and nobody picks a layout meanwhile."""
+    world = 2
+    cost = _cost(world, "auto", nominal=(3.0, 1.0, 0.3))
+    alice_row = _row(3, discovery.FINAL, 2, 0b10, {1: 15})
+    bob_row = _row(4, discovery.FINAL, 2, 0b01, {0: 5})
+    tables = [discovery.SightTable(r, world, LADDER_HOLDS, cost=cost) for r in range(world)]
+    for st in tables:
+        st.rows = [alice_row, bob_row]
+        st.alive(0b11)
+    assert tables[0].decide() is None and not tables[0].known
+    # had bob's camera read alice half of the time, the same rows would decide
+    assert tables[0].decide([alice_row, _row(4, discovery.FINAL, 2, 0b01, {0: 8})]) is not None
+    assert tables[0].update(10.0, 0b10, False)
+    mine = tables[0].rows[0]
+    assert mine.full and not mine.final and mine.version == 4
+    # bob takes alice's row of the second round in place of her frozen one, and follows
+    assert tables[1].relay(tuple(tables[0].rows) + (discovery.EMPTY,) * 6)
+    assert tables[1].rows[0] == mine
+    tables[1].update(10.0, 0b01, False)
+    assert tables[1].rows[1].full and not tables[1].rows[1].final
+    assert not tables[0].known and not tables[1].known
+    # a row of the first round never replaces one of the second, whatever its version
+    stale = discovery.Row(9, alice_row.flags, alice_row.reads, alice_row.trusts, alice_row.quality)
+    assert not tables[1].relay((stale,) + (discovery.EMPTY,) * 7)
+
+
+@pytest.mark.parametrize("holds, frames", [((0.05, 0.067, 0.083, 0.1, 0.2), None), ((0.083, 0.1, 0.2), (3, 1, 2)),
+                                           ((0.1,), None)])
+def test_the_probe_schedule_counts_the_frames_it_shows(holds, frames):
+    """The frames a sender shows by its schedule, one after another from any time (as its TransferWriter
+    does), are in the layouts `at` says and as many as `count` says between any two of them."""
+    sched = discovery.ProbeSchedule(holds, frames)
+    rng = random.Random(1)
+    for start in (-7.3, 0.0, 12.345):
+        t, shown = start, []
+        for _ in range(200):
+            k, end = sched.at(t)
+            assert end > t
+            shown.append((round(t * 1e6) / 1e6, k))
+            t = end
+        per_period = sum(1 for _, k in shown[:len(sched.layout_of) * 3]) / 3
+        assert per_period == len(sched.layout_of)
+        for _ in range(50):
+            i, j = sorted(rng.sample(range(len(shown)), 2))
+            for layout in range(len(holds)):
+                want = sum(1 for _, k in shown[i:j + 1] if k == layout)
+                assert sched.count(layout, shown[i][0], shown[j][0]) == want
+    if frames is None and len(holds) > 1:
+        assert sched.frames == (discovery.FIRST_FRAMES,) + (discovery.OTHER_FRAMES,) * (len(holds) - 1)

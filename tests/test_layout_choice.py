@@ -48,8 +48,9 @@ def test_a_pinned_layout_is_used_as_it_is(_quiet_logs):
 def test_collectives_pick_the_layout_both_cameras_read(tmp_path):
     """Two webcam laptops 1 m apart (rooms/two-laptops-sim.toml moved apart): the 10 and 12 px cells of the
     collectives' ladder's first layouts do not read at that distance, the 16 px ones do.
-    Discovery measures every layout of the ladder on every edge and both ranks pick the same, readable one
-    (the dense layout, pinned as collectives used it before, gives these cameras no screen to read)."""
+    Discovery measures every layout of the ladder on every edge (none read well enough lets it stop early)
+    and both ranks pick the same, readable one (the dense layout, pinned as collectives used it before, gives
+    these cameras no screen to read)."""
     import re
 
     from test_distributed import EXAMPLES, ROOT, launch
@@ -69,6 +70,7 @@ def test_collectives_pick_the_layout_both_cameras_read(tmp_path):
     for e in known:
         assert (e["layout"], e["cell_px"]) == (4, 16)
         assert all(g == {} for g in e["ladder"][:4])  # the 10 and 12 px layouts: no edge at this distance
+        assert e["measured"] == {"alice": 5, "bob": 5} and not e["second_round"]
         assert set(e["edges"]) == {"alice<-bob", "bob<-alice"}
     used = [json.loads(x) for x in proc.stderr.splitlines() if '"event": "layout_used"' in x]
     assert sorted((e["node"], e["cell_px"]) for e in used) == [("alice", 16), ("bob", 16)]

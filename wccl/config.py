@@ -640,8 +640,8 @@ class CollectivesConfig(_Strict):
     # How a collective's bytes move (protocols.algorithms): "auto" lets the cost model choose per
     # collective from which screens each camera reads; or "all_see_all", "ring", "star", "tree" for every one.
     algorithm: AlgorithmName = "auto"
-    # Discovery at start-up: once every rank is up, each camera measures this long (room seconds) which
-    # screens it reads and how well, before the ranks agree on the sight graph the algorithms use.
+    # Discovery at start-up: once the layouts a camera measured decide the choice, its row is final at once;
+    # otherwise it watches until what it reads has not changed for this long (room seconds).
     discovery_s: float = Field(default=1.5, gt=0, le=600)
     # The built-in run's collectives (python -m wccl.node with exchange = "collectives"): one not done in
     # this long (room seconds) fails on every rank (wccl.distributed takes init_process_group's timeout).

@@ -138,24 +138,28 @@ class CollectiveNode(NodeSupervisor):
         self.key_fingerprint = key.fingerprint
         # The run handshake: this rank's run nonce, and which of its peers' nonces it trusts.
         from protocols.algorithms import Sight
-        from protocols.discovery import SightTable
+        from protocols.discovery import ProbeSchedule, SightTable
 
+        def cost(k: int, edges: dict) -> float | None:  # the collectives' cost in layout k (every rank alike)
+            return layout_cost(self.world, edges, col.algorithm, link_goodput(cfg, *ladder[k]),
+                               ROUND_HOLDS * ladder[k][1])
+
+        # While the layout is not chosen, status frames follow the probe schedule (the same on every rank).
+        schedule = ProbeSchedule(tuple(h for _, h in ladder))
         # (one rank alone: nothing to discover, nobody to greet)
-        sight = (SightTable(self.rank, self.world, tuple(h for _, h in ladder), settle_s=col.discovery_s,
-                            min_ok=cfg.link.min_frames_ok) if self.world > 1 else None)
+        sight = (SightTable(self.rank, self.world, schedule.holds, settle_s=col.discovery_s,
+                            min_ok=cfg.link.min_frames_ok, cost=cost, schedule=schedule) if self.world > 1 else None)
         self.handshake = Handshake(self.rank, self.world, sight=sight, window_s=room.replay_window_s)
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
                                   transfers=transfer.TransferAssembler(), key=key,
                                   handshake=self.handshake, lens=cfg.camera.lens, ladder=[c for c, _ in ladder],
-                                  layout_cost=lambda k, edges: layout_cost(
-                                      self.world, edges, col.algorithm, link_goodput(cfg, *ladder[k]),
-                                      ROUND_HOLDS * ladder[k][1])),
+                                  layout_cost=cost),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,
-                                  run_nonce=self.handshake.nonce, ladder=ladder),
+                                  run_nonce=self.handshake.nonce, ladder=ladder, probe=schedule.at),
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
                                 on_drained=self.end, algorithm=col.algorithm,
                                 sight=Sight.complete(1, 1.0, 0.0) if self.world == 1 else None,

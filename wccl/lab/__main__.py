@@ -4,7 +4,8 @@
 size through the wccl backend, per collective algorithm);
 `python -m wccl.lab train --config FILE --out DIR` (accuracy against simulated time: codecs, local steps);
 `python -m wccl.lab attack --frames N --json` (forged, replayed, foreign, bit-flipped frames against a rank);
-`python -m wccl.lab fuzz --seconds N --json` (random and mutated inputs to every entry point)."""
+`python -m wccl.lab fuzz --seconds N --json` (random and mutated inputs to every entry point);
+`python -m wccl.lab startup --config FILE --repeat N --json` (init_process_group's wall and simulated seconds)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     from wccl.lab import fuzz as fuzz_lab
 
     fuzz_lab.add_arguments(z)
+    from wccl.lab import startup as startup_lab
+
+    startup_lab.add_arguments(sub.add_parser("startup", formatter_class=HelpFormatter,
+                                             help="time init_process_group on every rank of a room (wall and simulated s)"))
     args = p.parse_args(argv)
+    if args.cmd == "startup":
+        return startup_lab.run(args)
     if args.cmd == "fuzz":
         return fuzz_lab.run(args)
     if args.cmd == "train":
