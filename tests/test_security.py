@@ -238,6 +238,7 @@ def _refused(stderr: str) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.flaky(reruns=2)  # under a loaded CI machine the intruder has filmed nothing (docs/limits.md)
 def test_an_intruder_changes_nothing(tmp_path):
     """Random, forged, replayed (this run's and a filmed earlier run's) and bit-flipped frames from a laptop
     without the key: every one refused by reason; the ranks end bit for bit as without the intruder (whose
