@@ -12,7 +12,6 @@ from actors.intruder import Intruder
 from actors.observer import Observer
 from actors.parameter_server import ParameterServer
 from actors.rank_worker import RankWorker
-from actors.screen_writer import ScreenWriter
 from actors.transfer_writer import TransferWriter
 from actors.worker import Worker
 from wccl.registry import REGISTRY
@@ -21,7 +20,7 @@ STANDARD = {
     "clock": Clock,
     "camera_reader": CameraReader,
     "frame_decoder": FrameDecoder,
-    "screen_writer": ScreenWriter,
+    "screen_writer": TransferWriter,
     "worker": Worker,
     "parameter_server": ParameterServer,
     "observer": Observer,
@@ -32,7 +31,5 @@ STANDARD = {
 
 for _role, _cls in STANDARD.items():
     REGISTRY.register(f"actor.{_role}", "standard", _cls, replace=True)
-# A rank of the torch.distributed backend shows transfers until they are acknowledged.
-REGISTRY.register("actor.screen_writer", "transfers", TransferWriter, replace=True)
 
-__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "TransferWriter", "Observer", "ParameterServer", "RankWorker", "ScreenWriter", "Worker", "STANDARD"]
+__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "TransferWriter", "Observer", "ParameterServer", "RankWorker", "Worker", "STANDARD"]

@@ -9,12 +9,14 @@ FrameDecoder's mailbox drops the oldest capture when decoding falls behind.
 from __future__ import annotations
 
 from protocols.messages import Capture
-from wccl.actor import Actor, ActorContext
+from wccl.actor import Actor, ActorContext, Overflow
 from wccl.media import Camera
 
 
 class CameraReader(Actor):
     consumes = ()
+    mailbox = (1, Overflow.BLOCK)
+    source = True
 
     def __init__(self, ctx: ActorContext, camera: Camera) -> None:
         super().__init__(ctx)

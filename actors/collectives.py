@@ -1,7 +1,9 @@
 """Collectives: a rank's collectives, carried out as transfers over the light.
 
 Consumes: `CollectiveRequest` (from the rank's program, through
-wccl.distributed), `TransferArrived` (a peer's transfer, rebuilt and
+wccl.distributed), `SendTensor` (a point-to-point tensor of the built-in
+run, protocols.streams: one transfer to the ranks named, posted once the
+layout is chosen), `TransferArrived` (a peer's transfer, rebuilt and
 checked), `PeerAcks` (what each peer has of this rank's transfers), `HoldsKnown`
 (how many collectives each rank is known to hold), `Drain` (the program is
 done). Emits: `PostTransfer` (to the screen), `HoldsKnown` (this rank's
@@ -44,11 +46,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from protocols import transfer
+from protocols import streams, transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
 from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks, PostTransfer,
-                                SightKnown, TransferArrived)
-from wccl.actor import Actor, ActorContext
+                                SendTensor, SightKnown, TransferArrived)
+from wccl.actor import Actor, ActorContext, Overflow
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
 
@@ -62,7 +64,8 @@ class _Pending:
 
 
 class Collectives(Actor):
-    consumes = (CollectiveRequest, TransferArrived, PeerAcks, Drain, SightKnown, HoldsKnown)
+    consumes = (CollectiveRequest, SendTensor, TransferArrived, PeerAcks, Drain, SightKnown, HoldsKnown)
+    mailbox = (256, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, rank: int, world: int, timeout_s: float,
                  names: list[str] | None = None, on_drained=None, sight: Sight | None = None,
@@ -86,6 +89,7 @@ class Collectives(Actor):
         self.names = names or [f"rank{r}" for r in range(world)]
         self.on_drained = on_drained
         self._queue: deque[CollectiveRequest] = deque()
+        self._sends: list[SendTensor] = []  # point-to-point sends held until the layout is chosen
         self._wake = asyncio.Event()
         self._pending: dict[int, _Pending] = {}
         self._early: dict[int, list[TransferArrived]] = {}
@@ -116,6 +120,10 @@ class Collectives(Actor):
                 await self._arrived(self._pending[msg.seq], msg)
             elif msg.seq > self._last_seq:
                 self._early.setdefault(msg.seq, []).append(msg)  # a peer is ahead of this rank
+        elif isinstance(msg, SendTensor):
+            self._sends.append(msg)
+            if self._sight_known.is_set():
+                await self._send_tensors()
         elif isinstance(msg, PeerAcks):
             self._acks[msg.origin] = transfer.Ack(*msg.ack)
             self._check_drained()
@@ -132,6 +140,18 @@ class Collectives(Actor):
                 self.sight = Sight(self.world, {(r, s): self.goodputs[k] * q for r, s, q in msg.edges},
                                    self.latencies[k])
                 self._sight_known.set()
+                await self._send_tensors()
+
+    async def _send_tensors(self) -> None:
+        """Post the point-to-point sends (the built-in run's tensors, protocols.streams): one transfer
+        each, for the ranks named (a name that is not a rank, or this node, is nobody to wait for)."""
+        sends, self._sends = self._sends, []
+        for msg in sends:
+            dest = sum(1 << self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node)
+            if not dest:
+                continue
+            payload = streams.wrap(msg.epoch, msg.base, msg.payload)
+            await self._post_one(max(0, msg.step), msg.stream, "uint8", len(payload), 0, dest, payload)
 
     async def _post_when_ready(self) -> None:
         while True:
@@ -190,14 +210,17 @@ class Collectives(Actor):
 
     async def _post(self, req: CollectiveRequest, sends) -> None:
         for s in sends:
-            tid = self._next_tid
-            self._next_tid += 1
-            self._dests[tid] = s.dest
-            await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=tid, seq=req.seq,
-                                         op=req.op, dtype=req.dtype, numel=req.numel, part=s.part, dest=s.dest,
-                                         payload=s.payload))
-            self.results["transfers_posted"] += 1
-            self.results["bytes_posted"] += len(s.payload)
+            await self._post_one(req.seq, req.op, req.dtype, req.numel, s.part, s.dest, s.payload)
+
+    async def _post_one(self, seq: int, op: str, dtype: str, numel: int, part: int, dest: int, payload: bytes) -> None:
+        """Number one transfer (this node's next tid) and hand it to the screen until `dest` acknowledges it."""
+        tid = self._next_tid
+        self._next_tid += 1
+        self._dests[tid] = dest
+        await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=tid, seq=seq, op=op,
+                                     dtype=dtype, numel=numel, part=part, dest=dest, payload=payload))
+        self.results["transfers_posted"] += 1
+        self.results["bytes_posted"] += len(payload)
 
     async def _arrived(self, pend: _Pending, msg: TransferArrived) -> None:
         req = pend.req

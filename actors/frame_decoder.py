@@ -1,31 +1,31 @@
 """FrameDecoder: turns camera captures back into tensors.
 
 Consumes: `Capture` (its mailbox drops the oldest when decoding falls
-behind), `Tick` and `ScheduleDone` (to report and reset the link figures
-each step). A node without a schedule (an observer, `ticks=False`) gets no
-ticks: it reports a step's figures when frames of a later step arrive, and
-the last step's when it finishes.
-Emits: `TensorReceived` (or `TransferArrived`, `PeerAcks`, `AcksChanged`) for every tensor rebuilt from frames whose checks
-passed and whose bytes match the tensor's digest, and `FrameTiming` for
-every trusted frame from a peer (its timestamps, for the clock sync; the
-capture time is the camera's, on this node's own clock).
+behind). Emits: for a rank, `TransferArrived` for every transfer rebuilt
+from frames whose checks passed and whose bytes match the transfer's digest
+(or, for the built-in run's streams, protocols.streams, `TensorReceived`),
+`PeerAcks` (what a peer has of this rank's transfers), `AcksChanged` (what
+this rank has of theirs, and the handshake's echo), `HoldsKnown`,
+`SightKnown` (discovery is done: the layout and the sight graph), and
+`FrameTiming` for every trusted frame from a peer (its timestamps, for the
+clock sync; the capture time is the camera's, on this node's own clock).
+A node that only listens (an observer, `listen=True`) shows nothing: it
+rebuilds every transfer its camera sees whoever it was meant for, trusts
+what the room key vouches for (it has no run nonce a peer could echo), and
+emits `TensorReceived` for the built-in run's streams only.
 
 Per capture: find every code (wccl.imaging.reader; tracked near where it
 was, the whole image searched again when one is lost), reject captures that mix
 two frames (parity marks), skip frames identical to one already decoded from
 the same screen, then error-correct, check and reassemble (protocols.link,
-protocols.transfer). The built-in run's frames are rebuilt into its tensors
-by protocols.steps (sealed under the room key, numbered per sender and run
-nonce). A rank's (wccl.distributed, with `transfers` set) go through protocols.receiver (the
-room key's MAC, the run handshake, the sealed payload) and are rebuilt into
-`TransferArrived`, their acknowledgements passed on: `PeerAcks` (what a peer
-has of this rank's transfers) and `AcksChanged` (what this rank has of
-theirs, and the handshake's echo). A capture that is not an H x W x 3 uint8
-image is a counted loss. Frames from another session or run, from this node
-itself or from an unknown sender are ignored and counted; frames that fail
-are counted by reason, never delivered; at the end a rank logs
-`frames_refused` (a warning if any frame that read cleanly was refused: a
-wrong key, a replay).
+protocols.receiver: the room key's MAC, the run handshake, the sealed
+payload). Until discovery chooses the layout every layout of the start-up
+ladder is tried. A capture that is not an H x W x 3 uint8 image is a counted
+loss. Frames from another session or run, from this node itself or from an
+unknown sender are ignored and counted; frames that fail are counted by
+reason, never delivered; at the end the node logs its link figures
+(`link_totals`) and `frames_refused` (a warning if any frame that read
+cleanly was refused: a wrong key, a replay).
 """
 
 from __future__ import annotations
@@ -34,16 +34,15 @@ import dataclasses
 from collections import Counter
 
 import numpy as np
-import structlog
 
-from protocols import discovery, fec, frames, steps, transfer
-from protocols.steps import StepAssembler
+from protocols import discovery, fec, streams, transfer
+from protocols.frames import FrameError
 from protocols.link import LinkCodec
-from protocols.messages import (AcksChanged, Capture, FrameTiming, HoldsKnown, PeerAcks, ScheduleDone, ScheduleKnown, SightKnown,
-                                TensorReceived, Tick, TransferArrived)
+from protocols.messages import (AcksChanged, Capture, FrameTiming, HoldsKnown, PeerAcks, SightKnown, TensorReceived,
+                                TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
-from wccl.actor import Actor, ActorContext
+from wccl.actor import Actor, ActorContext, Overflow
 from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
 
@@ -55,15 +54,18 @@ SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_ve
 
 
 class FrameDecoder(Actor):
-    consumes = (Capture, Tick, ScheduleDone, ScheduleKnown)
+    consumes = (Capture,)
+    mailbox = (8, Overflow.DROP_OLDEST)  # camera frames: stale ones are worthless
 
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
-                 assembler: StepAssembler | None = None, ticks: bool = True, ladder: list[LinkCodec] | None = None,
-                 transfers: transfer.TransferAssembler | None = None, key: RoomKey = NO_KEY,
-                 handshake: Handshake | None = None, lens: str = "pinhole", layout_cost=None) -> None:
+                 transfers: transfer.TransferAssembler, ladder: list[LinkCodec] | None = None,
+                 key: RoomKey = NO_KEY, handshake: Handshake | None = None, lens: str = "pinhole",
+                 layout_cost=None, listen: bool = False) -> None:
+        """`node_names`: the ranks in rank order (frames name their sender by rank); `transfers`: the
+        assembler, given by the supervisor so that it outlives a restart of this actor."""
         super().__init__(ctx)
-        # Collectives with a start-up ladder: what collectives would cost in a layout on its sight graph
-        # (seconds, None: they cannot run there), for discovery's choice; without one, the densest wins.
+        # With a start-up ladder: what collectives would cost in a layout on its sight graph (seconds,
+        # None: they cannot run there), for discovery's choice; without one, the densest wins.
         self.layout_cost = layout_cost or (lambda k, edges: float(k))
         self.lens_mode = lens
         self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
@@ -78,44 +80,24 @@ class FrameDecoder(Actor):
         self.tracker = reader.QuadTracker(self.ladder[0].layout)
         self.session = session
         self.node_names = node_names
-        self.me = node_names.index(ctx.node)
-        # The built-in run's tensors (protocols.steps); given by the supervisor, so it outlives a restart.
-        self.reassembler = assembler if assembler is not None else StepAssembler(key)
+        self.listen = listen
         self.last: dict[int | None, np.ndarray] = {}  # per sender strip: symbols of the last decoded frame
         self.previous: list[tuple[np.ndarray, int, np.ndarray]] = []  # (quad centre, layout, cell samples) last capture
         # Per sender strip: its last read that could not be corrected, its layout and when (see _decode).
         self._failed: dict[int | None, tuple[reader.ReadCode, int, float]] = {}
         self.stats: Counter = Counter()
-        self.totals: Counter = Counter()
-        self.ticks = ticks
-        self._frame_step = -1  # without ticks: the latest step seen in a frame
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
-        # Collectives (a rank of wccl.distributed): transfer frames are rebuilt here and acknowledged.
+        self._captured = 0.0  # when the capture being read was taken (node clock)
         self.transfers = transfers
         self.key = key
-        # Collectives only: the receive path of transfer frames, with the run handshake it keeps.
-        self.receiver = (TransferReceiver(self.me, len(node_names), session, key, handshake, transfers)
-                         if transfers is not None else None)
-        # The built-in run's handshake (None: an observer, which shows no frame to be echoed, trusts every
-        # frame the room key vouches for).
-        self.handshake = handshake if transfers is None else None
-        self.steps_rx = steps.StepReceiver(self.me, len(node_names), session, key, self.handshake, self.reassembler)
+        # A rank's receive path, with the run handshake it keeps (a listener has neither).
+        self.receiver = (None if listen else
+                         TransferReceiver(node_names.index(ctx.node), len(node_names), session, key, handshake,
+                                          transfers))
         self._sight_sent = False
+        self._heard: dict[int, tuple[int, int]] = {}  # a listener's: sender -> (its run nonce, latest shown_us)
 
-    async def handle(self, msg: Capture | Tick | ScheduleDone | ScheduleKnown) -> None:
-        if isinstance(msg, ScheduleKnown):
-            if msg.layout < len(self.ladder) and self.current != msg.layout:
-                self.current = msg.layout
-                self._use(msg.layout)
-            return
-        if isinstance(msg, ScheduleDone):
-            self._report(msg.steps - 1)
-            return
-        if isinstance(msg, Tick):
-            if msg.phase == "compute":
-                self._report(msg.step - 1)
-                self.reassembler.forget_before(msg.step - 1)
-            return
+    async def handle(self, msg: Capture) -> None:
         self.stats["captures"] += 1
         bad = reader.image_problem(msg.image)
         if bad is not None:
@@ -237,8 +219,8 @@ class FrameDecoder(Actor):
             del self._failed[code.sender]
             return message, corrected, both
 
-    async def _accept(self, code: reader.ReadCode, captured: float) -> TensorReceived | None | bool:
-        """The tensor this frame completes, None if none (frame used or ignored), False if it failed."""
+    async def _accept(self, code: reader.ReadCode, captured: float) -> TransferArrived | TensorReceived | None | bool:
+        """The transfer this frame completes, None if none (frame used or ignored), False if it failed."""
         last = self.last.get(code.sender)
         if (last is not None and last.shape == code.symbols.shape
                 and np.count_nonzero(last == code.symbols) >= SAME_FRAME * last.size):
@@ -246,52 +228,72 @@ class FrameDecoder(Actor):
             return None
         try:
             message, corrected, code = self._decode(code, captured)
-            if self.transfers is not None:
-                return await self._accept_transfer(message, code, corrected)
         except fec.UncorrectableFrame:
             # (a mixed capture that does not correct is already counted as mixed)
             self.stats["captures_mixed_uncorrectable" if code.mixed else "frames_rejected_uncorrectable"] += 1
             return False
-        f, refused = self.steps_rx.parse(message)
-        if f is None:
-            self.stats[f"frames_rejected_{refused}"] += 1
+        self._captured = captured
+        arrived = (self._overheard(message, code, corrected) if self.listen
+                   else await self._accept_transfer(message, code, corrected))
+        if isinstance(arrived, TransferArrived) and arrived.op in streams.STREAMS:
+            return self._tensor(arrived)
+        return arrived
+
+    def _tensor(self, t: TransferArrived) -> TensorReceived | None:
+        """One of the built-in run's tensors (protocols.streams), for the actors that train."""
+        try:
+            epoch, base, payload = streams.unwrap(t.payload)
+        except streams.StreamError:
+            self.stats["frames_rejected_bad_length"] += 1
+            return None
+        self.stats[f"tensors_{t.op}"] += 1
+        return TensorReceived(sender=self.ctx.node, step=t.seq, time=self.clock.now(), origin=self.node_names[t.origin],
+                              stream=t.op, payload=payload, frames=max(1, t.frames), epoch=epoch, base=base)
+
+    def _overheard(self, message: bytes, code: reader.ReadCode, corrected: int) -> TransferArrived | None | bool:
+        """A listener's frame: checked under the room key, then every transfer it completes, whoever it was
+        meant for (a listener shows nothing: it acknowledges nothing and greets no one)."""
+        try:
+            f = transfer.parse_message(message, self.key)
+        except FrameError as e:
+            self.stats[f"frames_rejected_{e.reason}"] += 1
             return False
-        h = f.header
-        if (not self.ticks and f.session == self.session and h is not None and h.op in ("grad", "avg")
-                and h.seq > self._frame_step):
-            self._step_from_frames(h.seq)
         self._count_cells(code, corrected)
         self.last[code.sender] = code.symbols
-        if refused is not None:  # another session, an unknown sender or this node itself
-            self.stats[f"frames_{refused}"] += 1
-            return None
-        # The run handshake (protocols.steps): only frames of this run, shown recently, are used.
-        r = self.steps_rx.accept(f)
-        hs = self.handshake
-        if r.handshake_changed:
-            self.log.info("handshake", peer=self.node_names[f.sender],
-                          trusted=sorted(self.node_names[k] for k in hs.trusted))
-            await self.emit(AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=(), echo=hs.echo(),
-                                        trusts=hs.trust_mask()))
-        if r.refused:
-            self.stats[f"frames_rejected_{r.refused}"] += 1
+        if f.session != self.session or f.sender >= len(self.node_names):
+            self.stats["frames_foreign_session" if f.session != self.session else "frames_unknown_sender"] += 1
             return None
         self.stats["frames_ok"] += 1
-        tm = f.timing
-        peer = self.node_names[tm.echo_peer] if tm.echo_peer < len(self.node_names) else None
-        self._timings.append(FrameTiming(sender=self.ctx.node, time=self.clock.now(),
-                                         origin=self.node_names[f.sender], shown=tm.shown_us / 1e6,
-                                         captured=captured, echo_peer=peer, echo_shown=tm.echo_shown_us / 1e6,
-                                         echo_captured=tm.echo_captured_us / 1e6, layout=self._layout))
-        t = r.tensor
-        if t is None:
+        nonce, latest = self._heard.get(f.sender, (f.run_nonce, f.shown_us))
+        if nonce != f.run_nonce:
+            if f.shown_us < latest:
+                self.stats["frames_rejected_other_run"] += 1
+                return None  # the sender's earlier run, filmed late
+            self.transfers.forget_sender(f.sender)  # it started again: it numbers its transfers from 1 again
+        self._heard[f.sender] = (f.run_nonce, max(latest, f.shown_us) if nonce == f.run_nonce else f.shown_us)
+        if f.header is None:
+            self.stats["status_frames"] += 1
             return None
+        if self.current is None:
+            self.current = self._layout  # the ranks chose this one: transfers go up only in the chosen layout
+        data = self.transfers.add(f, self.key)
+        if data is None or data is transfer.DUPLICATE:
+            return None
+        h = f.header
         self.stats["tensors"] += 1
-        self.stats[f"tensors_{t.stream}"] += 1
-        self.stats["tensor_bytes"] += len(t.payload)
-        return TensorReceived(sender=self.ctx.node, step=t.step, time=self.clock.now(),
-                              origin=self.node_names[t.sender], stream=t.stream, payload=t.payload,
-                              frames=t.frames, epoch=t.epoch, base=t.base)
+        self.stats["tensor_bytes"] += len(data)
+        return TransferArrived(sender=self.ctx.node, time=self.clock.now(), origin=h.sender, tid=h.tid, seq=h.seq,
+                               op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=data,
+                               frames=self.transfers.last_packets)
+
+    def _timing(self, f: transfer.TransferFrame) -> None:
+        """Keep a trusted frame's clock-sync fields, emitted after the capture is read."""
+        tm, names = f.timing, self.node_names
+        self._timings.append(FrameTiming(sender=self.ctx.node, time=self.clock.now(), origin=names[f.sender],
+                                         shown=tm.shown_us / 1e6, captured=self._captured,
+                                         echo_peer=names[tm.echo_peer] if tm.echo_peer < len(names) else None,
+                                         echo_shown=tm.echo_shown_us / 1e6, echo_captured=tm.echo_captured_us / 1e6,
+                                         layout=self._layout))
 
     async def _accept_transfer(self, message: bytes, code: reader.ReadCode,
                                corrected: int) -> TransferArrived | None | bool:
@@ -332,13 +334,14 @@ class FrameDecoder(Actor):
                 self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second,
                                                      edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
                                                             for r_, s_, q in edges},
-                                                     captures=self.stats["captures"] + self.totals["captures"])
+                                                     captures=self.stats["captures"])
                 await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k))
         if r.refused:
             self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")
                        else f"frames_{r.refused}"] += 1
             return None
         self.stats["frames_ok"] += 1
+        self._timing(f)
         if r.holds_changed:
             await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=self.receiver.holds))
         if r.peer_ack is not None:
@@ -374,49 +377,21 @@ class FrameDecoder(Actor):
         self.stats["cells_doubtful"] += int((code.confidence < 0.15).sum())
         self.stats["cells_read"] += code.symbols.size
 
-    def _report(self, step: int) -> None:
-        """Log the link figures since the last report: of `step`, or of the start-up (step -1)."""
-        if step < 0 and not self.stats:
-            return
-        losses = dict(self.reassembler.losses)
-        self.reassembler.losses.clear()
-        if step >= 0:
-            structlog.contextvars.bind_contextvars(step=step)
-        rejected = {k.removeprefix("frames_rejected_"): v for k, v in self.stats.items()
-                    if k.startswith("frames_rejected_")}
-        self.log.info("link_step" if step >= 0 else "link_startup", captures=self.stats["captures"], codes_seen=self.stats["codes_seen"],
-                      idle_screens=self.stats["idle_screens"],
-                      captures_mixed=self.stats["captures_mixed"], frames_ok=self.stats["frames_ok"],
-                      frames_repeated=self.stats["frames_repeated"], frames_rejected=rejected,
-                      cells_wrong=self.stats["cells_wrong"], cells_read=self.stats["cells_read"], tensors=self.stats["tensors"],
-                      tensor_bytes=self.stats["tensor_bytes"],
-                      captures_dropped=self.ctx.inbox.dropped - self.totals["captures_dropped"], losses=losses)
-        self.totals.update(self.stats)
-        self.totals["captures_dropped"] = self.ctx.inbox.dropped
-        for k, v in losses.items():
-            self.totals[f"loss_{k}"] += v
-        self.stats.clear()
-
-    def _step_from_frames(self, step: int) -> None:
-        """No schedule on this node: a frame of a later step closes the figures of the last one."""
-        self._report(self._frame_step)
-        self.reassembler.forget_before(step - 1)
-        self._frame_step = step
-
     async def finish(self) -> None:
-        if not self.ticks:
-            self._report(self._frame_step)
-        self.totals.update(self.stats)
-        self.stats.clear()
-        self.ctx.results["link"] = dict(self.totals)
-        if self.receiver is not None or self.handshake is not None:
-            losses = self.transfers.losses if self.transfers is not None else self.reassembler.losses
-            refused = {k.removeprefix("frames_rejected_"): v for k, v in self.totals.items()
-                       if k.startswith("frames_rejected_") and k.removeprefix("frames_rejected_") in SUSPECT}
-            refused.update({k.removeprefix("frames_"): v for k, v in self.totals.items()
-                            if k in ("frames_foreign_session", "frames_unknown_sender")})
-            # Frames that read cleanly and were refused: a wrong key, a replay, another room. Worth a warning.
-            (self.log.warning if any(refused.values()) else self.log.info)(
-                "frames_refused", frames_ok=self.totals["frames_ok"], **refused, losses=dict(losses))
-            if self.transfers is not None:  # (the built-in run's losses are reported each step)
-                self.ctx.results["link"].update({f"loss_{k}": v for k, v in losses.items()})
+        link = dict(self.stats)
+        link.update({f"loss_{k}": v for k, v in self.transfers.losses.items()})
+        link["captures_dropped"] = self.ctx.inbox.dropped
+        self.ctx.results["link"] = link
+        rejected = {k.removeprefix("frames_rejected_"): v for k, v in link.items() if k.startswith("frames_rejected_")}
+        self.log.info("link_totals", captures=link.get("captures", 0), codes_seen=link.get("codes_seen", 0),
+                      frames_ok=link.get("frames_ok", 0), frames_repeated=link.get("frames_repeated", 0),
+                      frames_rejected=rejected, cells_wrong=link.get("cells_wrong", 0),
+                      cells_read=link.get("cells_read", 0), tensors=link.get("tensors", 0),
+                      tensor_bytes=link.get("tensor_bytes", 0), captures_dropped=link["captures_dropped"],
+                      losses=dict(self.transfers.losses))
+        refused = {k: v for k, v in rejected.items() if k in SUSPECT}
+        refused.update({k.removeprefix("frames_"): v for k, v in link.items()
+                        if k in ("frames_foreign_session", "frames_unknown_sender")})
+        # Frames that read cleanly and were refused: a wrong key, a replay, another room. Worth a warning.
+        (self.log.warning if any(refused.values()) else self.log.info)(
+            "frames_refused", frames_ok=link.get("frames_ok", 0), **refused, losses=dict(self.transfers.losses))

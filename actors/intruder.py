@@ -32,7 +32,7 @@ from protocols import frames, layout, transfer
 from protocols.link import LinkCodec
 from protocols.messages import Capture
 from protocols.security import REPLAY_WINDOW_S, RoomKey
-from wccl.actor import Actor, ActorContext
+from wccl.actor import Actor, ActorContext, Overflow
 from wccl.imaging import reader
 from wccl.media import Screen
 
@@ -42,6 +42,7 @@ FILMED_MAX = 4000
 
 class Intruder(Actor):
     consumes = (Capture,)
+    mailbox = (2, Overflow.DROP_OLDEST)  # what it films: only the latest matters
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, world: int, seed: int = 0, record_to: str | None = None,

@@ -1,8 +1,9 @@
 """Observer: rebuilds the model from what its camera reads off the parameter server's screen.
 
-Consumes: `TensorReceived` (from the server only: stream `avg`, one step's
-averaged gradient; stream `params`, a snapshot of the server's training
-state, protocols.snapshot).
+Consumes: `TensorReceived` (from the server only, overheard: its transfers
+are meant for the workers; stream `avg`, its word on one step: the averaged
+gradient, or empty for a skipped step; stream `params`, a snapshot of the
+server's training state, protocols.snapshot).
 Emits: nothing; it logs `observer_step` after every update it applies (test
 accuracy and loss on its own copy of the held-out digits, and its
 predictions for the first few of them), `observer_missed_step`,
@@ -44,6 +45,8 @@ KEEP_DIGESTS = 64  # digests of the replica's recent states, to check the server
 
 class Observer(Actor):
     consumes = (TensorReceived,)
+    on_schedule = True
+    ends_node = True
 
     def __init__(self, ctx: ActorContext, replica: Any, server: str, steps: int, show_digits: int = 8,
                  codec: Codec | None = None) -> None:
@@ -86,6 +89,10 @@ class Observer(Actor):
     def _average(self, msg: TensorReceived) -> None:
         r = self.results
         key = (msg.epoch, msg.base)
+        if not msg.payload:  # the server skipped the step: the state stays
+            if key == (r["epoch"], r["applied"]) and not r["stalled"]:
+                r["last_step"] = max(r["last_step"], msg.step)
+            return
         if msg.epoch == r["epoch"] and msg.base < r["applied"]:
             return  # an update this replica already has
         self._averages[key] = (msg.step, msg.payload)

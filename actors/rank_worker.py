@@ -41,13 +41,14 @@ from typing import Any
 
 from protocols.codecs import Codec, ErrorFeedback
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain
-from wccl.actor import Actor, ActorContext, GiveUp
+from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.training.divergence import HINT, DivergenceWatch
 from wccl.training.exchange import reduce
 
 
 class RankWorker(Actor):
     consumes = (CollectiveDone,)
+    mailbox = (16, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, replica: Any, codec: Codec, names: list[str], steps: int,
                  greeted: asyncio.Event, greet_problem, greet_timeout_s: float, quorum: int = 1,

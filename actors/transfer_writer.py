@@ -35,27 +35,37 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import deque
 
-from protocols import discovery, layout, transfer
+from protocols import discovery, frames, layout, transfer
 from protocols.link import LinkCodec
-from protocols.messages import AcksChanged, HoldsKnown, PeerAcks, PostTransfer, SightKnown
+from protocols.messages import AcksChanged, FrameTiming, HoldsKnown, PeerAcks, PostTransfer, SightKnown
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey, new_run_nonce
-from wccl.actor import Actor, ActorContext
+from wccl.actor import Actor, ActorContext, Overflow
 from wccl.media import Screen
 
 STATUS_REPEATS = 3  # status frames shown after the acknowledgements change
 REPAIR_SHARE = 0.25  # repair packets made up front, as a share of the source packets (then they repeat)
+ECHO_QUEUE = 16  # echoes kept per peer until shown (oldest dropped)
+STARTUP_OVERLAY = [
+    "WCCL is starting: the laptops are greeting each other over the light.",
+    "Point every camera at the other screens; keep this screen fully visible and bright.",
+]
 
 
 class TransferWriter(Actor):
-    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, SightKnown)
+    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, SightKnown, FrameTiming)
+    mailbox = (256, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, rank: int, world: int, loss: float = 0.1,
                  margin_frames: int = 1, key: RoomKey = NO_KEY, run_nonce: int | None = None,
-                 ladder: list[tuple[LinkCodec, float]] | None = None, probe=None) -> None:
+                 ladder: list[tuple[LinkCodec, float]] | None = None, probe=None,
+                 names: list[str] | None = None) -> None:
+        """`names`: the ranks in rank order (FrameTiming names its origin)."""
         super().__init__(ctx)
+        self.names = names or []
         self.screen = screen
         self.codec = codec
         self.screen_w, self.screen_h = screen_w, screen_h
@@ -82,6 +92,11 @@ class TransferWriter(Actor):
         self._wake = asyncio.Event()
         self._parity = 0
         self._blank = layout.blank(screen_w, screen_h)
+        self._clock_echoes: dict[int, deque[tuple[float, float]]] = {}  # peer -> (shown, captured) of frames read
+        self._last_echo: dict[int, tuple[float, float]] = {}
+        self._echo_turn = 0
+        self._lag = 0.0  # how long a frame takes from being made to being up (real screens)
+        self._overlay: list[str] | None = None
         self.results = ctx.results.setdefault("screen", {"frames_shown": 0, "status_frames": 0,
                                                          "transfers_acked": 0})
 
@@ -89,7 +104,12 @@ class TransferWriter(Actor):
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
         await self.run_beside(self._present())
 
-    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | SightKnown) -> None:
+    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | SightKnown | FrameTiming) -> None:
+        if isinstance(msg, FrameTiming):
+            if msg.origin in self.names:
+                peer = self.names.index(msg.origin)
+                self._clock_echoes.setdefault(peer, deque(maxlen=ECHO_QUEUE)).append((msg.shown, msg.captured))
+            return
         if isinstance(msg, SightKnown):
             if self.ladder is not None:
                 self.codec, self.hold_s = self.ladder[msg.layout]
@@ -126,8 +146,30 @@ class TransferWriter(Actor):
             self.plan.book(msg.tid, msg.dest, k)
         self._wake.set()
 
-    def _next_message(self, shown_us: int) -> tuple[bytes, LinkCodec, float] | None:
+    def _timing(self, shown_local: float) -> frames.Timing:
+        """A frame's clock-sync fields: when it goes up (this node's own clock), and the next echo of a
+        frame read from a peer (peers take turns; with nothing new, the last echo again)."""
+        peers = sorted(set(self._clock_echoes) | set(self._last_echo))
+        echo_peer, echo = frames.NO_PEER, (0.0, 0.0)
+        for k in range(len(peers)):
+            p = peers[(self._echo_turn + k) % len(peers)]
+            q = self._clock_echoes.get(p)
+            if q:
+                echo_peer, echo = p, q.popleft()
+                self._last_echo[p] = echo
+                self._echo_turn = (peers.index(p) + 1) % len(peers)
+                break
+        else:
+            if peers:
+                p = peers[self._echo_turn % len(peers)]
+                self._echo_turn += 1
+                echo_peer, echo = p, self._last_echo[p]
+        return frames.Timing(round(shown_local * 1e6), echo_peer, round(echo[0] * 1e6), round(echo[1] * 1e6))
+
+    def _next_message(self, shown_local: float) -> tuple[bytes, LinkCodec, float] | None:
         """The next frame's message, and the layout (codec, hold) it goes up in."""
+        tm = self._timing(shown_local)
+        shown_us, clock_echo = tm.shown_us, (tm.echo_peer, tm.echo_shown_us, tm.echo_captured_us)
         greet = self._greeting and self._greet_turn
         self._greet_turn = not self._greet_turn
         nxt = None if greet else self.plan.next()
@@ -137,7 +179,8 @@ class TransferWriter(Actor):
             return (transfer.frame_message(header, fountain, index % len(fountain.packets),
                                            message_bytes=self.codec.message_bytes, acks=self._acks,
                                            shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
-                                           holds=self._holds, key=self.key), self.codec, self.hold_s)
+                                           holds=self._holds, clock_echo=clock_echo, key=self.key),
+                    self.codec, self.hold_s)
         if self._status_due > 0 or self._greeting:
             self._status_due = max(0, self._status_due - 1)
             self.results["status_frames"] += 1
@@ -152,7 +195,7 @@ class TransferWriter(Actor):
                                             message_bytes=codec.message_bytes, shown_us=shown_us,
                                             run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
                                             rows=self._rows, holds=self._holds, layouts=self._layouts,
-                                            key=self.key), codec, hold_s)
+                                            clock_echo=clock_echo, key=self.key), codec, hold_s)
         return None
 
     async def _present(self) -> None:
@@ -165,18 +208,31 @@ class TransferWriter(Actor):
             now = self.clock.now()
             if t_next is None or t_next < now - self.hold_s:
                 t_next = now  # the screen was quiet: the next frame goes up at once
-            await self.clock.sleep_until(t_next)
-            nxt = self._next_message(round(self.clock.now() * 1e6))
+            await self.clock.sleep_until(t_next - self._lag)
+            local = getattr(self.clock, "local", self.clock)  # a synced clock's own: frames carry this node's time
+            t_frame = local.now()
+            nxt = self._next_message(t_frame + self._lag)
             if nxt is None:
                 t_next = None
                 continue
             message, codec, hold_s = nxt
+            self._set_overlay(STARTUP_OVERLAY if self._greeting else None)
             image = layout.render(codec.seal(message), codec.layout, self.screen_w, self.screen_h,
                                   sender=self.rank, parity=self._parity)
             self._parity ^= 1
-            self.screen.show(image)
+            presented = self.screen.show(image)
+            # Framing and drawing take time too: the lag is from t_frame to the frame being up.
+            actual = presented if isinstance(presented, float) else local.now()
+            self._lag += 0.2 * ((actual - t_frame) - self._lag)
             self.results["frames_shown"] += 1
             t_next += hold_s
+
+    def _set_overlay(self, want: list[str] | None) -> None:
+        """Instructions on a screen that can show them (a real window), while this node greets."""
+        set_overlay = getattr(self.screen, "set_overlay", None)
+        if set_overlay is not None and want != self._overlay:
+            self._overlay = want
+            set_overlay(want)
 
     async def finish(self) -> None:
         self.screen.show(self._blank)

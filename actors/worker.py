@@ -1,23 +1,27 @@
 """Worker: one data-parallel replica that trains in lockstep with the others.
 
 Consumes: `ScheduleKnown` (the schedule, the server's epoch, the step this
-node joins at), `Tick` (compute: make this step's gradient; apply: apply the
-averaged gradient), `TensorReceived` (the server's averaged gradients and
-snapshots, read off its screen), `AveragedGradient` and `Snapshot` (the
-same, when the server is on this node), `ScheduleDone`.
-Emits: `LocalGradient` when the server is on this node, otherwise `Show`
-(the gradient, on this node's screen during the uplink phase).
+node joins at), `Tick` (compute: this step's gradient is due),
+`TensorReceived` (the server's word on each step and its snapshots, read
+off its screen), `AveragedGradient` and `Snapshot` (the same, when the
+server is on this node), `ScheduleDone`.
+Emits: `LocalGradient` when the server is on this node, otherwise
+`SendTensor` (the gradient, an acknowledged transfer to the server).
 
-Gradients and averages travel encoded by the run's codec (`[training] codec`,
-wccl.training.exchange); this worker keeps its own error feedback. A training
-loss that turns non-finite or climbs above where it started is logged once
-(`training_diverging`, with the reason; wccl.training.divergence).
+Each step, from its compute tick and once the server's word on the step
+before has arrived (an average, applied at once, or "skipped": the state
+stays), the worker computes its gradient, encodes it with the run's codec
+through its own error feedback (`[training] codec`, wccl.training.exchange)
+and sends it; the compute is charged to the node's clock at the CPU time it
+took (times `compute_scale`). A training loss that turns non-finite or
+climbs above where it started is logged once (`training_diverging`, with
+the reason; wccl.training.divergence).
 
 The replica's state is numbered by the updates it has seen (`applied`) and
 the server's epoch. A gradient says which state it was computed on (`base`),
 and an average which state it applies to: an average is applied only to the
-state it was made for. A step whose average never arrived is skipped and
-counted (`average_missing`), never applied from a guess; the replica is then
+state it was made for. A word that does not come before the next step is
+due is counted (`average_missing`), never guessed; the replica is then
 behind, and the server's next snapshot (`snapshot_adopted`) brings it back.
 A worker that joins late, or sees a new server epoch (the server resumed
 from a checkpoint), computes nothing until it has a snapshot; it then
@@ -27,12 +31,13 @@ applies the averages it kept since, and trains in lockstep again.
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import structlog
 
 from protocols import snapshot as snap
-from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, Show, Snapshot,
+from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
                                 TensorReceived, Tick)
 from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext
@@ -45,9 +50,10 @@ KEEP_DIGESTS = 64  # digests of own states kept, to check snapshots against
 
 class Worker(Actor):
     consumes = (ScheduleKnown, Tick, TensorReceived, AveragedGradient, Snapshot, ScheduleDone)
+    on_schedule = True
 
     def __init__(self, ctx: ActorContext, replica: Any, server: str, eval_every: int = 1,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, compute_scale: float = 1.0) -> None:
         super().__init__(ctx)
         self.watch = DivergenceWatch()
         self.replica = replica
@@ -56,46 +62,54 @@ class Worker(Actor):
         self.server = server
         self.local_server = server == ctx.node
         self.eval_every = eval_every
+        self.compute_scale = compute_scale
         self.numel = replica.numel
+        self._due: int | None = None  # the step whose gradient is due (its compute tick came)
+        self._open: tuple[int, int, int] | None = None  # (step, epoch, base) of the gradient sent, word not yet in
         self.schedule: Schedule | None = None
         self.epoch = 0
         self.applied = 0
         self.has_state = False
-        self._averages: dict[tuple[int, int], bytes] = {}  # (epoch, base) -> averaged gradient
+        self._averages: dict[tuple[int, int], tuple[int, bytes]] = {}  # (epoch, base) -> (step, average)
         self._digests: dict[int, str] = {}
         self._losses: dict[int, float] = {}
         self.results = ctx.results.setdefault("worker", {"applied": 0, "average_missing": 0, "snapshots_adopted": 0,
                                                          "steps_without_state": 0, "average_undecodable": 0,
-                                                         "bytes_sent": 0})
+                                                         "bytes_sent": 0, "skipped": 0})
 
     async def handle(self, msg: Any) -> None:
         if isinstance(msg, ScheduleKnown):
             self._schedule_known(msg)
         elif isinstance(msg, Tick):
-            structlog.contextvars.bind_contextvars(step=msg.step)
             if msg.phase == "compute":
-                await self._compute(msg.step)
-            elif msg.phase == "apply":
-                self._apply(msg.step)
+                structlog.contextvars.bind_contextvars(step=msg.step)
+                if self._open is not None and self._open[0] < msg.step - 1:
+                    self._word_missing()
+                self._due = msg.step
         elif isinstance(msg, AveragedGradient):
-            self._keep_average(msg.epoch, msg.base, msg.payload)
+            self._word(msg.step, msg.epoch, msg.base, msg.payload)
         elif isinstance(msg, Snapshot):
             self._snapshot(msg.payload, "local")
         elif isinstance(msg, TensorReceived):
             if msg.origin != self.server:
                 return
             if msg.stream == "avg":
-                self._keep_average(msg.epoch, msg.base, msg.payload)
+                self._word(msg.step, msg.epoch, msg.base, msg.payload)
             elif msg.stream == "params":
                 self._snapshot(msg.payload, "light")
         elif isinstance(msg, ScheduleDone):
+            if self._open is not None:
+                self._word_missing()
             self._final()
+            return
+        await self._maybe_compute()
 
     def _schedule_known(self, msg: ScheduleKnown) -> None:
         self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
         if self.has_state and msg.epoch == self.epoch:
             return
         self.epoch = msg.epoch
+        self._open = None  # (a word on a step of another epoch will not come)
         # A fresh run: every replica starts from the same seed, the state of 0 updates. Otherwise wait
         # for the server's snapshot.
         self.has_state = msg.join_step == 0 and msg.applied == 0
@@ -106,17 +120,54 @@ class Worker(Actor):
             self.log.info("waiting_for_snapshot", epoch=msg.epoch, server_applied=msg.applied,
                           join_step=msg.join_step)
 
-    def _keep_average(self, epoch: int, base: int, payload: bytes) -> None:
-        self._averages[(epoch, base)] = payload
+    def _keep_average(self, step: int, epoch: int, base: int, payload: bytes) -> None:
+        self._averages[(epoch, base)] = (step, payload)
         if len(self._averages) > KEEP_AVERAGES:
             del self._averages[min(self._averages, key=lambda k: (k[0], k[1]))]
 
-    async def _compute(self, step: int) -> None:
-        if not self.has_state or self.schedule is None:
+    def _word(self, step: int, epoch: int, base: int, payload: bytes) -> None:
+        """The server's word on a step: apply it if it is for this replica's state, else keep it."""
+        if self._open is not None and (self._open[1], self._open[2]) == (epoch, base):
+            self._open = None
+        if not self.has_state or (epoch, base) != (self.epoch, self.applied):
+            if payload:
+                self._keep_average(step, epoch, base, payload)
+            return
+        if not payload:
+            self.results["skipped"] += 1
+            self.log.info("step_skipped_by_server", applied=self.applied)
+            return
+        avg = self._decode(payload)
+        if avg is None:
+            return
+        self._apply_one(avg)
+        loss = self._losses.pop(step, float("nan"))
+        for old in [s for s in self._losses if s < step]:
+            del self._losses[old]
+        fields: dict[str, Any] = {"loss": round(loss, 4), "applied": self.applied}
+        if self.eval_every and (step + 1) % self.eval_every == 0:
+            acc, test_loss = self.replica.evaluate()  # for the logs: not charged
+            fields.update(test_accuracy=round(acc, 4), test_loss=round(test_loss, 4))
+        self.log.info("step_applied", step=step, **fields)
+
+    def _word_missing(self) -> None:
+        step = self._open[0]
+        self._open = None
+        self.results["average_missing"] += 1
+        self.log.warning("average_missing", step=step, applied=self.applied)
+
+    async def _maybe_compute(self) -> None:
+        """Compute the due step's gradient once the word on the last one is in."""
+        if self._due is None or self._open is not None or self.schedule is None:
+            return
+        step, self._due = self._due, None
+        if not self.has_state:
             self.results["steps_without_state"] += 1
             return
+        start, cpu0 = self.clock.now(), time.thread_time()
         grad, loss = self.replica.compute_gradient(step, raw=True)
         payload, _ = self.encoder.encode(grad)
+        await self.clock.sleep_until(start + (time.thread_time() - cpu0) * self.compute_scale)
         self.results["bytes_sent"] += len(payload)
         self._losses[step] = loss
         why = self.watch.observe(loss)
@@ -124,12 +175,12 @@ class Worker(Actor):
             self.results["diverging"] = why
             self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
         fields = self.message_fields(step)
+        self._open = (step, self.epoch, self.applied)
         if self.local_server:
             await self.emit(LocalGradient(**fields, payload=payload, loss=loss, epoch=self.epoch, base=self.applied))
         else:
-            w = self.schedule.window(step, "uplink")
-            await self.emit(Show(**fields, stream="grad", payload=payload, start=w.start, end=w.end,
-                                 epoch=self.epoch, base=self.applied))
+            await self.emit(SendTensor(**fields, stream="grad", to=(self.server,), payload=payload,
+                                       epoch=self.epoch, base=self.applied))
         self.log.debug("gradient_computed", loss=round(loss, 4), bytes=len(payload), base=self.applied)
 
     def _decode(self, payload: bytes):
@@ -149,27 +200,6 @@ class Worker(Actor):
         self._digests[self.applied] = snap.state_digest(self.replica.export_state())
         for old in [a for a in self._digests if a < self.applied - KEEP_DIGESTS]:
             del self._digests[old]
-
-    def _apply(self, step: int) -> None:
-        loss = self._losses.pop(step, float("nan"))
-        for old in [s for s in self._losses if s < step]:
-            del self._losses[old]
-        if not self.has_state:
-            return
-        payload = self._averages.pop((self.epoch, self.applied), None)
-        if payload is None:
-            self.results["average_missing"] += 1
-            self.log.warning("average_missing", loss=round(loss, 4), applied=self.applied)
-            return
-        avg = self._decode(payload)
-        if avg is None:
-            return
-        self._apply_one(avg)
-        fields: dict[str, Any] = {"loss": round(loss, 4), "applied": self.applied}
-        if self.eval_every and (step + 1) % self.eval_every == 0:
-            acc, test_loss = self.replica.evaluate()
-            fields.update(test_accuracy=round(acc, 4), test_loss=round(test_loss, 4))
-        self.log.info("step_applied", **fields)
 
     def _snapshot(self, payload: bytes, via: str) -> None:
         try:
@@ -194,8 +224,8 @@ class Worker(Actor):
         self._digests = {s.applied: s.digest()}
         self.encoder.reset()  # its residual belonged to the state just replaced
         caught_up = 0
-        while (payload_next := self._averages.pop((self.epoch, self.applied), None)) is not None:
-            avg = self._decode(payload_next)
+        while (kept := self._averages.pop((self.epoch, self.applied), None)) is not None:
+            avg = self._decode(kept[1])
             if avg is None:
                 break
             self._apply_one(avg)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from protocols import cells, fec, frames, steps, transfer
+from protocols import cells, fec, frames, streams, transfer
 from protocols.layout import GridLayout
 from protocols.security import NO_KEY, RoomKey
 
@@ -80,14 +80,18 @@ class LinkCodec:
         return self.seal(transfer.frame_message(header, fountain, index, message_bytes=self.message_bytes, **fields))
 
     def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: str, step: int,
-               epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1,
-               nonce_echo: tuple[int, ...] = ()) -> list[bytes]:
-        """`count` frames' bytes (what `layout.render` draws) of one of the built-in run's tensors
-        (protocols.steps: sealed, its first transfer; timing fields zero). Fewer than the transfer needs
-        if `count` is smaller: then it cannot be rebuilt."""
-        return [self.seal(m) for m in steps.frame_messages(
-            data, message_bytes=self.message_bytes, count=count, session=session, sender=sender, stream=stream,
-            step=step, epoch=epoch, base=base, key=key, run_nonce=run_nonce, nonce_echo=nonce_echo)]
+               epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1, ranks: int = 0) -> list[bytes]:
+        """`count` frames' bytes (what `layout.render` draws) of one of the built-in run's tensors as its
+        sender's first transfer (protocols.streams: its envelope, sealed under `key`; for every reader;
+        timing fields zero). Fewer than the transfer needs if `count` is smaller: then it cannot be rebuilt."""
+        payload = streams.wrap(epoch, base, data)
+        header = transfer.TransferHeader(session, sender, 1, step, stream, "uint8", len(payload), 0, b"")
+        sealed = key.seal(run_nonce, 1, payload, transfer.aad(header))
+        fountain = self.fountain(sealed, count, ranks)
+        header = transfer.TransferHeader(session, sender, 1, step, stream, "uint8", len(payload), fountain.length,
+                                         fountain.digest)
+        return [self.seal(transfer.frame_message(header, fountain, i, message_bytes=self.message_bytes,
+                                                 run_nonce=run_nonce, key=key)) for i in range(count)]
 
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                erase_below: float = 0.15, key: RoomKey = NO_KEY) -> tuple[transfer.TransferFrame, int]:

@@ -17,7 +17,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 StreamKind = Literal["grad", "avg", "params", "sync"]
-"""`grad`: a worker's gradient for the server; `avg`: the server's averaged gradient;
+"""`grad`: a worker's gradient for the server; `avg`: the server's word on a step (its average, or empty: skipped);
 `params`: the server's snapshot of the training state (protocols.snapshot);
 `sync`: a node's start-up / rejoin frames (protocols.sync)."""
 
@@ -60,22 +60,16 @@ class Capture(Message):
     dropped_before: int = Field(default=0, ge=0)
 
 
-class Show(Message):
-    """Ask the ScreenWriter to show `payload` as frames from `start` to `end` (schedule time).
-
-    `epoch` and `base` travel sealed with the tensor (protocols.steps): the server's
-    incarnation, and how many updates the state behind the tensor had seen.
-    """
+class SendTensor(Message):
+    """Send `payload` on `stream` to the nodes named in `to`, as one acknowledged transfer (its `seq`:
+    `step`) that every one of them must read; the state it belongs to (`epoch`, `base`) travels sealed
+    with it (protocols.streams). Nodes that are not ranks (observers) overhear what their cameras see."""
 
     stream: StreamKind
+    to: tuple[str, ...]
     payload: bytes
-    start: float
-    end: float
     epoch: int = Field(default=0, ge=0, le=0xFFFF)
     base: int = Field(default=0, ge=0)
-    local: bool = False  # start and end are on the node's own clock (before its clock is synced)
-    packet_offset: int = Field(default=0, ge=0)  # continue a tensor shown before: its first packet number
-    probe: bool = False  # start-up with an auto layout: each frame in the next layout of the ladder, in turn
 
 
 class FrameTiming(Message):
@@ -106,7 +100,6 @@ class ScheduleKnown(Message):
     epoch: int
     applied: int
     join_step: int
-    layout: int = 0  # the layout (of the ladder) every frame uses from now on
 
 
 class TensorReceived(Message):
@@ -264,7 +257,7 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     Tick,
     ScheduleDone,
     Capture,
-    Show,
+    SendTensor,
     FrameTiming,
     ScheduleKnown,
     TensorReceived,

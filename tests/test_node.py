@@ -14,7 +14,7 @@ import pytest
 
 from actors.camera_reader import CameraReader
 from actors.frame_decoder import FrameDecoder
-from protocols.steps import StepAssembler
+
 from protocols.layout import render
 from protocols.messages import Capture, TensorReceived
 from wccl.harness import ActorHarness

@@ -8,7 +8,10 @@ left and then stop (`async for` ends); writers to a closed mailbox get
 
 An `Actor` consumes the message types in `consumes`, handles each in
 `handle()`, and emits messages through its context; the supervisor decides
-who receives them. Its `__init__` takes its dependencies and does no I/O;
+who receives them. Each actor declares its mailbox (`mailbox`: capacity and
+overflow policy), whether it is a `source` (it loops on a camera, not on its
+inbox), whether it runs `on_schedule` (the schedule's synced clock rather
+than the node's own) and whether its return `ends_node`. Its `__init__` takes its dependencies and does no I/O;
 `run()` loops over the inbox until it is closed or the task is cancelled.
 """
 
@@ -136,6 +139,14 @@ class Actor:
     """Base of every actor. Subclasses set `consumes` and override `handle` (or `run`)."""
 
     consumes: ClassVar[tuple[type[Message], ...]] = ()
+    # Its mailbox: capacity and what a full one does with a new data message.
+    mailbox: ClassVar[tuple[int, Overflow]] = (64, Overflow.BLOCK)
+    # A source loops on its input, not on its inbox: it is cancelled when the node ends.
+    source: ClassVar[bool] = False
+    # On the schedule's clock (the server's, as synced over the light) rather than the node's own.
+    on_schedule: ClassVar[bool] = False
+    # Its return ends the node's run (as finished, not stopped).
+    ends_node: ClassVar[bool] = False
 
     def __init__(self, ctx: ActorContext) -> None:
         self.ctx = ctx

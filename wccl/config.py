@@ -45,6 +45,9 @@ ACTOR_NAMES: tuple[str, ...] = (
     "worker",
     "parameter_server",
     "observer",
+    "collectives",
+    "rank_worker",
+    "intruder",
 )
 ActorName = Literal[ACTOR_NAMES]  # type: ignore[valid-type]
 
@@ -377,27 +380,19 @@ class LadderStep(_Strict):
     code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
 
 
-# The built-in run's layouts, densest first: 52x98 cells of 12 px, 8 colours (the densest that held its
-# steps under `webcam`: 30 of 30 applied in three runs of `config.toml`, seeds 0 and 1, and of a room that
-# names only its nodes), and the one that still works under `harsh` (40x70, 16 px, 4 colours). Its
-# scheduled windows have no second chance: the link lab's densest layout (60x110, 10 px, 83 ms) read at
-# start-up and then lost whole runs of steps as the cameras' exposure drifted (14, 24 and 25 of 30 applied
-# in `config.toml`; BENCHMARKS.md, "The built-in run on transfer frames").
-DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
-    dict(rows=52, cols=98, colours=8, cell_px=12, hold_s=0.1, code_rate=0.8),
-    dict(rows=40, cols=70, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
-)
-# Collectives acknowledge what they read and show repair until it is read, so a lost frame costs one frame,
-# not a step: their default ladder also tries denser layouts and frames held under 2.5 camera periods.
+# The layouts start-up chooses from, fastest first. Transfers are acknowledged and repaired until read, so
+# a lost frame costs one frame, not a step: the ladder tries dense layouts held under 2.5 camera periods.
 # 68 x 124 cells of 10 px (1260 x 700 px with the border) held 50 ms and 64 x 118 held 67 ms: 35.4 and
-# 23.3 KB/s in the link bench under `webcam` (BENCHMARKS.md, issue 17); 60x110 held 83 ms: 16.8 KB/s.
+# 23.3 KB/s in the link bench under `webcam` (BENCHMARKS.md); 60x110 held 83 ms: 16.8 KB/s; then coarser
+# layouts for harder rooms (52x98 of 12 px at 100 ms, 40x70 of 16 px and 4 colours at 200 ms).
 # (Every layout of a ladder has its own grid: a frame's grid says which it is.)
-FAST_RUNGS: tuple[dict[str, Any], ...] = (
+DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
     dict(rows=64, cols=118, colours=8, cell_px=10, hold_s=0.067, code_rate=0.8),
     dict(rows=60, cols=110, colours=8, cell_px=10, hold_s=0.083, code_rate=0.8),
+    dict(rows=52, cols=98, colours=8, cell_px=12, hold_s=0.1, code_rate=0.8),
+    dict(rows=40, cols=70, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
 )
-COLLECTIVES_LADDER: tuple[dict[str, Any], ...] = FAST_RUNGS + DEFAULT_LADDER
 
 
 LAYOUT_KEYS = frozenset({"rows", "cols", "colours", "cell_px", "border_cells", "pilot_spacing", "hold_s", "code_rate"})
@@ -415,9 +410,10 @@ class LinkConfig(_Strict):
     hold_s: float = Field(default=0.083, gt=0, le=60)  # how long each frame stays on screen
     code_rate: float = Field(default=0.8, ge=0.2, le=1.0)  # Reed-Solomon code rate inside a frame (1.0: none)
 
-    # "auto" (default): at start-up every node shows its frames in each layout of the ladder in turn; the
-    # server picks the densest one that got through both ways (`min_frames_ok`). "pinned": the layout above
-    # (the default when the [link] table gives a layout but no `choose`).
+    # "auto" (default): at start-up every node shows its status frames in the layouts of the ladder and
+    # discovery picks the fastest whose well-read edges (`min_frames_ok`) carry the collectives
+    # (wccl.distributed.runtime). "pinned": the layout above (the default when the [link] table gives a
+    # layout but no `choose`).
     choose: Literal["pinned", "auto"] = "auto"
     ladder: list[LadderStep] | None = None  # auto: candidate layouts, densest first (default DEFAULT_LADDER)
 
@@ -451,20 +447,19 @@ class LinkConfig(_Strict):
     def codec(self) -> LinkCodec:
         return LinkCodec(self.layout(), self.code_rate)
 
-    def steps(self, collectives: bool = False) -> list[LadderStep]:
-        """The layouts a node may use: the pinned one, or the ladder (by default the built-in run's, or with
-        `collectives` the collectives', which also tries shorter holds)."""
+    def steps(self) -> list[LadderStep]:
+        """The layouts a node may use: the pinned one, or the ladder (by default DEFAULT_LADDER)."""
         if self.choose == "pinned":
             return [LadderStep(rows=self.rows, cols=self.cols, colours=self.colours, cell_px=self.cell_px,
                                hold_s=self.hold_s, code_rate=self.code_rate)]
         if self.ladder:
             return list(self.ladder)
-        return [LadderStep(**d) for d in (COLLECTIVES_LADDER if collectives else DEFAULT_LADDER)]
+        return [LadderStep(**d) for d in DEFAULT_LADDER]
 
-    def ladder_codecs(self, collectives: bool = False) -> list[tuple[LinkCodec, float]]:
+    def ladder_codecs(self) -> list[tuple[LinkCodec, float]]:
         """(codec, hold_s) of each layout a node may use (one when pinned)."""
         return [(LinkCodec(GridLayout(s.rows, s.cols, s.colours, s.cell_px, self.border_cells, self.pilot_spacing),
-                           s.code_rate), s.hold_s) for s in self.steps(collectives)]
+                           s.code_rate), s.hold_s) for s in self.steps()]
 
 
 class Phase(_Strict):
@@ -485,12 +480,12 @@ class ScheduleConfig(_Strict):
     # "auto": the server sizes the phases at start-up; "hackathon": 8 s steps; "custom": `phases`
     preset: Literal["auto", "hackathon", "custom"] = "auto"
     phases: list[Phase] | None = None  # custom: compute, uplink, reduce, downlink, apply (and guard), in order
-    start_s: float = Field(default=6.0, ge=0)  # start-up (clock sync, link measurement) before step 0
-    # auto: data phases hold the frames a tensor needs, divided by the share of frames that got
-    # through at start-up, plus this many spare frames; compute, reduce and apply last `work_s`.
-    margin_frames: int = Field(default=2, ge=0, le=100)
-    work_s: float = Field(default=0.1, gt=0, le=60)  # auto: length of the compute, reduce and apply phases
-    min_guard_s: float = Field(default=0.05, ge=0, le=60)  # auto: the smallest guard at the end of a step
+    start_s: float = Field(default=1.0, ge=0)  # from the room's greeting (handshake, discovery) to step 0
+    # auto: uplink and downlink hold the frames a tensor needs, divided by the share of frames the
+    # slowest camera read at start-up, plus a round's fixed cost and this many spare frames; compute,
+    # reduce and apply last `work_s`.
+    margin_frames: int = Field(default=0, ge=0, le=100)
+    work_s: float = Field(default=0.03, gt=0, le=60)  # auto: length of the compute, reduce and apply phases
 
     @model_validator(mode="after")
     def _phases(self) -> ScheduleConfig:
@@ -671,9 +666,8 @@ class WcclConfig(_Strict):
             self.link.layout().check_fits(self.screen.width, self.screen.height)
             self.link.codec()
             for codec, _ in [(self.link.codec(), None), *self.link.ladder_codecs()]:
-                codec.layout.check_fits(self.screen.width, self.screen.height)
-                # a built-in run's frame echoes a nonce a node (protocols.steps): it must still hold a packet
-                codec.packet_size_for(len(self.room.nodes), echoes=True)
+                if self.link.choose == "pinned" or self.link.ladder:
+                    codec.layout.check_fits(self.screen.width, self.screen.height)
         except ValueError as e:
             raise ValueError(f"link: {e}") from None
         q = self.training.quorum

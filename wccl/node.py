@@ -49,7 +49,7 @@ class RoomRun:
     def __init__(self, config: WcclConfig, only: str | None = None, faults: tuple[Fault, ...] = ()) -> None:
         import actors  # noqa: F401  (registers the standard actors)
         from wccl.keys import new_ephemeral
-        from wccl.supervisor import NodeSupervisor
+        from wccl.nodes import node_class
 
         self.config = config
         names = [n.name for n in config.room.nodes]
@@ -71,15 +71,10 @@ class RoomRun:
         # A simulated room that names no key gets a fresh one for this run (wccl.keys), as if copied to
         # every laptop; each node gets its own copy of the config, as each laptop reads its own file.
         self.run_key = new_ephemeral() if config.room.medium == "simulated" else None
-        # exchange = "server": each node's supervisor runs the parameter server's step schedule; "collectives":
-        # every node is a rank and all-gathers its gradients by the algorithm its room's sight fits (wccl.ranks).
-        self.node_class = NodeSupervisor
-        if config.exchange == "collectives":
-            from wccl.ranks import TrainingRank
-
-            self.node_class = TrainingRank
-        self.supervisors = [self.node_class(config.model_copy(deep=True), n, self.medium, self.stop, origin,
-                                            monitor=self.monitor, run_key=self.run_key)
+        # Each node's assembly by its roles and the run's exchange (wccl.nodes).
+        self.node_class = {n: node_class(config, n) for n in self.names}
+        self.supervisors = [self.node_class[n](config.model_copy(deep=True), n, self.medium, self.stop, origin,
+                                               monitor=self.monitor, run_key=self.run_key)
                             for n in self.names]
         self.result: dict[str, Any] = {}
         self.faults = {f.node: f for f in faults}
@@ -105,7 +100,7 @@ class RoomRun:
         cfg = self.config.model_copy(deep=True)
         if fault.resume:
             cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
-        fresh = self.node_class(cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
+        fresh = self.node_class[sup.node](cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
                                 run_key=self.run_key)
         self.supervisors[self.supervisors.index(sup)] = fresh
         log.warning("node_restarted", node=sup.node, down_s=fault.down_s)
@@ -276,7 +271,7 @@ def builtin_run_check(cfg: WcclConfig) -> None:
                                                           ("ema", 0.0), ("augment", 0))
            if getattr(tr, k) != default]
     if cfg.exchange == "collectives":
-        from wccl.ranks import check
+        from wccl.nodes import check
 
         check(cfg)
     if cfg.room.intruders:

@@ -50,7 +50,7 @@ def collective_ladder(cfg: WcclConfig):
     room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen."""
     from protocols.discovery import MAX_LAYOUTS
 
-    ladder = cfg.link.ladder_codecs(collectives=True)
+    ladder = cfg.link.ladder_codecs()
     if cfg.link.choose == "auto" and not cfg.link.ladder:
         def fits(layout) -> bool:
             try:
@@ -159,14 +159,14 @@ class CollectiveNode(NodeSupervisor):
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,
-                                  run_nonce=self.handshake.nonce, ladder=ladder, probe=schedule.at),
+                                  run_nonce=self.handshake.nonce, ladder=ladder, probe=schedule.at, names=self.ranks),
             "collectives": dict(rank=self.rank, world=self.world, timeout_s=self.timeout_s, names=self.ranks,
                                 on_drained=self.end, algorithm=col.algorithm,
                                 sight=Sight.complete(1, 1.0, 0.0) if self.world == 1 else None,
                                 goodput=[link_goodput(cfg, c, h) for c, h in ladder],
                                 latency_s=[ROUND_HOLDS * h for _, h in ladder]),
         }
-        self._wire({"screen_writer": "transfers"})
+        self._wire()
 
     async def _emit(self, msg: Message) -> None:
         if isinstance(msg, CollectiveDone):

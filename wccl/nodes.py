@@ -1,0 +1,193 @@
+"""The built-in run's nodes: one assembly per kind (`python -m wccl.node`).
+
+Every node that trains is a rank's node of wccl.distributed (CameraReader,
+FrameDecoder, ScreenWriter, Collectives: the run handshake, discovery at
+start-up, acknowledged transfers; wccl.distributed.runtime.CollectiveNode)
+with the run's own actors on top:
+
+- `ServerRunNode` (`[training] exchange = "server"`): a Clock, and the
+  ParameterServer and/or a Worker by the node's roles. Gradients go to the
+  server and its word on each step (the average) comes back as
+  point-to-point transfers (protocols.streams), on the step schedule the
+  server announces and every Clock ticks off its synced clock.
+- `TrainingRank` (`exchange = "collectives"`): a RankWorker, which
+  all-gathers each step's gradients by the algorithm the room's sight fits.
+- `ObserverNode`: a node that only listens (CameraReader, FrameDecoder in
+  listening mode, Observer): it overhears the server's transfers and
+  rebuilds the model; it shows nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from protocols.messages import Message
+from wccl.config import ConfigError, WcclConfig
+from wccl.distributed.runtime import CollectiveNode, collective_ladder
+from wccl.supervisor import NodeSupervisor
+
+MIN_GREET_S = 60.0  # a node gives up when the run handshake and discovery are not done in this long (room seconds)
+
+
+def check(cfg: WcclConfig) -> None:
+    """What a room needs to train with exchange = "collectives" (a ConfigError naming the key otherwise)."""
+    room = cfg.room
+    if room.observers:
+        raise ConfigError(f"room.nodes: observer {room.observers[0]!r} watches a parameter server's screen; with "
+                          f"exchange = \"collectives\" ({cfg.training.exchange!r} in a room of {len(room.nodes)} "
+                          "nodes) there is none: drop the observer or set [training] exchange = \"server\"")
+    idle = [n for n in room.ranks if n not in room.workers]
+    if idle:
+        raise ConfigError(f"room.nodes: {idle[0]!r} does not train; with exchange = \"collectives\" every node is a "
+                          "rank and trains (give it the 'worker' role)")
+    if cfg.recovery.resume:
+        raise ConfigError("recovery.resume: with exchange = \"collectives\" there is no server checkpoint to resume")
+
+
+def node_class(cfg: WcclConfig, node: str) -> type[NodeSupervisor]:
+    """The assembly of one node of the built-in run."""
+    if "observer" in cfg.room.node(node).roles:
+        return ObserverNode
+    return TrainingRank if cfg.exchange == "collectives" else ServerRunNode
+
+
+def _replica(cfg: WcclConfig, node: str, dataset=None):
+    """This node's replica (each laptop loads its own copy of the data: nodes share nothing but the room)."""
+    from wccl.training.data import load_dataset
+    from wccl.training.replica import Replica
+
+    room, tr = cfg.room, cfg.training
+    if dataset is None:
+        dataset = load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size)
+    return Replica(model_name=tr.model, init=tr.init, seed=tr.seed, optimizer=tr.optimizer, lr=tr.lr,
+                   momentum=tr.momentum, dataset=dataset,
+                   rank=room.workers.index(node) if node in room.workers else 0, world=len(room.workers),
+                   batch_size=tr.batch_size, data_seed=tr.data_seed, split=tr.split)
+
+
+class _TrainingNode(CollectiveNode):
+    """A rank's node of the built-in run: the transport, the room key, and `greeted` for its actors."""
+
+    def __init__(self, config: WcclConfig, node: str, medium: Any, stop: asyncio.Event | None = None,
+                 clock_origin: float = 0.0, monitor: Any = None, run_key: bytes | None = None) -> None:
+        from wccl.keys import room_key
+
+        super().__init__(config, node, medium, timeout_s=config.collectives.timeout_s, on_done=lambda _: None,
+                         stop=stop, clock_origin=clock_origin, key=room_key(config, ephemeral=run_key))
+        self.monitor = monitor
+
+    def build(self) -> None:
+        super().build()
+        self.greeted = asyncio.Event()  # the run handshake and discovery are done
+        self.handshake.on_complete.append(self.greeted.set)
+        if self.handshake.complete:
+            self.greeted.set()
+        self.greet_timeout_s = max(self.config.collectives.timeout_s, MIN_GREET_S)
+
+    async def _emit(self, msg: Message) -> None:
+        await NodeSupervisor._emit(self, msg)  # CollectiveDone goes to the run's actors, like any message
+
+
+class ServerRunNode(_TrainingNode):
+    """A node of the parameter server's run: a Clock, and the ParameterServer and/or a Worker."""
+
+    def actor_names(self) -> list[str]:
+        roles = self.spec.roles
+        return [*super().actor_names(), "clock", *(["worker"] if "worker" in roles else []),
+                *(["parameter_server"] if "server" in roles else [])]
+
+    def build(self) -> None:
+        from protocols import streams
+        from protocols.security import TAG_BYTES
+        from wccl.training.exchange import codec_from_config
+
+        super().build()
+        cfg, room, tr, col = self.config, self.config.room, self.config.training, self.config.collectives
+        roles = self.spec.roles
+        replica = _replica(cfg, self.node) if "worker" in roles else None
+        grad_codec = codec_from_config(tr)  # what gradients and averages travel as (wccl.training.exchange)
+        resume, ckpt_path, server_replica = None, None, None
+        if "server" in roles:
+            from wccl.recovery import CheckpointError, checkpoint_path, load_checkpoint
+
+            ckpt_path = checkpoint_path(cfg.recovery.checkpoint_dir, room.session, self.node)
+            if cfg.recovery.resume:
+                try:
+                    resume = load_checkpoint(ckpt_path, room.session, self.key)
+                except CheckpointError as e:
+                    raise ConfigError(f"recovery.resume: {e}") from None
+            # The server's own copy of the training state (snapshots, checkpoints): no data shard needed.
+            server_replica = _replica(cfg, room.server, replica.dataset if replica is not None else None)
+        numel = (replica or server_replica).numel
+        truth = None
+        reading = getattr(self.medium, "true_reading", None)
+        if reading is not None and "server" not in roles:
+            # For logs only: what the server's clock truly reads when this node's clock reads t.
+            server_reading = reading(room.server, self.clock_origin)
+            mine = self.local_clock
+            truth = lambda t: server_reading(mine.to_loop_time(t))  # noqa: E731
+        sched = cfg.schedule
+        self.deps.update(
+            clock=dict(server=room.server, ranks=self.ranks, steps=tr.steps,
+                       phases=None if sched.preset == "auto" else sched.resolved(), start_s=sched.start_s,
+                       work_s=sched.work_s, margin_frames=sched.margin_frames, sync_cfg=cfg.sync,
+                       greeted=self.greeted, greet_problem=self.greet_problem, greet_timeout_s=self.greet_timeout_s,
+                       ladder=collective_ladder(cfg),
+                       tensor_bytes=grad_codec.encoded_size(numel) + streams.OVERHEAD + TAG_BYTES,
+                       resume=dict(resume[0], epoch=resume[1].epoch, applied=resume[1].applied) if resume else None,
+                       truth=truth, drain_s=col.drain_s),
+            worker=dict(replica=replica, server=room.server, eval_every=tr.eval_every, codec=grad_codec,
+                        compute_scale=col.compute_scale),
+            parameter_server=dict(workers=room.workers, quorum=cfg.quorum, numel=numel, codec=grad_codec,
+                                  replica=server_replica, snapshot_every=cfg.recovery.snapshot_every,
+                                  checkpoint_every=cfg.recovery.checkpoint_every, checkpoint=ckpt_path,
+                                  session=room.session, resume=resume, key=self.key,
+                                  compute_scale=col.compute_scale),
+        )
+
+
+class TrainingRank(_TrainingNode):
+    """A rank of the built-in run with exchange = "collectives": a CollectiveNode whose program is a RankWorker."""
+
+    def actor_names(self) -> list[str]:
+        return [*super().actor_names(), "rank_worker"]
+
+    def build(self) -> None:
+        from wccl.training.exchange import codec_from_config
+
+        super().build()
+        cfg, tr, col = self.config, self.config.training, self.config.collectives
+        self.deps["rank_worker"] = dict(
+            replica=_replica(cfg, self.node), codec=codec_from_config(tr), names=self.ranks, steps=tr.steps,
+            greeted=self.greeted, greet_problem=self.greet_problem, greet_timeout_s=self.greet_timeout_s,
+            quorum=cfg.quorum, eval_every=tr.eval_every, compute_scale=col.compute_scale, drain_s=col.drain_s)
+
+
+class ObserverNode(NodeSupervisor):
+    """A node that only listens: it overhears the server's transfers and rebuilds the model."""
+
+    def actor_names(self) -> list[str]:
+        return ["camera_reader", "frame_decoder", "observer"]
+
+    def build(self) -> None:
+        from protocols import transfer
+        from wccl.keys import log_key, room_key
+        from wccl.training.exchange import codec_from_config
+
+        cfg, room = self.config, self.config.room
+        self._media()  # (its screen shows nothing)
+        key = room_key(cfg, ephemeral=self.run_key)
+        log_key(structlog.get_logger("wccl"), key)
+        ladder = collective_ladder(cfg)
+        self.deps = {
+            "camera_reader": dict(camera=self.camera),
+            "frame_decoder": dict(codec=ladder[0][0], session=room.session, node_names=room.ranks,
+                                  transfers=transfer.TransferAssembler(), ladder=[c for c, _ in ladder], key=key,
+                                  lens=cfg.camera.lens, listen=True),
+            "observer": dict(replica=_replica(cfg, self.node), server=room.server, steps=cfg.training.steps,
+                             codec=codec_from_config(cfg.training)),
+        }
+        self._wire()
