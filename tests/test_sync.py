@@ -134,7 +134,7 @@ def test_worker_silent_for_a_whole_uplink_phase(_quiet_logs):
 @pytest.mark.slow
 def test_worker_killed_and_restarted_rejoins_in_lockstep(_quiet_logs):
     cfg = make_config(training={"steps": 16, "eval_every": 0, "quorum": 1}, room={"nodes": TWO})
-    result = _run(cfg, faults=(Fault("bob", at_s=12.0, down_s=3.0),))
+    result = _run(cfg, faults=(Fault("bob", at_s=9.0, down_s=2.0),))
     events = _events(_quiet_logs)
     assert any(e["event"] == "node_killed" and e["node"] == "bob" for e in events)
     assert any(e["event"] == "joining_late" and e["node"] == "bob" for e in events)
@@ -153,7 +153,7 @@ def test_server_killed_resumes_from_its_checkpoint(_quiet_logs, tmp_path):
     steps = 30
     cfg = make_config(training={"steps": steps}, recovery={"checkpoint_every": 5, "checkpoint_dir": str(tmp_path)},
                       room={"nodes": TWO})
-    result = _run(cfg, faults=(Fault("alice", at_s=25.0, down_s=4.0),))
+    result = _run(cfg, faults=(Fault("alice", at_s=14.0, down_s=3.0),))
     events = _events(_quiet_logs)
     resumed = [e for e in events if e["event"] == "server_resumed"]
     assert len(resumed) == 1 and resumed[0]["applied"] % 5 == 0 and resumed[0]["epoch"] == 1

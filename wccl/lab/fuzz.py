@@ -6,7 +6,6 @@ crash), and what it must never do:
 | entry point       | the code                                           | may raise        | never |
 |-------------------|----------------------------------------------------|------------------|-------|
 | transfer_frames   | protocols.receiver.TransferReceiver.receive (keyed)| nothing          | deliver a tensor that was not sent |
-| step_frames       | protocols.transfer.parse_message + steps.StepAssembler.add | FrameError       | deliver a tensor that was not sent |
 | fec_symbols       | protocols.link.LinkCodec.decode_message            | UncorrectableFrame | - |
 | snapshots         | protocols.snapshot.decode_snapshot                 | SnapshotError    | - |
 | checkpoints       | wccl.recovery.load_checkpoint (keyed; and behind the tag, re-tagged with the key) | CheckpointError | load an altered file |
@@ -44,7 +43,7 @@ import numpy as np
 from wccl.cli import HelpFormatter
 
 HANG_S = 5.0
-BYTE_ENTRY_POINTS = ("transfer_frames", "step_frames", "fec_symbols", "snapshots", "checkpoints", "config", "idx")
+BYTE_ENTRY_POINTS = ("transfer_frames", "fec_symbols", "snapshots", "checkpoints", "config", "idx")
 ENTRY_POINTS = BYTE_ENTRY_POINTS + ("camera_images",)
 INTERESTING = (0, 1, 0x7F, 0x80, 0xFF)
 
@@ -151,34 +150,6 @@ class TransferFrames(_Entry):
     def run(self, x) -> None:
         r = self.bob.rx.receive(x)
         if r.data is not None and r.data not in self.genuine:
-            self.wrong += 1
-
-
-class StepFrames(_Entry):
-    def __init__(self, rng, tmp):
-        super().__init__(rng, tmp)
-        from protocols import frames, steps, transfer
-        from protocols.security import RoomKey
-
-        self.transfer = transfer
-        self.key = RoomKey(os.urandom(32))
-        self.allowed = (frames.FrameError,)
-        self.genuine = set()
-        sender = steps.StepSender(1, 1, self.key)
-        psize = transfer.packet_size_for(600)
-        for i in range(8):
-            data = rng.randbytes(rng.randint(1, 1500) * 2)
-            self.genuine.add(data)
-            head, sealed = sender.transfer(("grad", "avg", "params", "sync")[i % 4], i, data, epoch=1, base=i)
-            tr = frames.fountain(sealed, message_bytes=600, count=frames.source_packets(len(sealed), psize) + 2,
-                                 packet_size=psize)
-            self.seeds += [transfer.frame_message(head, tr, k, message_bytes=600, acks=(), run_nonce=sender.run_nonce,
-                                                  key=self.key) for k in range(len(tr.packets))]
-        self.steps = steps.StepAssembler(self.key, max_pending=16)
-
-    def run(self, x) -> None:
-        t = self.steps.add(self.transfer.parse_message(x, self.key))
-        if t is not None and t.payload not in self.genuine:
             self.wrong += 1
 
 
@@ -435,7 +406,7 @@ class CameraImages(_Entry):
         self.loop.close()
 
 
-ENTRIES = {"transfer_frames": TransferFrames, "step_frames": StepFrames, "fec_symbols": FecSymbols,
+ENTRIES = {"transfer_frames": TransferFrames, "fec_symbols": FecSymbols,
            "snapshots": Snapshots, "checkpoints": Checkpoints, "config": Config, "idx": Idx,
            "camera_images": CameraImages}
 

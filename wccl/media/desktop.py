@@ -97,7 +97,7 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
     import numpy as np
 
     from protocols import layout
-    from protocols.steps import StepAssembler
+    from protocols import streams, transfer
     from wccl.imaging import reader
     from wccl.timebase import NodeClock
 
@@ -138,8 +138,8 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
                     except Exception:  # noqa: BLE001 (counted: not decoded)
                         continue
                     ok += 1
-                    t = StepAssembler().add(packet)
-                    data = t.payload if t is not None else None
+                    data = transfer.TransferAssembler().add(packet)
+                    data = streams.unwrap(data)[2] if isinstance(data, bytes) else None
                     got[packet.sender] = got.get(packet.sender, False) or data == sent.get(packet.sender)
                 await asyncio.sleep(0)
             x, y, cw, ch = medium.capture_rect(name)
