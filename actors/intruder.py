@@ -17,8 +17,10 @@ correction is public; the key is not), keeps what it filmed, and every
 - `bit_flipped`: the latest real frame with 1 to 3 bits flipped (under the
   error correction, so the flips survive it).
 
-Counts what it showed by kind (`results["intruder"]`). A room with an
-intruder must end exactly as the same room without it.
+Counts what it showed by kind (`results["intruder"]`). What it filmed is
+the node's `filmed` list (given by wccl.intruder), so a restarted instance
+goes on with it, and `record_to` always holds everything the node filmed.
+A room with an intruder must end exactly as the same room without it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ class Intruder(Actor):
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
                  hold_s: float, session: int, world: int, seed: int = 0, record_to: str | None = None,
-                 replay_from: str | None = None, replay_window_s: float = REPLAY_WINDOW_S) -> None:
+                 replay_from: str | None = None, replay_window_s: float = REPLAY_WINDOW_S,
+                 filmed: list[tuple[float, int, bytes]] | None = None) -> None:
         super().__init__(ctx)
         self.screen, self.codec = screen, codec
         self.screen_w, self.screen_h = screen_w, screen_h
@@ -56,7 +59,8 @@ class Intruder(Actor):
         self.own_key = RoomKey(os.urandom(32), "intruder")
         self.tracker = reader.QuadTracker(codec.layout)
         self.model = reader.ColourModel(codec.layout)
-        self.filmed: list[tuple[float, int, bytes]] = []  # (when, sender strip, message)
+        # (when, sender strip, message); the node's list, kept across this actor's restarts
+        self.filmed: list[tuple[float, int, bytes]] = filmed if filmed is not None else []
         self.record_to = Path(record_to) if record_to else None
         self.old_run = [bytes.fromhex(x) for x in Path(replay_from).read_text().split()] if replay_from else []
         self.results = ctx.results.setdefault("intruder", {f"shown_{k}": 0 for k in KINDS} | {"filmed": 0})

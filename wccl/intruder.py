@@ -24,7 +24,8 @@ from wccl.supervisor import NodeSupervisor
 
 
 class IntruderNode(NodeSupervisor):
-    """A node with a camera, a screen and the Intruder actor; it runs until stopped."""
+    """A node with a camera, a screen and the Intruder actor; it runs until stopped. What the Intruder
+    films is one list of the node's, handed to each instance, so a restart of the actor loses none of it."""
 
     def actor_names(self) -> list[str]:
         return ["camera_reader", "intruder"]
@@ -42,7 +43,7 @@ class IntruderNode(NodeSupervisor):
                              hold_s=hold_s, session=cfg.room.session, world=len(cfg.room.ranks),
                              seed=cfg.room.seed, replay_window_s=cfg.room.replay_window_s,
                              record_to=os.environ.get("WCCL_INTRUDER_RECORD"),
-                             replay_from=os.environ.get("WCCL_INTRUDER_REPLAY")),
+                             replay_from=os.environ.get("WCCL_INTRUDER_REPLAY"), filmed=[]),
         }
         self._wire()
 

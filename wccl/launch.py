@@ -33,10 +33,12 @@ writes all of the room's output to FILE instead.
 
 When a rank exits with a non-zero status, the launcher names it, with its
 status and the last TAIL_LINES lines of its stderr, and stops the other
-ranks and the room at once (SIGTERM, then SIGKILL after STOP_GRACE_S);
-`--grace-s N` first gives them N seconds to end on their own (their
-collectives then fail with their own errors once their timeout passes). A
-room process that fails while ranks run is named the same way. Once every
+ranks and the intruders at once, and the room once they have ended
+(SIGTERM, then SIGKILL after STOP_GRACE_S: no process sees its room vanish
+while it runs); `--grace-s N` first gives them N seconds to end on their
+own (their collectives then fail with their own errors once their timeout
+passes). A room process that fails while ranks run is named the same way.
+When every rank exits 0, the intruders are stopped, then the room. Once every
 process it started has stopped and their output has been shown, it prints a
 summary: each rank's exit status and its collectives' count, bytes and
 simulated seconds.
@@ -583,8 +585,9 @@ class _Launch:
 
     # -- stopping
     def stop_all(self) -> None:
-        """Stop every process still running (the ranks, the intruders, the room) and wait for their
-        output to end."""
+        """Stop every process still running and wait for their output to end: first the ranks and the
+        intruders, then the room, once none of them runs in it any more (an intruder whose room vanished
+        under it would restart its actors on the closed connection instead of ending its run)."""
         self.tearing_down = True
         alive = [r for r in self.ranks if r.proc is not None and r.proc.poll() is None]
         for r in alive:
@@ -592,9 +595,9 @@ class _Launch:
         if alive:
             room = " and the room" if self.room is not None and self.room.poll() is None else ""
             self.term.say(f"stopping {', '.join(r.name for r in alive)}{room}")
-        procs = [r.proc for r in self.ranks if r.proc is not None] + self.intruders
-        procs += [self.room] if self.room is not None else []
-        _stop(procs)
+        _stop([r.proc for r in self.ranks if r.proc is not None] + self.intruders)
+        if self.room is not None:
+            _stop([self.room])
         for r in self.ranks:
             if r.proc is not None and r.exit is None:
                 r.exit = r.proc.returncode
