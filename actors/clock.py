@@ -155,7 +155,8 @@ class Clock(Actor):
     async def _server_startup(self) -> tuple[Schedule, int]:
         a = self.state.get("announce")
         if a is None:  # (a restarted Clock keeps the schedule it announced)
-            await self._sight.wait()
+            if self.fixed_phases is None:
+                await self._sight.wait()  # (sizing needs the layout and what the cameras read)
             epoch, applied = (self.resume["epoch"] + 1, self.resume["applied"]) if self.resume else (0, 0)
             if self.resume:
                 self.log.info("schedule_resumed", epoch=epoch, applied=applied)

@@ -17,6 +17,7 @@ from actors.frame_decoder import FrameDecoder
 
 from protocols.layout import render
 from protocols.messages import Capture, TensorReceived
+from protocols.transfer import TransferAssembler
 from wccl.harness import ActorHarness
 from wccl.media.fake import FakeCamera
 from wccl.registry import REGISTRY
@@ -115,7 +116,7 @@ def test_fake_camera_frames_decode_to_the_tensor_they_show():
             await cam.stop()
             caps = cam.of_type(Capture)
         async with ActorHarness(FrameDecoder, node="bob", clock=clock, codec=codec, session=1,
-                                node_names=["alice", "bob"], assembler=StepAssembler()) as dec:
+                                node_names=["alice", "bob"], transfers=TransferAssembler(), listen=True) as dec:
             for c in caps:
                 await dec.send(c)
             await dec.settle()
@@ -169,6 +170,7 @@ def test_node_fails_cleanly_once_the_restart_policy_is_exhausted(_quiet_logs):
 def test_nodes_share_no_state_but_the_room():
     """Walk each built node's object graph: the only objects both reach are the room and immutable values."""
     import asyncio
+    import dataclasses
     import enum
     import gc
     import types
@@ -216,13 +218,14 @@ def test_nodes_share_no_state_but_the_room():
         for b in graphs[i + 1:]:
             shared = [a[k] for k in a.keys() & b.keys()]
             mutable = [o for o in shared
-                       if not isinstance(o, immutable + (enum.Enum, np.dtype, torch.dtype, torch.device))]
+                       if not isinstance(o, immutable + (enum.Enum, np.dtype, torch.dtype, torch.device))
+                       and not (dataclasses.is_dataclass(o) and o.__dataclass_params__.frozen)]
             # Room parts (screens/cameras) are views of the medium: each node has its own.
             assert not mutable, [type(o).__name__ for o in mutable][:20]
         assert [o for o in a.values() if isinstance(o, (np.ndarray, torch.Tensor))]  # it went through data, models
     # ...and it would see a back channel: a queue both nodes hold.
     back_channel = asyncio.Queue()
-    for sup in run.supervisors:
+    for sup in run.supervisors[:2]:  # alice and bob, the workers
         sup.deps["worker"]["side_door"] = back_channel
     a, b = (reachable(s, room) for s in run.supervisors[:2])
     assert id(back_channel) in a.keys() & b.keys()
@@ -314,7 +317,7 @@ def test_two_reads_that_cannot_be_corrected_alone_are_combined_cell_by_cell():
     async def go():
         clock = NodeClock(origin=0.0)
         async with ActorHarness(FrameDecoder, node="bob", clock=clock, codec=codec, session=1,
-                                node_names=["alice", "bob"], assembler=StepAssembler()) as dec:
+                                node_names=["alice", "bob"], transfers=TransferAssembler(), listen=True) as dec:
             d = dec.actor
             with _pytest.raises(fec.UncorrectableFrame):
                 d._decode(a, 1.00)

@@ -9,7 +9,7 @@ import pytest
 
 from actors.clock import Clock
 from protocols import sync
-from protocols.messages import Capture, ScheduleDone, Show, Tick
+from protocols.messages import Capture, Drain, ScheduleDone, SendTensor, Tick
 from wccl.actor import Mailbox, MailboxClosed, Overflow
 from wccl.harness import ActorHarness
 from wccl.schedule import Schedule
@@ -133,12 +133,14 @@ def test_schedule_windows_are_absolute():
 
 
 def clock_deps(schedule: Schedule, steps: int, **over):
-    """A parameter server's Clock with a fixed schedule starting at `schedule.t0`."""
+    """A parameter server's Clock with a fixed schedule starting at `schedule.t0` (the room greeted at 0)."""
     from wccl.config import SyncConfig
 
-    deps = dict(role="server", node_names=["alice", "bob"], server="alice", steps=steps, preset="custom",
-                phases=list(schedule.phases), start_s=schedule.t0, hold_s=0.1, frames_needed={"grad": 1, "avg": 1},
-                margin_frames=2, work_s=0.1, min_guard_s=0.05, sync_cfg=SyncConfig())
+    greeted = asyncio.Event()
+    greeted.set()
+    deps = dict(server="alice", ranks=["alice", "bob"], steps=steps, phases=list(schedule.phases),
+                start_s=schedule.t0, work_s=0.1, margin_frames=0, sync_cfg=SyncConfig(), greeted=greeted,
+                greet_problem=lambda: "", greet_timeout_s=60.0, ladder=[], tensor_bytes=0)
     deps.update(over)
     return deps
 
@@ -159,10 +161,11 @@ def test_clock_actor_ticks_on_deadlines_under_virtual_time():
         w = schedule.window(m.step, m.phase)
         assert m.time == pytest.approx(w.start, abs=1e-9) and (m.start, m.end) == (w.start, w.end)
     assert [m.phase for m in ticks[:5]] == ["compute", "uplink", "reduce", "downlink", "apply"]
-    assert isinstance(outs[-1], ScheduleDone) and outs[-1].steps == 3
-    # Before step 0 the server shows its announcement of the schedule (sync frames).
-    shows = [m for m in outs if isinstance(m, Show) and m.stream == "sync"]
-    assert shows and shows[0].start == pytest.approx(0.0) and sync.decode(shows[0].payload).t0_us == 1_000_000
+    assert isinstance(outs[-2], ScheduleDone) and outs[-2].steps == 3 and isinstance(outs[-1], Drain)
+    # Once the room has greeted the server sends its announcement of the schedule to every node.
+    sent = [m for m in outs if isinstance(m, SendTensor) and m.stream == "sync"]
+    assert len(sent) == 1 and sent[0].to == ("bob",) and sent[0].time == pytest.approx(0.0)
+    assert sync.decode(sent[0].payload).t0_us == 1_000_000
     assert loop_end == pytest.approx(25.0)
 
 

@@ -274,6 +274,11 @@ def builtin_run_check(cfg: WcclConfig) -> None:
         from wccl.nodes import check
 
         check(cfg)
+    replaying = [n.name for n in cfg.room.nodes if n.camera == "file"]
+    if replaying:
+        raise ConfigError(f"room.nodes: {replaying[0]!r} has camera = \"file\": a recording cannot answer its peers "
+                          "(every transfer is acknowledged); record a node's camera with record_to and read the "
+                          "recording back with wccl.room.record.read_recording")
     if cfg.room.intruders:
         raise ConfigError(f"room.nodes: intruder {cfg.room.intruders[0]!r}: intruders attack the rooms of "
                           "wccl.distributed (python -m wccl.launch); the built-in run has none")
