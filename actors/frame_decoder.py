@@ -47,6 +47,7 @@ from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
 
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
+REPORT_S = 1.0  # the link's figures are logged every this many seconds (node clock), `link_report`
 COMBINE_S = 0.1  # two uncorrectable reads of a screen at most this far apart may be combined (_decode)
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
@@ -86,6 +87,8 @@ class FrameDecoder(Actor):
         # Per sender strip: its last read that could not be corrected, its layout and when (see _decode).
         self._failed: dict[int | None, tuple[reader.ReadCode, int, float]] = {}
         self.stats: Counter = Counter()
+        self._reported: Counter = Counter()  # the figures at the last `link_report`
+        self._reported_at: float | None = None
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
         self._captured = 0.0  # when the capture being read was taken (node clock)
         self.transfers = transfers
@@ -120,6 +123,21 @@ class FrameDecoder(Actor):
                     if self.current is None and self._order[0] != k:
                         self._order = list(range(k, len(self.ladder))) + list(range(k))
                     break
+        if self._reported_at is None:
+            self._reported_at = msg.time
+        elif msg.time - self._reported_at >= REPORT_S:
+            self._report(msg.time)
+
+    def _report(self, now: float) -> None:
+        """Log the link's figures since the last report (`link_report`, detail: debug on a console)."""
+        d = self.stats - self._reported
+        self._reported = Counter(self.stats)
+        rejected = {k.removeprefix("frames_rejected_"): v for k, v in d.items() if k.startswith("frames_rejected_")}
+        self.log.info("link_report", seconds=round(now - self._reported_at, 3), captures=d["captures"],
+                      frames_ok=d["frames_ok"], frames_repeated=d["frames_repeated"], frames_rejected=rejected,
+                      captures_mixed=d["captures_mixed"], cells_wrong=d["cells_wrong"], cells_read=d["cells_read"],
+                      tensors=d["tensors"], tensor_bytes=d["tensor_bytes"])
+        self._reported_at = now
 
     def _use(self, k: int) -> None:
         self._layout = k

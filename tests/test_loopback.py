@@ -99,7 +99,7 @@ def test_two_processes_train_over_the_loopback(tmp_path):
     assert finished["alice"]["params_sha256"] == finished["bob"]["params_sha256"]
     # Real captures were decoded both ways.
     for evs in (alice, bob):
-        assert sum(e.get("frames_ok", 0) for e in evs if e["event"] == "link_step") > 0
+        assert sum(e.get("frames_ok", 0) for e in evs if e["event"] == "link_report") > 0
 
 
 @needs_tools("xdotool")

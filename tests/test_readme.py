@@ -109,8 +109,8 @@ def test_the_default_run_on_a_terminal_is_short_and_ends_with_its_table():
     lines = node_on_terminal("--config", "config.toml")
     assert len(lines) <= 40, "\n".join(lines)
     assert check_summary(lines, 30) >= 0.84
-    assert any("layout_chosen" in line for line in lines) and any("clock_synced" in line for line in lines)
-    assert not any("link_step" in line or "step_applied" in line for line in lines)  # detail: --log-level debug
+    assert any("sight_known" in line for line in lines) and any("clock_synced" in line for line in lines)
+    assert not any("link_report" in line or "step_applied" in line for line in lines)  # detail: --log-level debug
 
 
 @pytest.mark.slow

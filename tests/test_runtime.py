@@ -188,7 +188,7 @@ def test_a_terminal_gets_one_live_progress_line_under_the_log():
         log.info("run_started", steps=30)
         log.info("schedule_fixed", period_s=1.35)
         log.info("step_applied", step=4, test_accuracy=0.8125)
-        log.info("link_step", frames_ok=18, frames_rejected={"uncorrectable": 2})
+        log.info("link_report", frames_ok=18, frames_rejected={"uncorrectable": 2})
         log.info("clock_synced", err_ms=0.4)
         out = term.getvalue()
         *_, last = out.split("\n")
@@ -197,11 +197,11 @@ def test_a_terminal_gets_one_live_progress_line_under_the_log():
         assert out.count("\r\x1b[K") >= 2  # the line is cleared before each new log line, then redrawn
         assert "clock_synced" in out.split("\n")[-2]
         # At level info a terminal shows the headlines only; per-step detail at debug.
-        assert "step_applied" not in out and "link_step" not in out
+        assert "step_applied" not in out and "link_report" not in out
         debug = Terminal()
         configure_logging("console", "debug", stream=debug)
-        structlog.get_logger("wccl").info("link_step", frames_ok=18)
-        assert "link_step" in debug.getvalue()
+        structlog.get_logger("wccl").info("link_report", frames_ok=18)
+        assert "link_report" in debug.getvalue()
     finally:
         pipe = io.StringIO()  # JSON lines elsewhere: no progress line, no control characters
         configure_logging("json", "info", stream=pipe)

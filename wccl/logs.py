@@ -41,7 +41,7 @@ def _add_room_time(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
 HEADLINES = frozenset({
     "run_started", "run_folder", "dashboard_listening", "dashboard_waiting_for_page", "dashboard_lingering",
     "room_key", "node_started", "window_opened", "webcam_opened", "webcam_locked", "rank_ready", "keep_awake",
-    "layout_chosen", "sight_known", "schedule_fixed", "schedule_resumed", "server_resumed", "clock_synced",
+    "sight_known", "schedule_fixed", "schedule_resumed", "server_resumed", "clock_synced",
     "joining_late", "snapshot_adopted", "observer_recovered",
 })
 
@@ -100,7 +100,7 @@ class ProgressLine:
         elif name == "step_applied" and e.get("step", -1) >= self.step:
             self.step = e["step"]
             self.accuracy = e.get("test_accuracy", self.accuracy)
-        elif name == "link_step":
+        elif name == "link_report":
             rejected = e.get("frames_rejected") or {}
             self.frames[0] += e.get("frames_ok", 0)
             self.frames[1] += sum(rejected.values()) if isinstance(rejected, dict) else 0

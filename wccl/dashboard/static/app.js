@@ -102,14 +102,11 @@ const HANDLERS = {
     wccl.marks.push({step: r.applied, kind: "recovered", node: r.node});
     note(`${r.node} recovered from a snapshot after ${r.applied} updates`, "good");
   },
-  link_step(r) {
+  link_report(r) {
     const rejected = Object.values(r.frames_rejected || {}).reduce((a, b) => a + b, 0);
-    const lost = Object.values(r.losses || {}).reduce((a, b) => a + b, 0);
-    const ticked = Object.values(wccl.nodes).map(n => n.period).filter(Boolean);
-    const period = wccl.stepPeriod || ticked[0] || null;
     push(wccl.link, r.node, {
-      step: r.step, t: roomTime(r), ok: r.frames_ok, rejected, lost, tensors: r.tensors,
-      goodput: period ? r.tensor_bytes / period : null,
+      i: (wccl.link[r.node] || []).length, t: roomTime(r), ok: r.frames_ok, rejected, lost: 0, tensors: r.tensors,
+      goodput: r.seconds > 0 ? r.tensor_bytes / r.seconds : null,
       cer: r.cells_read > 0 ? 100 * r.cells_wrong / r.cells_read : null,
     });
   },
@@ -222,12 +219,12 @@ function legend(ctx, series, x, y) {
   }
 }
 
-// Stacked bars per step, one group per camera: read (green), rejected (orange), lost tensors (red, on top).
+// Stacked bars per link report (one a second), one group per camera: read (green), rejected (orange).
 function framesChart(canvas) {
   const {ctx, w, h} = setup(canvas);
   const pad = {l: 44, r: 10, t: 22, b: 26};
   const cams = Object.keys(wccl.link);
-  const steps = wccl.hello.steps;
+  const steps = Math.max(1, ...cams.map(c => wccl.link[c].length));
   let top = 1;
   for (const c of cams) for (const p of wccl.link[c]) top = Math.max(top, p.ok + p.rejected + p.lost);
   const groupW = (w - pad.l - pad.r) / steps, barW = Math.max(1, groupW / Math.max(cams.length, 1) - 1);
@@ -240,10 +237,10 @@ function framesChart(canvas) {
   }
   ctx.textAlign = "center"; ctx.textBaseline = "top";
   for (const v of niceTicks(0, steps - 1, 6)) ctx.fillText(fmt(v), pad.l + (v + 0.5) * groupW, h - pad.b + 5);
-  ctx.textAlign = "right"; ctx.fillText("step", w - pad.r, h - 12);
+  ctx.textAlign = "right"; ctx.fillText("second", w - pad.r, h - 12);
   cams.forEach((c, i) => {
     for (const p of wccl.link[c]) {
-      const x = pad.l + p.step * groupW + i * (barW + 1);
+      const x = pad.l + p.i * groupW + i * (barW + 1);
       let base = 0;
       for (const [v, col] of [[p.ok, "#2e9e54"], [p.rejected, "#e0a21a"], [p.lost, "#c9403a"]]) {
         if (!v) continue;
