@@ -41,7 +41,7 @@ from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.clocksync import OffsetEstimator
 from wccl.schedule import Schedule
 
-ROUND_HOLDS = 2  # a tensor's fixed cost in frame holds beyond its frames: shown, filmed, decoded, passed on
+ROUND_HOLDS = 1  # a tensor's fixed cost in frame holds beyond its frames: the last one filmed, decoded, passed on
 
 
 class Clock(Actor):

@@ -9,7 +9,8 @@ Emits: `AveragedGradient` for the worker on this node (if any), `SendTensor`
 the step was skipped; snapshots), `Snapshot` for the worker on this node.
 
 A step is reduced as soon as every worker's gradient for it arrived, or at
-its reduce tick (the deadline) with what arrived. Only gradients computed on
+the next step's reduce tick (its deadline) with what arrived; steps are
+reduced in order. Only gradients computed on
 the server's current state (same epoch, `base` equal to its update count)
 are averaged; others are counted (`gradient_stale`). A worker whose gradient
 missed the deadline is logged (`gradient_missing`); a gradient with a NaN or
@@ -100,15 +101,18 @@ class ParameterServer(Actor):
                 if self._snapshot_due is None and msg.step % self.snapshot_every == 0 and msg.step > 0:
                     self._snapshot_due = ("periodic", self.others)
                 await self._send_snapshot(msg.step)
-                if self._complete(msg.step):
-                    await self._reduce(msg.step)
-            elif msg.phase == "reduce" and self._reduced < msg.step:
-                await self._reduce(msg.step)
+                await self._reduce_complete()
+            elif msg.phase == "reduce":
+                # A step's deadline is the next step's reduce tick: a slow round costs time, not the step.
+                for step in range(self._reduced + 1, msg.step):
+                    await self._reduce(step)
+                await self._reduce_complete()
 
     async def _schedule_known(self, msg: ScheduleKnown) -> None:
         self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
         self.phases = msg.phases
         self.epoch = msg.epoch
+        self._reduced = max(self._reduced, msg.join_step - 1)  # (steps before this node's first are not its)
         if self.resume is not None:
             meta, state, rng = self.resume
             self.resume = None
@@ -129,11 +133,12 @@ class ParameterServer(Actor):
                           server_applied=self.applied)
             return
         self._grads.setdefault(step, {})[origin] = payload
-        if step == self._step and self._complete(step):
-            await self._reduce(step)
+        await self._reduce_complete()
 
-    def _complete(self, step: int) -> bool:
-        return self._reduced < step and len(self._grads.get(step, {})) == len(self.workers)
+    async def _reduce_complete(self) -> None:
+        """Reduce, in order, the steps whose every gradient is in (up to the step the schedule is at)."""
+        while (step := self._reduced + 1) <= self._step and len(self._grads.get(step, {})) == len(self.workers):
+            await self._reduce(step)
 
     async def _hello(self, msg: TensorReceived) -> None:
         try:
@@ -163,6 +168,8 @@ class ParameterServer(Actor):
 
     async def _reduce(self, step: int) -> None:
         """Average what arrived for `step` (the quorum's rule) and send the word on it."""
+        if step <= self._reduced:
+            return
         self._reduced = step
         got = self._grads.pop(step, {})
         for old in [s for s in self._grads if s < step]:

@@ -20,8 +20,8 @@ the reason; wccl.training.divergence).
 The replica's state is numbered by the updates it has seen (`applied`) and
 the server's epoch. A gradient says which state it was computed on (`base`),
 and an average which state it applies to: an average is applied only to the
-state it was made for. A word that does not come before the next step is
-due is counted (`average_missing`), never guessed; the replica is then
+state it was made for. A word that has not come two steps later is counted
+(`average_missing`), never guessed; the replica is then
 behind, and the server's next snapshot (`snapshot_adopted`) brings it back.
 A worker that joins late, or sees a new server epoch (the server resumed
 from a checkpoint), computes nothing until it has a snapshot; it then
@@ -83,8 +83,8 @@ class Worker(Actor):
         elif isinstance(msg, Tick):
             if msg.phase == "compute":
                 structlog.contextvars.bind_contextvars(step=msg.step)
-                if self._open is not None and self._open[0] < msg.step - 1:
-                    self._word_missing()
+                if self._open is not None and self._open[0] < msg.step - 2:
+                    self._word_missing()  # (a step's word is due by the next step's reduce tick, and its way here)
                 self._due = msg.step
         elif isinstance(msg, AveragedGradient):
             self._word(msg.step, msg.epoch, msg.base, msg.payload)

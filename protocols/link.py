@@ -45,29 +45,29 @@ class LinkCodec:
         entries: the largest any frame holds."""
         return self.packet_size_for(0)
 
-    def packet_size_for(self, ranks: int, echoes: bool = False) -> int:
-        """The packet of a frame that carries the entries of `ranks` ranks: acknowledgements (a group's
-        size), or with `echoes` the built-in run's nonce echoes (one a node)."""
-        return transfer.packet_size_for(self.message_bytes, ranks, echoes)
+    def packet_size_for(self, ranks: int) -> int:
+        """The packet of a frame that carries the acknowledgements and holdings of `ranks` ranks (a
+        group's size)."""
+        return transfer.packet_size_for(self.message_bytes, ranks)
 
     @property
     def payload_per_frame(self) -> int:
         """Tensor bytes a frame without per-rank entries carries (a fountain symbol): the most any carries."""
         return self.packet_size - frames.PAYLOAD_ID_BYTES
 
-    def frames_needed(self, nbytes: int, ranks: int = 0, echoes: bool = False) -> int:
-        """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`, `echoes`:
-        the entries its frames carry)."""
-        return frames.source_packets(nbytes, self.packet_size_for(ranks, echoes))
+    def frames_needed(self, nbytes: int, ranks: int = 0) -> int:
+        """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`: the
+        ranks whose entries its frames carry)."""
+        return frames.source_packets(nbytes, self.packet_size_for(ranks))
 
     def _scramble(self, frame: bytes) -> bytes:
         return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
 
-    def fountain(self, data: bytes, count: int, ranks: int = 0, echoes: bool = False) -> frames.Transfer:
+    def fountain(self, data: bytes, count: int, ranks: int = 0) -> frames.Transfer:
         """A transfer's `count` fountain packets (source first, then repair), sized for this layout's
         frames carrying the entries of `ranks` ranks."""
         return frames.fountain(data, message_bytes=self.message_bytes, count=count,
-                               packet_size=self.packet_size_for(ranks, echoes))
+                               packet_size=self.packet_size_for(ranks))
 
     def seal(self, message: bytes) -> bytes:
         """Frame bytes (what `layout.render` draws) for a message of `message_bytes` bytes."""
@@ -80,15 +80,17 @@ class LinkCodec:
         return self.seal(transfer.frame_message(header, fountain, index, message_bytes=self.message_bytes, **fields))
 
     def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: str, step: int,
-               epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1, ranks: int = 0) -> list[bytes]:
+               epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1, ranks: int = 0,
+               tid: int = 1) -> list[bytes]:
         """`count` frames' bytes (what `layout.render` draws) of one of the built-in run's tensors as its
-        sender's first transfer (protocols.streams: its envelope, sealed under `key`; for every reader;
-        timing fields zero). Fewer than the transfer needs if `count` is smaller: then it cannot be rebuilt."""
+        sender's transfer `tid` (protocols.streams: its envelope, sealed under `key`; for every reader;
+        packets sized for frames carrying `ranks` ranks' entries, though these carry none; timing fields
+        zero). Fewer than the transfer needs if `count` is smaller: then it cannot be rebuilt."""
         payload = streams.wrap(epoch, base, data)
-        header = transfer.TransferHeader(session, sender, 1, step, stream, "uint8", len(payload), 0, b"")
-        sealed = key.seal(run_nonce, 1, payload, transfer.aad(header))
+        header = transfer.TransferHeader(session, sender, tid, step, stream, "uint8", len(payload), 0, b"")
+        sealed = key.seal(run_nonce, tid, payload, transfer.aad(header))
         fountain = self.fountain(sealed, count, ranks)
-        header = transfer.TransferHeader(session, sender, 1, step, stream, "uint8", len(payload), fountain.length,
+        header = transfer.TransferHeader(session, sender, tid, step, stream, "uint8", len(payload), fountain.length,
                                          fountain.digest)
         return [self.seal(transfer.frame_message(header, fountain, i, message_bytes=self.message_bytes,
                                                  run_nonce=run_nonce, key=key)) for i in range(count)]

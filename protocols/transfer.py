@@ -9,9 +9,9 @@ every rank counts the same way because every rank issues the same collectives
 in the same order), its op, the tensor's dtype and element count, and which
 part of the sender's contribution it is. Nothing else gives a frame meaning:
 no step number, no fixed stream names. The built-in run (wccl.node) sends its
-step's tensors the same way (protocols.steps): its ops name what a transfer
-is for (a worker's gradient, the server's average, a snapshot, a sync
-payload) and `seq` the step.
+tensors the same way (protocols.streams): its ops name what a transfer is
+for (a worker's gradient, the server's average, a snapshot, a sync payload)
+and `seq` the step.
 
 Every frame also carries the sender's *acknowledgements*: for each peer rank,
 which of that peer's transfers it has rebuilt (`Ack`: all tids up to `cum`,
@@ -42,8 +42,7 @@ sealed bytes'.
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
-    (n, the high nibble of flags: the group's size; in the built-in run's frames, flag 0x02, the n
-     entries are instead the run nonce the sender last saw of each node, its low 32 bits: nonce_echo u32)
+    (n, the high nibble of flags: the group's size; flag 0x01: a status frame; any other flag bit is refused)
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
             then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 6)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
@@ -82,18 +81,16 @@ _STATUS_SIZES = {status_packet(k): k for k in range(1, discovery.MAX_LAYOUTS + 1
 _AAD = struct.Struct(">HBIIBBHI")
 PERSON = b"wccl-xfer"
 _ENTRY = _ACK.size + 4  # one rank's acknowledgement and holdings
-ECHO_ENTRY = 4  # the built-in run's frames: one node's run nonce as last seen (its low 32 bits)
 
 
-def entry_bytes(ranks: int, echoes: bool = False) -> int:
-    """What follows the fixed header: per rank an acknowledgement and holdings (collectives) or, in the
-    built-in run's frames (`echoes`), the run nonce the sender last saw of each node."""
-    return ranks * (ECHO_ENTRY if echoes else _ENTRY)
+def entry_bytes(ranks: int) -> int:
+    """What follows the fixed header: per rank an acknowledgement and its holdings."""
+    return ranks * _ENTRY
 
 
-def header_bytes(ranks: int = MAX_RANKS, echoes: bool = False) -> int:
+def header_bytes(ranks: int = MAX_RANKS) -> int:
     """A frame's header with the entries of `ranks` ranks."""
-    return _HEAD.size + entry_bytes(ranks, echoes)
+    return _HEAD.size + entry_bytes(ranks)
 
 
 HEADER_BYTES = header_bytes()  # the largest
@@ -101,11 +98,10 @@ OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet
-FLAG_ECHOES = 0x02  # the entries are run nonces echoed (the built-in run's frames), not acknowledgements
 RANKS_SHIFT = 4  # flags' high nibble: how many ranks' acknowledgements and holdings follow (0 .. 8)
 
 OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5,
-       # the built-in run's (protocols.steps): a worker's gradient, the server's average, a snapshot, sync
+       # the built-in run's (protocols.streams): a worker's gradient, the server's average, a snapshot, sync
        "grad": 6, "avg": 7, "params": 8, "sync": 9}
 OP_NAMES = {v: k for k, v in OPS.items()}
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,
@@ -113,10 +109,10 @@ DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "ui
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS, echoes: bool = False) -> int:
+def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS) -> int:
     """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds, with
-    the entries of `ranks` ranks (acknowledgements, or with `echoes` the built-in run's nonce echoes)."""
-    return frames.packet_size_for(message_bytes, header_bytes(ranks, echoes) + CHECK_BYTES)
+    the acknowledgements and holdings of `ranks` ranks."""
+    return frames.packet_size_for(message_bytes, header_bytes(ranks) + CHECK_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +185,6 @@ class TransferFrame:
     rows: tuple | None = None  # status frames: the sender's discovery table (protocols.discovery.Row each)
     holds: tuple[int, ...] = (0,) * MAX_RANKS  # how many collectives each rank is known to hold
     clock_echo: tuple[int, int, int] = NO_ECHO  # (echo_peer, echo_shown_us, echo_captured_us)
-    nonce_echo: tuple[int, ...] | None = None  # the built-in run's frames: each node's run nonce, low 32 bits
 
     @property
     def timing(self) -> Timing:
@@ -220,21 +215,12 @@ def aad(header: TransferHeader) -> bytes:
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
                   acks: tuple[Ack, ...] = (), shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
                   holds: tuple[int, ...] = (), clock_echo: tuple[int, int, int] = NO_ECHO,
-                  nonce_echo: tuple[int, ...] | None = None, key: RoomKey = NO_KEY) -> bytes:
-    """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame; with
-    `nonce_echo` (the built-in run's frames: the run nonce last seen of each node) in place of
-    acknowledgements and holdings."""
+                  key: RoomKey = NO_KEY) -> bytes:
+    """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
-    flags = 0
-    if nonce_echo is not None:
-        if acks or holds or len(nonce_echo) > MAX_RANKS:
-            raise ValueError(f"a frame echoes at most {MAX_RANKS} nonces, and then carries no acknowledgements")
-        n, entries = len(nonce_echo), struct.pack(f">{len(nonce_echo)}I", *(v & 0xFFFFFFFF for v in nonce_echo))
-        flags = FLAG_ECHOES
-    else:
-        n, entries = _entries(acks, holds)
-    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, flags | n << RANKS_SHIFT, header.tid, header.seq,
+    n, entries = _entries(acks, holds)
+    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, n << RANKS_SHIFT, header.tid, header.seq,
                       OPS[header.op], DTYPES[header.dtype], header.part, header.dest, header.length, header.numel,
                       header.digest, transfer.packet_size, shown_us, run_nonce, trusts, *clock_echo)
     body = head + entries + transfer.packets[index]
@@ -279,8 +265,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_magic")
     status = bool(flags & FLAG_STATUS)
     ranks = min(flags >> RANKS_SHIFT, MAX_RANKS)  # (more is refused below, once the check vouched for it)
-    echoes = bool(flags & FLAG_ECHOES)
-    start = header_bytes(ranks, echoes)
+    start = header_bytes(ranks)
     end = start + psize
     if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize not in _STATUS_SIZES):
         raise FrameError("bad_length", f"packet_size {psize}")
@@ -291,18 +276,12 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))
-    if (flags & ~(FLAG_STATUS | FLAG_ECHOES) & ~(0xF << RANKS_SHIFT) or flags >> RANKS_SHIFT > MAX_RANKS
-            or (status and echoes)):
+    if flags & ~FLAG_STATUS & ~(0xF << RANKS_SHIFT) or flags >> RANKS_SHIFT > MAX_RANKS:
         raise FrameError("bad_flags", str(flags))
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
-    nonce_echo = None
-    if echoes:
-        acks, holds = NO_ACKS, (0,) * MAX_RANKS
-        nonce_echo = struct.unpack_from(f">{ranks}I", msg, _HEAD.size) + (0,) * (MAX_RANKS - ranks)
-    else:
-        acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
-        holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
+    acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
+    holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
     if status:
         echo = _ECHO.unpack_from(msg, start)
         rows = discovery.unpack_table(msg[start + _ECHO.size:end])
@@ -316,7 +295,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     header = TransferHeader(session, sender, tid, seq, OP_NAMES[op], DTYPE_NAMES[dtype], numel, length, dig,
                             part, dest)
     return TransferFrame(session, sender, header, bytes(msg[start:end]), acks, shown, nonce, trusts,
-                         holds=holds, clock_echo=clock_echo, nonce_echo=nonce_echo)
+                         holds=holds, clock_echo=clock_echo)
 
 
 @dataclass

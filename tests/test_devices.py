@@ -261,8 +261,7 @@ def test_webcam_reader_thread_timestamps_and_drops(tmp_path):
 def test_overlay_leaves_the_code_readable(rows, cols, cell_px, w, h):
     import cv2
 
-    from protocols import layout
-    from protocols.steps import StepAssembler
+    from protocols import layout, streams, transfer
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from wccl.imaging import reader
@@ -281,7 +280,7 @@ def test_overlay_leaves_the_code_readable(rows, cols, cell_px, w, h):
         codes = reader.read_codes(im, codec.layout)
         assert len(codes) == 1
         packet, _ = codec.decode(codes[0].symbols, codes[0].confidence)
-        assert StepAssembler().add(packet).payload == data
+        assert streams.unwrap(transfer.TransferAssembler().add(packet))[2] == data
 
 
 # ---------------------------------------------------------------------------- windows under Xvfb

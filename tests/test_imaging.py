@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from actors.frame_decoder import FrameDecoder
-from protocols import cells
-from protocols.steps import StepAssembler
+from protocols import cells, streams, transfer
 from protocols.layout import GridLayout, render, render_idle
 from protocols.link import LinkCodec
 from protocols.messages import Capture, TensorReceived
+from protocols.security import Handshake
 from wccl.harness import ActorHarness
 from wccl.imaging import reader
 from wccl.lab.bench import run_bench, with_overrides
@@ -90,9 +90,15 @@ def test_idle_screen_is_recognised_not_decoded():
 
 
 def _decode_captures(images: list[np.ndarray], node_names=("alice", "bob"), me="alice"):
+    """A rank's decoder (`me`) whose run handshake already trusts bob's frames (run nonce 1, as
+    LinkCodec.encode makes them)."""
+    rank = list(node_names).index(me)
+    hs = Handshake(rank, len(node_names))
+    hs.heard(1, 1, tuple(hs.nonce if r == rank else 1 for r in range(len(node_names))), 0, 0)
+
     async def go():
         async with ActorHarness(FrameDecoder, node=me, codec=CODEC, session=1, node_names=list(node_names),
-                                assembler=StepAssembler()) as dec:
+                                transfers=transfer.TransferAssembler(), handshake=hs) as dec:
             for i, img in enumerate(images):
                 await dec.send(Capture(sender=me, time=float(i), image=img, seq=i))
             await dec.settle()
@@ -156,4 +162,4 @@ def test_every_colour_count_reads_through_the_camera(colours):
     code = reader.read_codes(img, grid)[0]
     assert not code.mixed and code.sender == 1
     packet, _ = codec.decode(code.symbols, code.confidence)
-    assert StepAssembler().add(packet).payload == data
+    assert streams.unwrap(transfer.TransferAssembler().add(packet))[2] == data

@@ -21,7 +21,8 @@ from wccl.training.data import (
     shard,
 )
 from wccl.training.model import HackathonCNN, build_model, flatten_params, param_count
-from wccl.training.replica import DEFAULT_RECIPE, Replica, average_gradients, finite_only, reference_run
+from wccl.training.exchange import mean_of
+from wccl.training.replica import DEFAULT_RECIPE, Replica, reference_run
 
 torch.set_num_threads(1)
 
@@ -232,23 +233,19 @@ def test_load_idx_fashion_mnist():
 # ---------------------------------------------------------------------------
 
 
-def test_average_gradients_is_deterministic():
+def test_the_mean_is_deterministic_and_leaves_out_only_the_non_finite():
     g = torch.Generator().manual_seed(0)
-    grads = {f"w{i}": torch.randn(670, generator=g).to(torch.bfloat16) for i in range(5)}
-    a = average_gradients(grads)
-    b = average_gradients(dict(reversed(list(grads.items()))))
-    assert a.dtype == torch.bfloat16 and a.shape == (670,)
-    assert torch.equal(a, b)
+    grads = {f"w{i}": torch.randn(670, generator=g) for i in range(5)}
+    a, used, bad = mean_of(grads)
+    b, _, _ = mean_of(dict(reversed(list(grads.items()))))
+    assert a.dtype == torch.float32 and a.shape == (670,) and torch.equal(a, b)
+    assert used == sorted(grads) and bad == []
     expected = torch.zeros(670)
     for k in sorted(grads):
-        expected += grads[k].float()
-    assert torch.equal(a, (expected / 5).to(torch.bfloat16))
-    single = average_gradients({"only": grads["w3"]})
-    assert torch.equal(single, grads["w3"])
-    with pytest.raises(ValueError):
-        average_gradients({})
-    with pytest.raises(ValueError):
-        average_gradients({"a": torch.zeros(3), "b": torch.zeros(4)})
+        expected += grads[k]
+    assert torch.equal(a, expected / 5)
+    assert torch.equal(mean_of({"only": grads["w3"]})[0], grads["w3"])
+    assert mean_of({}) == (None, [], [])
 
 
 def _replica(ds: Dataset, rank: int = 0, world: int = 2, **kw) -> Replica:
@@ -311,10 +308,12 @@ def test_reference_run_is_reproducible_and_matches_manual_loop(mnist):
     assert torch.equal(p1, p4) and acc4 == []
     _, acc5 = reference_run(**dict(kw, eval_every=3))
     assert acc5 == [acc1[2], acc1[3]]
-    # exactly the math of the distributed protocol
+    # exactly the math of the distributed protocol with bf16 gradients: each rounded to bfloat16, the float32
+    # mean in name order, rounded to bfloat16 again
     reps = [_replica(mnist, rank=i, world=2, seed=3, batch_size=32, data_seed=3) for i in range(2)]
     for step in range(4):
-        avg = average_gradients({w: r.compute_gradient(step)[0] for w, r in zip(["alice", "bob"], reps)})
+        mean, _, _ = mean_of({w: r.compute_gradient(step)[0] for w, r in zip(["alice", "bob"], reps)})
+        avg = mean.to(torch.bfloat16).to(torch.float32)
         for r in reps:
             r.apply(avg)
     assert torch.equal(reps[0].parameters_flat(), p1) and torch.equal(reps[1].parameters_flat(), p1)
@@ -392,5 +391,6 @@ def test_models_have_their_sizes_and_build_the_same_from_a_seed(name, count):
 
 def test_gradients_with_nan_or_inf_are_left_out():
     g = {"bob": torch.ones(4), "alice": torch.tensor([1.0, float("nan"), 0, 0]), "carol": torch.full((4,), float("inf"))}
-    kept, bad = finite_only(g)
-    assert bad == ["alice", "carol"] and list(kept) == ["bob"] and torch.equal(average_gradients(kept).float(), torch.ones(4))
+    mean, used, bad = mean_of(g)
+    assert bad == ["alice", "carol"] and used == ["bob"] and torch.equal(mean, torch.ones(4))
+    assert mean_of({k: g[k] for k in ("alice", "carol")}) == (None, [], ["alice", "carol"])

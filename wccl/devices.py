@@ -136,7 +136,7 @@ def _print(cams: list[dict[str, Any]], disp: dict[str, Any], read: bool) -> None
 async def _show_window(config_path: str, node: str | None, seconds: float | None) -> int:
     import numpy as np
 
-    from actors.screen_writer import STARTUP_OVERLAY
+    from actors.transfer_writer import STARTUP_OVERLAY
     from protocols import layout
     from wccl.config import load_config
     from wccl.media.window import WindowScreen
@@ -162,7 +162,7 @@ async def _show_window(config_path: str, node: str | None, seconds: float | None
         while not done.is_set() and (seconds is None or clock.now() - t0 < seconds):
             payload = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
             frame = codec.encode(payload, count=1, session=cfg.room.session, sender=sender, stream="sync",
-                                 step=0)[0]
+                                 step=0, tid=k + 1)[0]
             screen.show(layout.render(frame, codec.layout, cfg.screen.width, cfg.screen.height, sender=sender,
                                       parity=k & 1))
             k += 1

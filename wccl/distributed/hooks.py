@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from protocols.codecs import Codec, ErrorFeedback, get_codec
+from wccl.training.exchange import mean_of
 
 __all__ = ["CodecHookState", "codec_hook", "exchange"]
 
@@ -59,24 +60,17 @@ NONFINITE = Counter()  # contributions left out of an average because they held 
 
 
 def average_decoded(codec: Codec, parts: list[bytes], numel: int) -> torch.Tensor:
-    """The mean of every rank's decoded tensor, summed in rank order (the same bits on every rank).
+    """The mean of every rank's decoded tensor (wccl.training.exchange.mean_of: summed in rank order, the
+    same bits on every rank).
 
     A contribution with a NaN or an Inf (a bad batch, a bad peer) never enters the mean: it is left out,
     counted in NONFINITE and logged (`gradient_nonfinite`); every rank sees the same parts, so every rank
-    leaves out the same ones. With none left, the mean is zero: the step goes on without them."""
-    total = torch.zeros(numel, dtype=torch.float32)
-    used, bad = 0, []
-    for rank, raw in enumerate(parts):
-        x = codec.decode(raw, numel)
-        if not bool(torch.isfinite(x).all()):
-            bad.append(rank)
-            continue
-        total += x
-        used += 1
+    leaves out the same ones. With none left, this hook's gradient is zero: DDP's step goes on without one."""
+    mean, used, bad = mean_of({rank: codec.decode(raw, numel) for rank, raw in enumerate(parts)})
     if bad:
         NONFINITE.update(bad)
-        structlog.get_logger("wccl").warning("gradient_nonfinite", ranks=bad, used=used)
-    return total / used if used else total
+        structlog.get_logger("wccl").warning("gradient_nonfinite", ranks=bad, used=len(used))
+    return mean if mean is not None else torch.zeros(numel, dtype=torch.float32)
 
 
 def _hook(state, bucket):  # no annotations: DDP checks them literally, and this module's are strings

@@ -18,15 +18,18 @@ frames in between alice's, N of each kind:
 - foreign: frames of another session of the same room key;
 - bit-flipped: alice's real frames of this run with 1 to 3 bits flipped.
 
-Bob reads every frame through protocols.receiver, the code his FrameDecoder
-runs. With `--path steps` alice and bob are instead the built-in run's
-parameter server and worker: alice shows her averages as the built-in run's
-transfers (protocols.steps: sealed, no acknowledgements, a fixed number of
-frames each), every frame echoing the run nonces its sender saw, and bob
-reads them through protocols.steps.StepReceiver, the code his FrameDecoder
-runs. Printed: per kind, frames tried, accepted (must be 0) and refused by
-reason; and alice's tensors: sent, delivered to bob, delivered wrong (must
-be 0).
+Bob reads every frame through protocols.receiver.TransferReceiver (with
+the run handshake, protocols.security.Handshake), the code his FrameDecoder
+runs; alice and bob frame theirs as a rank's TransferWriter does
+(protocols.transfer: status frames every other frame until the handshake is
+complete, a transfer shown until bob acknowledges it). With `--path
+collectives` (the default) alice's tensors are a collective's transfers;
+with `--path steps` alice is the built-in run's parameter server and bob a
+worker: her tensors are her word on each step (op `avg`, seq the step, the
+streams envelope of protocols.streams sealed with the tensor), the same
+acknowledged transfers through the same receive path. Printed: per kind,
+frames tried, accepted (must be 0) and refused by reason; and alice's
+tensors: sent and acknowledged, delivered to bob, delivered wrong (must be 0).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import random
 import time
 from collections import Counter
 
-from protocols import frames, steps, transfer
+from protocols import frames, streams, transfer
 from protocols.receiver import TransferReceiver
 from protocols.security import REPLAY_WINDOW_S, Handshake, RoomKey
 from wccl.cli import HelpFormatter
@@ -55,15 +58,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frames", type=int, default=10_000, help="attack frames of each kind (default 10,000)")
     p.add_argument("--seed", type=int, default=0, help="the attacker's choices")
     p.add_argument("--path", choices=("collectives", "steps"), default="collectives",
-                   help="whose receive path: a rank's (collectives) or the built-in run's worker (steps)")
+                   help="what alice sends: a collective's transfers (collectives) or, as the built-in run's "
+                   "server, its word on each step (steps)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-class _Rank:
-    """One rank's screen and camera at the message level: the TransferWriter's framing, the receive path."""
+def tensor_header(session: int, sender: int, tid: int, seq: int, payload: bytes,
+                  stream: str | None = None) -> tuple[transfer.TransferHeader, bytes]:
+    """The header (length and digest still empty) and bytes of one transfer from rank `sender` to the other
+    of two: a collective's (`stream` None: float32), or the built-in run's tensor on `stream` (uint8,
+    protocols.streams: epoch 0, base `seq`)."""
+    if stream is None:
+        return transfer.TransferHeader(session, sender, tid, seq, "allreduce", "float32", len(payload) // 4, 0, b"",
+                                       0, 1 << (1 - sender)), payload
+    data = streams.wrap(0, seq, payload)
+    return transfer.TransferHeader(session, sender, tid, seq, stream, "uint8", len(data), 0, b"", 0,
+                                   1 << (1 - sender)), data
 
-    def __init__(self, rank: int, key: RoomKey, session: int = SESSION, nonce: int | None = None) -> None:
-        self.rank, self.key, self.session = rank, key, session
+
+class _Rank:
+    """One rank's screen and camera at the message level: the TransferWriter's framing, the receive path.
+
+    `stream` None: its transfers are a collective's (allreduce, float32); else the built-in run's tensors
+    on that stream (protocols.streams: uint8, its envelope first)."""
+
+    def __init__(self, rank: int, key: RoomKey, session: int = SESSION, nonce: int | None = None,
+                 stream: str | None = None) -> None:
+        self.rank, self.key, self.session, self.stream = rank, key, session, stream
         hs = Handshake(rank, 2) if nonce is None else Handshake(rank, 2, nonce=nonce)
         self.rx = TransferReceiver(rank, 2, session, key, handshake=hs)
         self.hs = self.rx.handshake
@@ -71,16 +92,18 @@ class _Rank:
         self.out: list[tuple[transfer.TransferHeader, frames.Transfer]] = []
         self.turn = 0
 
-    def post(self, payload: bytes, seq: int) -> None:
+    def post(self, payload: bytes, seq: int) -> bytes:
+        """Show `payload` as this rank's next transfer, for the other rank; returns the transfer's bytes (a
+        stream's: the envelope, epoch 0 and base `seq`, then the payload)."""
         self.tid += 1
-        h = transfer.TransferHeader(self.session, self.rank, self.tid, seq, "allreduce", "float32",
-                                    len(payload) // 4, 0, b"", 0, 1 << (1 - self.rank))
+        h, payload = tensor_header(self.session, self.rank, self.tid, seq, payload, self.stream)
         sealed = self.key.seal(self.hs.nonce, self.tid, payload, transfer.aad(h))
         psize = transfer.packet_size_for(MESSAGE_BYTES)
         k = frames.source_packets(len(sealed), psize)
         tr = frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=k + 4, packet_size=psize)
         self.out.append((transfer.TransferHeader(h.session, h.sender, h.tid, h.seq, h.op, h.dtype, h.numel,
                                                  tr.length, tr.digest, h.part, h.dest), tr))
+        return payload
 
     def status(self, shown_us: int) -> bytes:
         return transfer.status_message(session=self.session, sender=self.rank, acks=self.rx.assembler.acks(2),
@@ -103,10 +126,12 @@ def _tensor(rng: random.Random) -> bytes:
     return rng.randbytes(4 * rng.randint(1, 900))
 
 
-def _run(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION, attack=None, judged=None) -> dict:
-    """A run of alice sending tensors to bob; `attack(t_us, alice, filmed)`: (kind, message) pairs to slip in
-    after each of alice's frames, each handed with bob's verdict to `judged(kind, received)`."""
-    alice, bob = _Rank(0, key, session), _Rank(1, key, session)
+def _run(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION, attack=None, judged=None,
+         stream: str | None = None) -> dict:
+    """A run of alice sending tensors to bob (`stream`: as the built-in run's server, on that stream);
+    `attack(t_us, alice, filmed)`: (kind, message) pairs to slip in after each of alice's frames, each handed
+    with bob's verdict to `judged(kind, received)`."""
+    alice, bob = _Rank(0, key, session, stream=stream), _Rank(1, key, session)
     sent: dict[int, bytes] = {}
     delivered: dict[int, bytes] = {}
     filmed: list[tuple[int, bytes]] = []
@@ -115,8 +140,8 @@ def _run(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION
         t_us = round(n * FRAME_S * 1e6)
         if len(alice.out) < 2:
             seq += 1
-            sent[alice.tid + 1] = payload = _tensor(rng)
-            alice.post(payload, seq)
+            data = alice.post(_tensor(rng), seq)
+            sent[alice.tid] = data
         msg = alice.next_message(t_us)
         filmed.append((t_us, msg))
         r = bob.rx.receive(msg)
@@ -133,70 +158,15 @@ def _run(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION
     return dict(sent=sent, delivered=delivered, filmed=filmed, alice=alice, bob=bob)
 
 
-class _StepNode:
-    """One node of the built-in run at the message level: its ScreenWriter's framing (protocols.steps; a
-    tensor shown for a fixed number of frames, no acknowledgements) and its receive path."""
-
-    ENTRIES = 2  # nodes: every frame echoes a run nonce for each
-
-    def __init__(self, index: int, key: RoomKey, session: int = SESSION) -> None:
-        self.index, self.key, self.session = index, key, session
-        self.hs = Handshake(index, 2)
-        self.rx = steps.StepReceiver(index, 2, session, key, self.hs)
-        self.sender = steps.StepSender(session, index, key, self.hs.nonce)
-        self.out: list[list] = []  # [header, fountain, next packet]
-
-    def post(self, payload: bytes, step: int, stream: str = "avg") -> None:
-        head, sealed = self.sender.transfer(stream, step, payload, epoch=0, base=step)
-        psize = transfer.packet_size_for(MESSAGE_BYTES, self.ENTRIES, echoes=True)
-        k = frames.source_packets(len(sealed), psize)
-        self.out.append([head, frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=k + 4, packet_size=psize),
-                         0])
-
-    def next_message(self, shown_us: int) -> bytes:
-        if not self.out:
-            self.post(b"hi" * 8, 0, "sync")
-        entry = self.out[0]
-        head, tr, i = entry
-        entry[2] += 1
-        if entry[2] >= len(tr.packets):
-            self.out.pop(0)
-        return transfer.frame_message(head, tr, i, message_bytes=MESSAGE_BYTES, shown_us=shown_us,
-                                      run_nonce=self.hs.nonce, trusts=self.hs.trust_mask(), nonce_echo=self.hs.echo(),
-                                      key=self.key)
-
-
-def _run_steps(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION, attack=None,
-               judged=None) -> dict:
-    """As `_run`, between the built-in run's server (alice, showing averages) and a worker (bob)."""
-    alice, bob = _StepNode(0, key, session), _StepNode(1, key, session)
-    sent: dict[int, bytes] = {}
-    delivered: dict[int, bytes] = {}
-    filmed: list[tuple[int, bytes]] = []
-    step = 0
-    for n in range(frames_n):
-        t_us = round(n * FRAME_S * 1e6)
-        if not alice.out:
-            step += 1
-            sent[step] = payload = _tensor(rng)
-            alice.post(payload, step)
-        msg = alice.next_message(t_us)
-        filmed.append((t_us, msg))
-        for kind, m in [(None, msg)] + (attack(t_us, alice, filmed) if attack else []):
-            r = bob.rx.receive(m)
-            if kind is not None:
-                judged(kind, r)
-            if r.tensor is not None:
-                delivered[r.tensor.step] = r.tensor.payload
-        alice.rx.receive(bob.next_message(t_us + 50_000))  # bob's screen: his echo of alice's nonce
-    return dict(sent=sent, delivered=delivered, filmed=filmed, alice=alice, bob=bob)
-
-
 def run_attack(frames_each: int, seed: int = 0, path: str = "collectives") -> dict:
     rng = random.Random(seed)
     key, wrong = RoomKey(os.urandom(32), "bench"), RoomKey(os.urandom(32), "attacker")
     t0 = time.perf_counter()
-    run_pair = _run_steps if path == "steps" else _run
+    stream = "avg" if path == "steps" else None
+
+    def run_pair(*args, **kw) -> dict:
+        return _run(*args, stream=stream, **kw)
+
     first = run_pair(key, 400, rng)  # the filmed run
     other_run = [m for _, m in first["filmed"]]
     foreign = [m for _, m in run_pair(key, 400, rng, session=SESSION + 1)["filmed"]]
@@ -204,25 +174,20 @@ def run_attack(frames_each: int, seed: int = 0, path: str = "collectives") -> di
     window_us = int((REPLAY_WINDOW_S + 1) * 1e6)
 
     def forge(alice, t_us: int) -> bytes:
-        if path == "steps":  # a step frame with alice's nonce and echo, sealed and checked under another key
-            head, sealed = steps.StepSender(SESSION, 0, wrong, alice.hs.nonce).transfer(
-                "avg", rng.randrange(1, 99), _tensor(rng), base=rng.randrange(99))
-            psize = transfer.packet_size_for(MESSAGE_BYTES, 2, echoes=True)
-            tr = frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=1, packet_size=psize)
-            return transfer.frame_message(head, tr, 0, message_bytes=MESSAGE_BYTES, shown_us=t_us,
-                                          run_nonce=alice.hs.nonce, trusts=alice.hs.trust_mask(),
-                                          nonce_echo=alice.hs.echo(), key=wrong)
+        """A status frame or a transfer frame (alice's kind of tensor) with what an onlooker copies from
+        her frames (session, sender, run nonce, trust mask, echo), sealed and checked under another key."""
         if rng.random() < 0.3:
             return transfer.status_message(session=SESSION, sender=0, acks=(transfer.Ack(rng.randrange(99), 0),) * 2,
                                            message_bytes=MESSAGE_BYTES, shown_us=t_us, run_nonce=alice.hs.nonce,
                                            trusts=0b11, echo=alice.hs.echo(), key=wrong)
-        data = _tensor(rng)
         tid = alice.tid + rng.randint(0, 3)
+        h, data = tensor_header(SESSION, 0, tid, rng.randrange(1, 99), _tensor(rng), stream)
+        sealed = wrong.seal(alice.hs.nonce, tid, data, transfer.aad(h))
         psize = transfer.packet_size_for(MESSAGE_BYTES)
-        tr = frames.fountain(data, message_bytes=MESSAGE_BYTES, count=frames.source_packets(len(data), psize),
+        tr = frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=frames.source_packets(len(sealed), psize),
                              packet_size=psize)
-        h = transfer.TransferHeader(SESSION, 0, tid, rng.randrange(1, 99), "allreduce", "float32", len(data) // 4,
-                                    tr.length, tr.digest, 0, 0b10)
+        h = transfer.TransferHeader(h.session, h.sender, h.tid, h.seq, h.op, h.dtype, h.numel, tr.length, tr.digest,
+                                    h.part, h.dest)
         return transfer.frame_message(h, tr, 0, message_bytes=MESSAGE_BYTES, acks=(), shown_us=t_us,
                                       run_nonce=alice.hs.nonce, trusts=alice.hs.trust_mask(), key=wrong)
 
@@ -279,8 +244,7 @@ def run_attack(frames_each: int, seed: int = 0, path: str = "collectives") -> di
     return dict(
         path=path, frames_each=frames_each, seconds=round(time.perf_counter() - t0, 1),
         kinds={k: dict(tried=v["tried"], accepted=v["accepted"], refused=dict(v["refused"])) for k, v in results.items()},
-        # (collectives: the tensors alice had acknowledged; steps: every tensor she began to show)
-        tensors_sent=len(state["sent"]) - (len(state["alice"].out) if path == "collectives" else 0),
+        tensors_sent=len(state["sent"]) - len(state["alice"].out),  # those bob acknowledged
         tensors_delivered=len(state["delivered"]),
         tensors_wrong=wrong_tensors, handshake_complete=state["bob"].hs.complete)
 
@@ -292,8 +256,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         for k, v in r["kinds"].items():
             print(f"{k:20s} tried {v['tried']:6d}  accepted {v['accepted']}  refused {v['refused']}")
-        sent = "sent and acknowledged" if r["path"] == "collectives" else "sent"
-        print(f"alice's tensors: {r['tensors_sent']} {sent}, {r['tensors_delivered']} delivered, "
+        print(f"alice's tensors: {r['tensors_sent']} sent and acknowledged, {r['tensors_delivered']} delivered, "
               f"{r['tensors_wrong']} wrong ({r['seconds']} s)")
     bad = sum(v["accepted"] for v in r["kinds"].values()) + r["tensors_wrong"]
     return 1 if bad else 0

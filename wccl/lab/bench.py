@@ -5,11 +5,20 @@ pair given (`--sender`, `--receiver`); everything else in the room stays
 dark. When nothing gets through, `zero_reason` says why, from the
 receiver's counters (its camera never found the code, every frame was
 uncorrectable, captures mixed two frames, ...), and the CLI prints it on
-stderr. The sender's ScreenWriter shows each tensor as
-`ceil(K * (1 + repair)) + extra` fountain-coded frames, back to back; the
-receiver's CameraReader and FrameDecoder (the node's own actors, driven by
-the actor harness) rebuild what they can. Every delivered tensor is compared
-with what was sent: a difference is an undetected error.
+stderr.
+
+The link is measured open loop: nothing is acknowledged. Tensor i is one of
+the built-in run's transfers (protocols.link.LinkCodec.encode: op `grad`,
+seq i, tid i + 1, the streams envelope, sealed under the room key; packets
+sized for frames carrying the entries of the room's ranks), and the sender's
+screen shows it as `ceil(K * (1 + repair)) + extra` fountain-coded frames
+(K: its source packets), one every `hold_s` on the bench's clock, back to
+back with the next tensor's, their parity marks alternating. The receiver's
+FrameDecoder listens (`listen=True`, as an observer's does: it checks the
+room key's MAC and the session and rebuilds every transfer it sees) and
+rebuilds what it can from the captures of its camera, driven by the actor
+harness. Every delivered tensor is compared with what was sent: a difference
+is an undetected error.
 
 Figures: `goodput_kBps` = payload bytes delivered intact / simulated link
 seconds / 1000; `raw_cell_error_rate` = wrong cells / cells read, over the
@@ -29,10 +38,11 @@ from typing import Any
 import numpy as np
 
 from actors.frame_decoder import FrameDecoder
-from actors.screen_writer import ScreenWriter
-from protocols.security import TAG_BYTES
-from protocols.steps import OVERHEAD as STEP_OVERHEAD, StepAssembler
-from protocols.messages import Capture, Show, TensorReceived
+from protocols import streams
+from protocols.layout import render, render_idle
+from protocols.messages import Capture, TensorReceived
+from protocols.security import TAG_BYTES, new_run_nonce
+from protocols.transfer import TransferAssembler
 from wccl.config import WcclConfig
 from wccl.harness import ActorHarness
 from wccl.registry import REGISTRY
@@ -52,6 +62,12 @@ def with_overrides(cfg: WcclConfig, profile: str | None = None, link: dict[str, 
     return parse_config(data, "bench overrides")
 
 
+def sealed_bytes(tensor_bytes: int, encrypts: bool = True) -> int:
+    """What one tensor's transfer sends: the tensor, its streams envelope and, when the key encrypts,
+    the seal's tag."""
+    return tensor_bytes + streams.OVERHEAD + (TAG_BYTES if encrypts else 0)
+
+
 async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float, extra: int, seed: int,
                  sender: str | None = None, receiver: str | None = None, per_tensor: int | None = None) -> dict:
     import wccl.media.parts  # noqa: F401  (registers the room)
@@ -67,18 +83,23 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         raise ValueError("the sender and the receiver must be two different nodes")
     clock = NodeClock(origin=0.0)
     codec = cfg.link.codec()
+    hold = cfg.link.hold_s
+    w, h = cfg.screen.width, cfg.screen.height
     # The room key, as a run would have it (simulated rooms: a fresh one; `[room] security = "off"`: none):
     # frames authenticated, tensors sealed.
     from wccl.keys import new_ephemeral, room_key
 
     key = room_key(cfg, ephemeral=new_ephemeral())
+    run_nonce = new_run_nonce()
+    ranks = len(cfg.room.ranks)  # a run's frames carry every rank's entries: packets sized for them
+    index = names.index(tx)
     rng = np.random.default_rng(seed)
     n_tensors = max(1, math.ceil(nbytes / tensor_bytes))
     sent: dict[int, bytes] = {}
-    sealed = tensor_bytes + STEP_OVERHEAD - (0 if key.encrypts else TAG_BYTES)  # what one transfer sends
+    sealed = sealed_bytes(tensor_bytes, key.encrypts)  # what one transfer sends
     if per_tensor is None:
-        per_tensor = math.ceil(codec.frames_needed(sealed, len(names), echoes=True) * (1 + repair)) + extra
-    window = per_tensor * cfg.link.hold_s
+        per_tensor = math.ceil(codec.frames_needed(sealed, ranks) * (1 + repair)) + extra
+    window = per_tensor * hold
     start = 1.0
     received: dict[int, bytes] = {}
     arrived: dict[int, float] = {}  # tensor -> when the decoder delivered it (the bench's clock)
@@ -86,31 +107,37 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     camera = REGISTRY.create("camera", "room", medium=medium, node=rx, clock=clock, config=cfg)
     # Every other laptop's screen shows its idle grid, as in a run (where every screen is lit from the
     # start): a camera's auto exposure meters all the screens in view, so black ones would over-expose
-    # the one that sends.
-    from protocols.layout import render_idle
-
-    idle = render_idle(codec.layout, cfg.screen.width, cfg.screen.height)
+    # the one that sends. The sender's shows it before its first frame and after its last.
+    idle = render_idle(codec.layout, w, h)
     for other in names:
         if other not in (tx, rx):
             REGISTRY.create("screen", "room", medium=medium, node=other, clock=clock, config=cfg).show(idle)
+    screen.show(idle)
     end = start + n_tensors * window
+    shown = 0  # frames the sender's screen showed
 
-    async with ActorHarness(ScreenWriter, node=tx, clock=clock, screen=screen, codec=codec,
-                            screen_w=cfg.screen.width, screen_h=cfg.screen.height, hold_s=cfg.link.hold_s,
-                            session=cfg.room.session, sender_id=names.index(tx), node_names=names,
-                            key=key) as writer, \
-            ActorHarness(FrameDecoder, node=rx, clock=clock, capacity=8, overflow="drop_oldest", codec=codec,
-                         session=cfg.room.session, node_names=names, assembler=StepAssembler(key, max_pending=8),
-                         key=key,
-                         lens=cfg.camera.lens) as dec:
+    async with ActorHarness(FrameDecoder, node=rx, clock=clock, capacity=8, overflow="drop_oldest", codec=codec,
+                            session=cfg.room.session, node_names=names, transfers=TransferAssembler(max_pending=8),
+                            key=key, lens=cfg.camera.lens, listen=True) as dec:
 
-        async def feed_writer() -> None:
+        async def show_frames() -> None:
+            nonlocal shown
+            parity = 0
             for i in range(n_tensors):
                 data = rng.integers(0, 256, tensor_bytes, dtype=np.uint8).tobytes()
                 sent[i] = data
-                t0 = start + i * window
-                await writer.send(Show(sender=tx, step=i, time=clock.now(), stream="grad", payload=data,
-                                       start=t0, end=t0 + window))
+                frames = codec.encode(data, count=per_tensor, session=cfg.room.session, sender=index,
+                                      stream="grad", step=i, key=key, run_nonce=run_nonce, ranks=ranks, tid=i + 1)
+                for j, frame in enumerate(frames):
+                    t = start + i * window + j * hold
+                    if clock.now() > t + hold / 2:  # too late for this frame: never shown late
+                        continue
+                    await clock.sleep_until(t)
+                    screen.show(render(frame, codec.layout, w, h, sender=index, parity=parity))
+                    parity ^= 1
+                    shown += 1
+            await clock.sleep_until(end)
+            screen.show(idle)
 
         async def pump_camera() -> None:
             seq = 0
@@ -124,7 +151,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
                 dec.outputs.clear()
                 await asyncio.sleep(0)
 
-        await asyncio.gather(feed_writer(), pump_camera())
+        await asyncio.gather(show_frames(), pump_camera())
         await dec.settle()
         for m in dec.of_type(TensorReceived):
             received.setdefault(m.step, m.payload)
@@ -147,7 +174,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         latency_p50_s=round(float(np.percentile(lat, 50)), 4) if lat else None,
         latency_p95_s=round(float(np.percentile(lat, 95)), 4) if lat else None,
         raw_cell_error_rate=round(link.get("cells_wrong", 0) / cells_read, 6) if cells_read else None,
-        frames_shown=writer.results.get("screen", {}).get("frames_shown", 0),
+        frames_shown=shown,
         frames_decoded=link.get("frames_ok", 0),
         frames_uncorrectable=link.get("frames_rejected_uncorrectable", 0),
         frames_rejected_check=sum(v for k, v in link.items() if k.startswith("frames_rejected_") and
@@ -156,7 +183,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
         captures_mixed=link.get("captures_mixed", 0),
         captures_combined=link.get("captures_combined", 0),  # frames two uncorrectable reads gave together
         codes_seen=link.get("codes_seen", 0),
-        source_frames=codec.frames_needed(sealed, len(names), echoes=True),  # a tensor's, without repair
+        source_frames=codec.frames_needed(sealed, ranks),  # a tensor's, without repair
         tensors_sent=n_tensors,
         tensors_delivered=delivered,
         undetected_errors=undetected,
@@ -261,12 +288,11 @@ def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | N
 
     tried = []
     best = None
-    names = [n.name for n in cfg.room.nodes]
+    ranks = len(cfg.room.ranks)
     for codec, hold in collective_ladder(cfg):
         lay = codec.layout
         # read at every frame (a sealed tensor's frames: at most these, without a key a tag fewer)
-        ceiling = tensor_bytes / (codec.frames_needed(tensor_bytes + STEP_OVERHEAD, len(names), echoes=True)
-                                  * hold) / 1000
+        ceiling = tensor_bytes / (codec.frames_needed(sealed_bytes(tensor_bytes), ranks) * hold) / 1000
         if best is not None and ceiling <= best[0]["estimate_kBps"]:
             tried.append(dict(rows=lay.rows, cols=lay.cols, hold_s=hold, estimate_kBps=round(ceiling, 2),
                               skipped="slower than the best so far even if every frame were read"))

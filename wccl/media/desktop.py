@@ -96,8 +96,7 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
 
     import numpy as np
 
-    from protocols import layout
-    from protocols import streams, transfer
+    from protocols import layout, streams, transfer
     from wccl.imaging import reader
     from wccl.timebase import NodeClock
 

@@ -24,9 +24,25 @@ from dataclasses import dataclass
 import torch
 
 from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
-from wccl.training.replica import finite_only
 
-__all__ = ["Reduced", "reduce", "codec_from_config"]
+__all__ = ["Reduced", "reduce", "mean_of", "codec_from_config"]
+
+
+def mean_of(tensors: dict) -> tuple[torch.Tensor | None, list, list]:
+    """The one average of WCCL's exchanges: (the float32 mean of the tensors without a NaN or an Inf,
+    summed in sorted-key order so that every node that computes it gets the same bits, or None when
+    none is finite; the keys used; the keys left out, sorted). What to do when nothing is usable is the
+    caller's: the parameter server skips the step, a DDP hook leaves the gradient at zero."""
+    keys = sorted(tensors)
+    bad = [k for k in keys if not bool(torch.isfinite(tensors[k]).all())]
+    used = [k for k in keys if k not in bad]
+    if not used:
+        return None, [], bad
+    acc = torch.zeros(tensors[used[0]].reshape(-1).shape, dtype=torch.float32)
+    for k in used:
+        acc += tensors[k].detach().reshape(-1).to(torch.float32)
+    acc /= float(len(used))
+    return acc, used, bad
 
 
 def codec_from_config(training) -> Codec:
@@ -59,13 +75,8 @@ def reduce(codec: Codec, payloads: dict[str, bytes], numel: int, downlink: Error
             decoded[name] = codec.decode(payloads[name], numel)
         except CodecError:
             undecodable.append(name)
-    usable, nonfinite = finite_only(decoded)
-    used = list(usable)  # sorted, as decoded
-    if len(used) < max(1, quorum):
+    acc, used, nonfinite = mean_of(decoded)
+    if acc is None or len(used) < max(1, quorum):
         return Reduced(None, None, [], nonfinite, undecodable)
-    acc = torch.zeros(numel, dtype=torch.float32)
-    for n in used:
-        acc += usable[n]
-    acc /= float(len(used))
     data = downlink.encode(acc)[0] if downlink is not None else codec.encode(acc)
     return Reduced(data, codec.decode(data, numel), used, nonfinite, undecodable)

@@ -1,12 +1,13 @@
-"""One model replica + optimiser, the server's gradient reduce, and the
-in-process bit-exact reference of a synchronous data-parallel run.
+"""One model replica + optimiser, and the in-process bit-exact reference of
+a synchronous data-parallel run.
 
 The distributed protocol per step k:
   1. every worker ``w`` (rank = its index in ``workers``) calls
-     ``replica.compute_gradient(k)`` -> bf16 flat gradient (+ loss);
-  2. the server reduces ``{worker: grad}`` with ``average_gradients``
-     (float32 sum in sorted-key order, / count, -> bf16);
-  3. every replica calls ``replica.apply(avg)``.
+     ``replica.compute_gradient(k)`` -> its flat gradient (+ loss);
+  2. the server reduces ``{worker: encoded gradient}`` with
+     wccl.training.exchange.reduce (decoded, float32 mean in sorted-key
+     order, encoded again);
+  3. every replica calls ``replica.apply(avg)`` with the decoded average.
 ``reference_run`` does exactly this without any transport.
 """
 
@@ -27,7 +28,6 @@ __all__ = [
     "DEFAULT_RECIPE",
     "OPTIMIZERS",
     "Replica",
-    "average_gradients",
     "reference_run",
     "single_thread",
 ]
@@ -229,29 +229,6 @@ class Replica:
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def finite_only(grads: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """(the gradients without a NaN or an Inf, the names of those left out, sorted)."""
-    bad = sorted(k for k, g in grads.items() if not bool(torch.isfinite(g).all()))
-    return {k: g for k, g in grads.items() if k not in bad}, bad
-
-
-def average_gradients(grads: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The server's reduce: float32 sum in sorted-key order, divided by the
-    number of gradients, rounded to bfloat16.  Deterministic."""
-    if not grads:
-        raise ValueError("average_gradients needs at least one gradient")
-    keys = sorted(grads)
-    shape = grads[keys[0]].reshape(-1).shape
-    acc = torch.zeros(shape, dtype=torch.float32)
-    for k in keys:
-        g = grads[k].detach().reshape(-1)
-        if g.shape != shape:
-            raise ValueError(f"gradient from {k!r} has shape {tuple(g.shape)}, expected {tuple(shape)}")
-        acc += g.to(torch.float32)
-    acc /= float(len(keys))
-    return acc.to(GRAD_DTYPE)
-
-
 def reference_run(
     model_name: str = DEFAULT_RECIPE["model_name"],
     init: str = DEFAULT_RECIPE["init"],
@@ -269,12 +246,10 @@ def reference_run(
     split: str = "iid",
 ) -> tuple[torch.Tensor, list[float]]:
     """In-process synchronous data-parallel run: worker ``workers[i]`` is rank
-    i of ``len(workers)``; each step every worker computes its bf16 gradient,
-    they are reduced with ``average_gradients`` keyed by worker name, and every
-    replica applies the average. With ``codec`` (a protocols.codecs.Codec; None:
-    bf16, the same as above) the exchange of the built-in run with a codec
-    (wccl.training.exchange): each worker encodes its gradient with its own
-    error feedback, the server averages the decoded gradients and encodes the
+    i of ``len(workers)``; each step is the built-in run's exchange with
+    ``codec`` (a protocols.codecs.Codec; None: bf16), wccl.training.exchange:
+    each worker encodes its gradient with its own error feedback, the server
+    averages the decoded gradients (keyed by worker name) and encodes the
     average with its own, and every replica applies the decoded average.
 
     Returns (final flat float32 params, test accuracy after each step).  With
@@ -293,24 +268,19 @@ def reference_run(
         Replica(model_name, init, seed, optimizer, lr, momentum, dataset, rank, world, batch_size, data_seed, split)
         for rank in range(world)
     ]
-    encoders = downlink = None
-    if codec is not None:
-        from protocols.codecs import ErrorFeedback
+    from protocols.codecs import ErrorFeedback, get_codec
 
-        from .exchange import reduce
+    from .exchange import reduce
 
-        encoders = {w: ErrorFeedback(codec) for w in workers}
-        downlink = ErrorFeedback(codec)
+    codec = codec or get_codec("bf16")
+    encoders = {w: ErrorFeedback(codec) for w in workers}
+    downlink = ErrorFeedback(codec)
     accs: list[float] = []
     for step in range(steps):
-        if encoders is None:
-            avg = average_gradients({w: r.compute_gradient(step)[0] for w, r in zip(workers, replicas)})
-        else:
-            sent = {w: encoders[w].encode(r.compute_gradient(step, raw=True)[0])[0]
-                    for w, r in zip(workers, replicas)}
-            avg = reduce(codec, sent, replicas[0].numel, downlink).average
-            if avg is None:
-                raise RuntimeError(f"step {step}: no finite gradient to average (training diverged)")
+        sent = {w: encoders[w].encode(r.compute_gradient(step, raw=True)[0])[0] for w, r in zip(workers, replicas)}
+        avg = reduce(codec, sent, replicas[0].numel, downlink).average
+        if avg is None:
+            raise RuntimeError(f"step {step}: no finite gradient to average (training diverged)")
         for r in replicas:
             r.apply(avg)
         if eval_every > 0 and ((step + 1) % eval_every == 0 or step == steps - 1):
