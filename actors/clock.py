@@ -154,14 +154,17 @@ class Clock(Actor):
 
     async def _server_startup(self) -> tuple[Schedule, int]:
         a = self.state.get("announce")
-        if a is None:  # (a restarted Clock keeps the schedule it announced)
+        if a is None and self.resume is not None:
+            # A server resumed from its checkpoint keeps the schedule it wrote there: the workers, who kept
+            # ticking it, go on in step; its epoch is the next.
+            r = self.resume
+            a = sync.Announce(r["t0_us"], tuple((n, float(s)) for n, s in r["phases"]), self.steps, r["epoch"] + 1,
+                              r["applied"])
+            self.log.info("schedule_resumed", epoch=a.epoch, applied=a.applied)
+        elif a is None:  # (a restarted Clock keeps the schedule it announced)
             if self.fixed_phases is None:
                 await self._sight.wait()  # (sizing needs the layout and what the cameras read)
-            epoch, applied = (self.resume["epoch"] + 1, self.resume["applied"]) if self.resume else (0, 0)
-            if self.resume:
-                self.log.info("schedule_resumed", epoch=epoch, applied=applied)
-            a = sync.Announce(round((self.clock.now() + self.start_s) * 1e6), self._phases(), self.steps, epoch,
-                              applied)
+            a = sync.Announce(round((self.clock.now() + self.start_s) * 1e6), self._phases(), self.steps, 0, 0)
         self.announce = a
         self.state.update(announce=a, epoch=a.epoch)
         schedule = self._schedule_of(a)

@@ -324,6 +324,11 @@ class FrameDecoder(Actor):
         f = r.frame
         self._count_cells(code, corrected)
         self.last[code.sender] = code.symbols
+        if r.restarted:
+            # A new incarnation of the peer (it started again): its earlier transfers are forgotten.
+            self.stats["peer_restarts"] += 1
+            self.log.info("peer_restarted", peer=self.node_names[f.sender],
+                          restarts=self.receiver.restarts.get(f.sender, 0))
         if r.handshake_changed:
             hs = self.receiver.handshake
             self.log.info("handshake", peer=self.node_names[f.sender], trusted=sorted(hs.trusted),
@@ -340,16 +345,17 @@ class FrameDecoder(Actor):
                 # change the choice), and whether it took a second round
                 measured = {names[r_]: st.layouts - st.rows[r_].unmeasured for r_ in range(len(names))}
                 second = any(row.full for row in st.rows)
+                adopted = st.adopted > 0  # this rank started again: it took the room's table
                 self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
                               layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
                               **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
                                               sorted(st.graph(j).items())} for j in range(len(self.ladder))],
                                   "measured": measured, "second_round": second}
-                                 if len(self.ladder) > 1 else {}))
+                                 if len(self.ladder) > 1 else {}), **({"adopted": True} if adopted else {}))
                 if self.current != k:
                     self.current = k
                     self._use(k)
-                self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second,
+                self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second, adopted=adopted,
                                                      edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
                                                             for r_, s_, q in edges},
                                                      captures=self.stats["captures"])
@@ -367,6 +373,8 @@ class FrameDecoder(Actor):
                                      ack=(r.peer_ack.cum, r.peer_ack.mask)))
         if f.header is None:
             self.stats["status_frames"] += 1
+            if r.acks_changed and not r.handshake_changed:
+                await self.emit(self._acks_message())  # its floor settled transfers: show the acknowledgement
             return None
         if r.duplicate:
             # The sender still shows a transfer this rank has: it has not seen the acknowledgement yet.

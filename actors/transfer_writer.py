@@ -21,7 +21,17 @@ does not trust this node's run nonce yet, or this node not theirs, or the
 ranks do not yet agree on which camera reads which screen), and until every
 rank is complete, every other frame is a status frame: it carries the echo
 and the discovery table the others need, relayed camera to camera. Otherwise the last frame stays up: readers skip
-an unchanged frame cheaply.
+an unchanged frame cheaply. Every status frame also says this node's floor
+(protocols.transfer): its transfers up to it are acknowledged by every rank
+they were meant for and gone from the screen.
+
+A peer's acknowledgement replaces the one before: a transfer still booked
+counts as acknowledged by a peer only while the peer's latest
+acknowledgement covers it. A peer's acknowledgements only grow, but for a
+peer that started again (a new incarnation, protocols.receiver), which knows
+nothing of this node's transfers: the transfers still booked for it are
+shown again until it acknowledges them (those every reader already
+acknowledged are gone, below the floor).
 
 With a start-up ladder of layouts (`ladder`, densest first), the status frames
 go up in the layouts of the probe schedule (`probe`: the layout a frame shown
@@ -79,6 +89,7 @@ class TransferWriter(Actor):
         self.rank, self.world = rank, world
         self.plan = ScreenPlan(loss=loss, margin=margin_frames)
         self._out: dict[int, tuple[transfer.TransferHeader, object]] = {}
+        self._last_tid = 0  # the latest transfer booked
         self._acks: tuple[transfer.Ack, ...] = transfer.NO_ACKS[:world]
         self._holds: tuple[int, ...] = (0,) * world
         self.key = key
@@ -132,7 +143,11 @@ class TransferWriter(Actor):
                 self._rows = discovery.unpack_table(msg.rows)
             self._status_due = STATUS_REPEATS
         elif isinstance(msg, PeerAcks):
-            for b in self.plan.acknowledge(msg.origin, transfer.Ack(*msg.ack)):
+            ack, bit = transfer.Ack(*msg.ack), 1 << msg.origin
+            for b in self.plan.bookings:
+                if b.acked & bit and not ack.has(b.tid):
+                    b.acked &= ~bit  # a new incarnation of the peer: it has not got this one (yet)
+            for b in self.plan.acknowledge(msg.origin, ack):
                 self._out.pop(b.tid, None)
                 self.results["transfers_acked"] += 1
         else:
@@ -144,6 +159,7 @@ class TransferWriter(Actor):
             header = dataclasses.replace(header, length=fountain.length, digest=fountain.digest)
             self._out[msg.tid] = (header, fountain)
             self.plan.book(msg.tid, msg.dest, k)
+            self._last_tid = msg.tid
         self._wake.set()
 
     def _timing(self, shown_local: float) -> frames.Timing:
@@ -195,8 +211,13 @@ class TransferWriter(Actor):
                                             message_bytes=codec.message_bytes, shown_us=shown_us,
                                             run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
                                             rows=self._rows, holds=self._holds, layouts=self._layouts,
-                                            clock_echo=clock_echo, key=self.key), codec, hold_s)
+                                            clock_echo=clock_echo, floor=self._floor(), key=self.key),
+                    codec, hold_s)
         return None
+
+    def _floor(self) -> int:
+        """The latest transfer up to which every one is acknowledged by all its readers (not shown again)."""
+        return self.plan.bookings[0].tid - 1 if self.plan.bookings else self._last_tid
 
     async def _present(self) -> None:
         t_next: float | None = None

@@ -66,6 +66,7 @@ class Worker(Actor):
         self.numel = replica.numel
         self._due: int | None = None  # the step whose gradient is due (its compute tick came)
         self._open: tuple[int, int, int] | None = None  # (step, epoch, base) of the gradient sent, word not yet in
+        self._server_at = (0, 0)  # the latest (epoch, update count) of the server's this worker has heard of
         self.schedule: Schedule | None = None
         self.epoch = 0
         self.applied = 0
@@ -75,7 +76,7 @@ class Worker(Actor):
         self._losses: dict[int, float] = {}
         self.results = ctx.results.setdefault("worker", {"applied": 0, "average_missing": 0, "snapshots_adopted": 0,
                                                          "steps_without_state": 0, "average_undecodable": 0,
-                                                         "bytes_sent": 0, "skipped": 0})
+                                                         "bytes_sent": 0, "skipped": 0, "steps_behind": 0})
 
     async def handle(self, msg: Any) -> None:
         if isinstance(msg, ScheduleKnown):
@@ -129,6 +130,7 @@ class Worker(Actor):
         """The server's word on a step: apply it if it is for this replica's state, else keep it."""
         if self._open is not None and (self._open[1], self._open[2]) == (epoch, base):
             self._open = None
+        self._server_at = max(self._server_at, (epoch, base + 1 if payload else base))
         if not self.has_state or (epoch, base) != (self.epoch, self.applied):
             if payload:
                 self._keep_average(step, epoch, base, payload)
@@ -163,6 +165,11 @@ class Worker(Actor):
         step, self._due = self._due, None
         if not self.has_state:
             self.results["steps_without_state"] += 1
+            return
+        if (self.epoch, self.applied) < self._server_at:
+            # Behind the server (words it has not applied yet are on their way, or a snapshot is): a gradient
+            # of this state would be stale.
+            self.results["steps_behind"] += 1
             return
         start, cpu0 = self.clock.now(), time.thread_time()
         grad, loss = self.replica.compute_gradient(step, raw=True)
@@ -221,6 +228,7 @@ class Worker(Actor):
             return
         self.replica.import_state(s.arrays)
         self.epoch, self.applied, self.has_state = s.epoch, s.applied, True
+        self._server_at = max(self._server_at, (s.epoch, s.applied))
         self._digests = {s.applied: s.digest()}
         self.encoder.reset()  # its residual belonged to the state just replaced
         caught_up = 0

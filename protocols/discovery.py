@@ -44,8 +44,23 @@ greeting (showing status frames) until every row is COMPLETE, so the
 others' rows and echoes still pass through it.
 
 Rows are relayed only from senders this rank trusts (their frames proven to
-be of this run); a newer `version` replaces an older one. Pure: no I/O,
-no asyncio; times are the caller's clock.
+be of this run); a newer `version` replaces an older one.
+
+A rank that starts again (a new process: an empty table) cannot redo the
+discovery alone: the others show only the chosen layout by then. It does
+not have to: a restart moves no camera. The first table it takes from a
+trusted peer has every rank's row, its own as its earlier incarnation left
+it; if the rows it then holds, with that copy of its own, decide the choice
+(`known`) while its own row does not, it takes that copy (`adopted`): the
+same FINAL rows, so the same sight graph and layout every rank got. The
+others keep their rows (a FINAL row never changes what it reads). Its row
+then goes on from a version newer than the copy, not COMPLETE until its
+handshake is. A copy of its own row newer than its own (an earlier
+incarnation's, during start-up) makes its numbering continue after it.
+COMPLETE is cleared while a rank's handshake is incomplete again (a peer
+started again: protocols.security.Handshake), so every rank greets until the
+new incarnation is greeted both ways. Pure: no I/O, no asyncio; times are
+the caller's clock.
 """
 
 from __future__ import annotations
@@ -276,6 +291,7 @@ class SightTable:
     _first: float | None = None  # when this rank first read a frame of this run
     _alive_at: dict[int, float] = field(default_factory=dict)  # rank -> when this rank first knew it alive
     _costs: dict = field(default_factory=dict)  # (layout, edges) -> cost, as `cost` said
+    adopted: int = 0  # times this rank took its own row from the room's table (it started again)
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -421,8 +437,7 @@ class SightTable:
                 final = not flags & FULL and self._decides(Row(me.version + 1, flags, reads, trusts, quality))
             if final:
                 flags |= FINAL
-        if complete:
-            flags |= COMPLETE
+        flags = flags | COMPLETE if complete else flags & ~COMPLETE
         new = Row(me.version, flags, reads, trusts, quality)
         if new == me:
             return False
@@ -430,7 +445,11 @@ class SightTable:
         return True
 
     def relay(self, sender_rows: tuple[Row, ...]) -> bool:
-        """Take the newer rows of a trusted sender's table; True if any changed."""
+        """Take the newer rows of a trusted sender's table; True if any changed. This rank's own row is
+        never taken from another table, but for a rank that started again (see the module docstring): its
+        row continues from a newer version than any of its rows the sender shows, and once the rows it has
+        with the sender's copy of its own row decide the room's choice (`known`) while its own do not, it
+        takes that copy (`adopted` counts how often)."""
         changed = False
         for r in range(self.world):
             if r == self.rank:
@@ -445,7 +464,38 @@ class SightTable:
                 self.rows[r] = theirs
                 changed = True
                 self.alive(1 << r)
-        return changed
+        return self._own_row(sender_rows[self.rank]) or changed
+
+    def _own_row(self, theirs: Row) -> bool:
+        """A copy of this rank's own row in a trusted sender's table: in a room that started together it is
+        one this rank made, never newer than its own. A newer one, or a FINAL one the room's choice rests
+        on while this rank's table does not decide, was made by an earlier incarnation of this rank."""
+        mine = self.rows[self.rank]
+        if not theirs.version:
+            return False
+        version = theirs.version if _newer(theirs.version, mine.version) else mine.version
+        if theirs.final and not self.known:
+            rows = list(self.rows)
+            rows[self.rank] = theirs
+            if self.known_rows(rows):
+                # The room chose its layout on that row: take it (what this camera reads does not change
+                # with a restart), as a new version, not COMPLETE until this incarnation's handshake is.
+                self.rows[self.rank] = Row((version + 1) & 0xFFFF, theirs.flags & ~COMPLETE, theirs.reads,
+                                           mine.trusts, theirs.quality)
+                self.adopted += 1
+                return True
+        if version != mine.version:
+            # Rows of an earlier incarnation of this rank are still about: continue after them, so that
+            # this incarnation's rows replace them (a FINAL one is kept by every rank; see above).
+            self.rows[self.rank] = Row((version + 1) & 0xFFFF, mine.flags, mine.reads, mine.trusts, mine.quality)
+            return True
+        return False
+
+    def touch(self) -> None:
+        """Show this rank's row again as a new version (what it says unchanged): a rank that started again
+        counts the trusts of a row only from a version made after it took the room's table."""
+        me = self.rows[self.rank]
+        self.rows[self.rank] = Row((me.version + 1) & 0xFFFF, me.flags, me.reads, me.trusts, me.quality)
 
     def table(self) -> tuple[Row, ...]:
         return tuple(self.rows)
@@ -509,12 +559,15 @@ class SightTable:
     def known(self) -> bool:
         """Every rank's row is FINAL, of the same round, and they decide: the sight graph and the layout are
         the same on every rank."""
-        rows = self.rows
+        return self.known_rows(self.rows)
+
+    def known_rows(self, rows: list[Row] | tuple[Row, ...]) -> bool:
+        """Would these rows (one per rank) make the table `known`?"""
         if not all(r.final for r in rows):
             return False
         if all(r.full for r in rows):
             return True
-        return not any(r.full for r in rows) and self.decide() is not None
+        return not any(r.full for r in rows) and self.decide(rows) is not None
 
     @property
     def all_complete(self) -> bool:

@@ -8,9 +8,22 @@ recent, and only then uses its acknowledgements and its packet
 (TransferAssembler: a tensor is delivered once rebuilt, its digest matches
 and its sealed bytes open under the key), and what it says of every rank's
 holdings (`holds`: the most each rank is known to hold, from any frame of
-this run: counts only grow, so an old frame read late tells nothing new). The FrameDecoder actor calls it
-for every transfer frame it reads; the attack bench and the fuzzer call
-exactly the same code with bytes they make up.
+this run: counts only grow, so an old frame read late tells nothing new). A
+status frame's floor (protocols.transfer) settles the sender's transfers up
+to it. The FrameDecoder actor calls it for every transfer frame it reads;
+the attack bench and the fuzzer call exactly the same code with bytes they
+make up.
+
+A peer that started again (the handshake trusts a new run nonce of it,
+proven fresh: `Received.restarted`) numbers its transfers from 1 again: its
+earlier incarnation's transfers, unfinished and rebuilt, are forgotten (its
+tid 1 is new, not a duplicate), and so is what that incarnation
+acknowledged of this rank's (the new one's acknowledgements are passed on as
+they come, from nothing). Frames of the earlier incarnation are refused
+(`other_run`). Holdings are not reset: a rank's count is the group's
+collective sequence, relayed camera to camera and only ever raised, so the
+new incarnation is known to hold what its predecessor held (a collective
+layer that lets a rank start again must carry on that sequence).
 
 Every refusal has a reason (`Received.refused`), counted by the caller;
 nothing partial or unproven is ever returned as data.
@@ -29,7 +42,8 @@ from protocols.security import NO_KEY, Handshake, RoomKey
 class Received:
     """The outcome of one frame: why it was refused (None: used), the sender's acknowledgement of this
     rank if it changed, whether the handshake changed, and the transfer it completed (bytes), if any,
-    or `duplicate` (a transfer this rank already has: show the acknowledgement again)."""
+    or `duplicate` (a transfer this rank already has: show the acknowledgement again); whether the sender
+    is a new incarnation, and whether this rank's acknowledgement of it changed by its floor."""
 
     frame: transfer.TransferFrame | None
     refused: str | None = None
@@ -38,6 +52,8 @@ class Received:
     data: bytes | None = None
     duplicate: bool = False
     holds_changed: bool = False
+    restarted: bool = False  # the sender is a new incarnation (a new run nonce proven fresh): its old transfers forgotten
+    acks_changed: bool = False  # this rank's acknowledgement of the sender changed without a transfer (a floor)
 
 
 class TransferReceiver:
@@ -49,6 +65,7 @@ class TransferReceiver:
         self.assembler = assembler or transfer.TransferAssembler()
         self._peer_acks: dict[int, transfer.Ack] = {}
         self.holds: tuple[int, ...] = (0,) * world  # how many collectives each rank is known to hold
+        self.restarts: dict[int, int] = {}  # peer -> new incarnations of it met
 
     def receive(self, message: bytes, now: float | None = None, layout: int = 0) -> Received:
         """One frame message (after error correction) read in `layout` (its index in the start-up ladder),
@@ -64,14 +81,22 @@ class TransferReceiver:
             return Received(f, "unknown_sender")
         hs = self.handshake
         before = self._state()
+        was = hs.trusted.get(f.sender)
         refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us, f.rows, layout)
+        restarted = was is not None and hs.trusted.get(f.sender, was) != was
+        if restarted:
+            # A new incarnation of the sender: it numbers its transfers from 1 again, and knows nothing of
+            # this rank's. Forget the old one's, and pass on its acknowledgements as new.
+            self.assembler.forget_sender(f.sender)
+            self._peer_acks.pop(f.sender, None)
+            self.restarts[f.sender] = self.restarts.get(f.sender, 0) + 1
         if now is not None:
             hs.tick(now)
         changed = self._state() != before
         if refused:
             # Another run's frame, a replay, or a peer whose proof of freshness has not arrived yet:
             # neither its transfer nor its acknowledgements are used (the sender shows them again).
-            return Received(f, refused, handshake_changed=changed)
+            return Received(f, refused, handshake_changed=changed, restarted=restarted)
         ack = f.acks[self.rank]
         peer_ack = None
         if self._peer_acks.get(f.sender) != ack:
@@ -80,17 +105,19 @@ class TransferReceiver:
         more = holds != self.holds
         self.holds = holds
         if f.header is None:
-            return Received(f, None, peer_ack, changed, holds_changed=more)
+            settled = self.assembler.settle(f.sender, f.floor)
+            return Received(f, None, peer_ack, changed, holds_changed=more, restarted=restarted,
+                            acks_changed=settled)
         if f.header.dest and not f.header.dest >> self.rank & 1:
             # Meant for other readers (a camera films every screen in view): never delivered here, but
             # counted as had, so that a transfer this rank never needed leaves no gap in its
             # acknowledgement of the sender, which would hold back those of later transfers meant for it.
             self.assembler.skip(f.header.sender, f.header.tid)
-            return Received(f, None, peer_ack, changed, holds_changed=more)
+            return Received(f, None, peer_ack, changed, holds_changed=more, restarted=restarted)
         data = self.assembler.add(f, self.key)
         if data is transfer.DUPLICATE:
-            return Received(f, None, peer_ack, changed, duplicate=True, holds_changed=more)
-        return Received(f, None, peer_ack, changed, data, holds_changed=more)
+            return Received(f, None, peer_ack, changed, duplicate=True, holds_changed=more, restarted=restarted)
+        return Received(f, None, peer_ack, changed, data, holds_changed=more, restarted=restarted)
 
     def _state(self):
         hs = self.handshake

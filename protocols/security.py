@@ -25,7 +25,10 @@ frame echoing this node's own current nonce: proof that the frame was made
 in this run, after this node started. Replayed frames of another run carry
 another nonce and are refused; replays within the run are refused by the
 time window (their `shown_us` is older than the sender's latest by more
-than `REPLAY_WINDOW_S`) or are duplicates of packets already used.
+than `REPLAY_WINDOW_S`) or are duplicates of packets already used. A peer
+that starts again (a new process, a new nonce) is trusted under its new
+nonce once a frame of it echoes this node's current nonce; its old nonce is
+retired (its frames refused as another run's from then on).
 
 Without a key (`RoomKey(None)`), checks are unkeyed hashes (anyone can
 forge them), payloads travel in the clear, and the handshake still refuses
@@ -185,12 +188,34 @@ class Handshake:
     bitmask) and when it was shown (the sender's clock). Returns None if the frame belongs to this run and
     is recent, else why not: `unconfirmed_sender` (no nonce of this sender is proven fresh yet: at
     start-up, its echo of our nonce has not arrived), `other_run` (a nonce other than the proven one: a
-    frame of another run) or `replayed_old` (shown more than `window_s` before the sender's latest frame).
+    frame of another run, or of an earlier incarnation of the sender) or `replayed_old` (shown more than
+    `window_s` before the sender's latest frame).
 
     Echoes are relayed: for a rank this camera does not read, the echo shows the nonce the peers' echoes
     carry (a trusted peer's wins), so in a room where each camera sees one screen a rank's nonce still
     goes round to the rank that must prove it has seen it. A relayed nonce proves nothing by itself: a
     peer is trusted only when its own frame echoes this node's current nonce, which no recording has.
+
+    New incarnations: a peer that starts again (a new process: a new run nonce, its transfers numbered
+    from 1 again) is trusted under its new nonce as soon as a frame of it echoes this node's current
+    nonce; the nonce it replaces is *retired* (`retired`: its frames are refused as `other_run` from then
+    on, never trusted again) and the peer's trust in this node is learnt anew (`trusted_by`). The caller
+    (protocols.receiver) forgets the old incarnation's transfers. Before that proof, a status frame of a
+    trusted peer under another nonce whose echo could be of this run (it echoes that nonce for the peer
+    itself, 0 or this node's current nonce for this node, and for every other rank 0 or a nonce known
+    here: a recording of another run echoes nonces nobody runs any more) is `newer`: this node echoes the
+    new nonce (so that it goes round the room) and greets. Once discovery is done, a new incarnation noticed
+    here, directly or in a trusted peer's echo, is `renewed` until its own row of the new incarnation
+    arrives (for a rank this camera reads: a frame of the new incarnation whose own row is FINAL, i.e. it
+    took the room's table; for the others: a newer version of its row); meanwhile this node greets, does
+    not count the rank in its trust mask, and does not count that rank's row as trusting it. The newcomer
+    itself takes the room's table (protocols.discovery.SightTable.relay) and does not count the rows it
+    took as trusting it (`stale_rows`) until newer versions of them arrive: those ranks publish them once
+    they trust its new nonce. A rank's row is taken from a peer's table only if the peer echoes the same
+    nonce for that rank as this node (or one of them knows none), so a new incarnation's row never arrives
+    ahead of its nonce. Once a new incarnation is settled, echoes of the nonce it replaced are ignored. A
+    false alarm (the trusted nonce heard again before the new one is proven; every trusted peer echoing
+    the replaced nonce again) is forgotten.
 
     With a `sight` table (protocols.discovery), the handshake is complete when every rank agrees on which
     camera reads which screen, this node trusts every peer it reads and every peer that reads it trusts
@@ -202,24 +227,45 @@ class Handshake:
     nonce: int = field(default_factory=new_run_nonce)
     window_s: float = REPLAY_WINDOW_S
     trusted: dict[int, int] = field(default_factory=dict)  # peer -> its run nonce, proven fresh
-    seen: dict[int, int] = field(default_factory=dict)  # peer -> the latest nonce heard (not proven)
+    seen: dict[int, int] = field(default_factory=dict)  # peer not yet trusted -> the latest nonce heard (not proven)
     relayed: dict[int, int] = field(default_factory=dict)  # rank not read here -> nonce from peers' echoes
     trusted_by: set[int] = field(default_factory=set)  # peers whose fresh frames say they trust us
     latest_us: dict[int, int] = field(default_factory=dict)  # peer -> newest shown_us of a fresh frame
     on_complete: list = field(default_factory=list)  # called (no arguments) each time it becomes complete
     sight: object = None  # protocols.discovery.SightTable, or None: every camera reads every screen
+    retired: dict[int, set[int]] = field(default_factory=dict)  # peer -> nonces of its earlier incarnations
+    newer: dict[int, int] = field(default_factory=dict)  # trusted peer -> a new nonce heard of it, not proven yet
+    # rank -> (version of its row, the nonce it replaced, read here) when its new incarnation was noticed
+    renewed: dict[int, tuple[int, int, bool]] = field(default_factory=dict)
+    stale_rows: dict[int, int] = field(default_factory=dict)  # rank -> version of its row taken, trusts not counted
+    restarts: dict[int, int] = field(default_factory=dict)  # peer -> new incarnations trusted
+    _echoed: dict[int, dict[int, int]] = field(default_factory=dict)  # rank not read -> trusted peer -> its echo
 
     def heard(self, sender: int, nonce: int, echo: tuple[int, ...] | None, trusts: int,
               shown_us: int, rows=None, layout: int = 0) -> str | None:
+        if nonce in self.retired.get(sender, ()):
+            return "other_run"  # an earlier incarnation of this peer: a newer one was proven fresh since
         was = self.complete
-        if echo is not None:
-            self._relay_echo(sender, echo)
-        if echo is not None and self.rank < len(echo) and echo[self.rank] == self.nonce:
-            if self.trusted.get(sender) != nonce:
-                self.trusted[sender] = nonce  # proven: it saw our nonce, so it was made in this run
-                self.latest_us.pop(sender, None)
-        elif sender not in self.trusted:
+        old = self.trusted.get(sender)
+        proven = echo is not None and self.rank < len(echo) and echo[self.rank] == self.nonce
+        if proven and old != nonce:
+            if old is not None:
+                self._new_incarnation(sender, old)
+            self.trusted[sender] = nonce  # proven: it saw our nonce, so it was made in this run
+            self.latest_us.pop(sender, None)
+        elif old is None:
             self.seen[sender] = nonce
+        elif nonce != old:
+            if echo is not None and self.newer.get(sender) != nonce and self._plausible(sender, nonce, echo):
+                self.newer[sender] = nonce  # a new incarnation, perhaps: echo it, greet until it proves itself
+                self._notice(sender, old, direct=True)
+        elif sender in self.newer:
+            # Its trusted nonce again: the other one was no new incarnation (this one still runs).
+            del self.newer[sender]
+            if self.renewed.get(sender, (0, 0, False))[1] == old:
+                del self.renewed[sender]
+        if echo is not None:
+            self._relay_echo(sender, nonce, echo)
         if sender not in self.trusted:
             return "unconfirmed_sender"  # normal at start-up: its echo of our nonce has not arrived yet
         if self.trusted[sender] != nonce:
@@ -235,16 +281,102 @@ class Handshake:
         if self.sight is not None:
             self.sight.accepted(sender, shown_us, layout)
             if rows is not None:
-                self.sight.relay(rows)
+                adopted = self.sight.adopted
+                self.sight.relay(self._same_incarnations(sender, echo, rows))
+                if self.sight.adopted != adopted:
+                    # This node took the room's table: the rows it took say whom the ranks trusted before
+                    # this incarnation started. Those of its readers count again once newer ones arrive.
+                    self.stale_rows = {q: self.sight.rows[q].version for q in range(self.world)
+                                       if q != self.rank and self.sight.reads(q, self.rank)}
+            self._settle(sender, rows)
         self._fire(was)
         return None
 
-    def _relay_echo(self, sender: int, echo: tuple[int, ...]) -> None:
-        trusted = sender in self.trusted
-        for r, v in enumerate(echo[:self.world]):
-            if r in (self.rank, sender) or not v or r in self.trusted or r in self.seen:
+    def _new_incarnation(self, sender: int, old: int) -> None:
+        """`sender` proved a new nonce: its old one is retired, its trust in this node is learnt anew."""
+        self.retired.setdefault(sender, set()).add(old)
+        self.newer.pop(sender, None)
+        self.trusted_by.discard(sender)
+        self.restarts[sender] = self.restarts.get(sender, 0) + 1
+        self._notice(sender, old, direct=True)
+
+    def _notice(self, r: int, old: int, direct: bool) -> None:
+        """A new incarnation of rank `r` (replacing nonce `old`) was noticed: once discovery is done, this
+        node greets until that incarnation's own row arrives (`renewed`)."""
+        st = self.sight
+        if st is None or not st.known:
+            return  # at start-up everyone greets anyway, and rows of a new incarnation replace the old
+        prev = self.renewed.get(r)
+        if prev is None or (direct and not prev[2]):
+            self.renewed[r] = (prev[0] if prev else st.rows[r].version, old, direct)
+
+    def _settle(self, sender: int, rows) -> None:
+        """Forget the new incarnations whose own rows arrived, and the stale rows replaced by newer ones."""
+        st = self.sight
+        for r, (version, old, direct) in list(self.renewed.items()):
+            if direct:
+                done = (sender == r and rows is not None and rows[r].final and r not in self.newer
+                        and self.trusted.get(r) not in (None, old))
+            else:
+                done = _newer_version(st.rows[r].version, version)
+                if done:
+                    self.retired.setdefault(r, set()).add(old)  # lagging echoes of it are not news any more
+            if done:
+                del self.renewed[r]
+                if direct:
+                    # This node trusts the new incarnation now: a new version of its row says so, made after
+                    # the newcomer took the room's table (its trusts count there only from such a version).
+                    st.touch()
+        for q, version in list(self.stale_rows.items()):
+            if _newer_version(st.rows[q].version, version):
+                del self.stale_rows[q]
+
+    def _same_incarnations(self, sender: int, echo: tuple[int, ...] | None, rows: tuple) -> tuple:
+        """The rows of a trusted sender's table this node may take: a rank's row only if the sender echoes
+        the same nonce for it as this node (or one of them knows none), so a row of a new incarnation
+        reaches a rank only along with its nonce, and one of an old incarnation never replaces it."""
+        if echo is None:
+            return rows
+        mine = self.echo()
+        return tuple(row if r >= self.world or r in (sender, self.rank) or not echo[r] or not mine[r]
+                     or echo[r] == mine[r] else type(row)() for r, row in enumerate(rows))
+
+    def _plausible(self, sender: int, nonce: int, echo: tuple[int, ...]) -> bool:
+        """Could this status frame be of a new incarnation of `sender`, in this run? (See the class
+        docstring; only a frame that echoes this node's current nonce proves it.)"""
+        if len(echo) < self.world or echo[sender] != nonce:
+            return False
+        for r in range(self.world):
+            v = echo[r]
+            if r == sender or not v:
                 continue
+            if r == self.rank:
+                if v != self.nonce:
+                    return False
+            elif v not in (self.trusted.get(r), self.seen.get(r), self.relayed.get(r), self.newer.get(r)):
+                return False
+        return True
+
+    def _relay_echo(self, sender: int, nonce: int, echo: tuple[int, ...]) -> None:
+        trusted = self.trusted.get(sender) == nonce
+        for r, v in enumerate(echo[:self.world]):
+            if r in (self.rank, sender) or not v or r in self.trusted or r in self.seen or v in self.retired.get(r, ()):
+                continue
+            if trusted:
+                self._echoed.setdefault(r, {})[sender] = v
+            was = self.renewed.get(r)
+            if was is not None and not was[2]:
+                if all(e == was[1] for e in self._echoed.get(r, {}).values()):
+                    # Every trusted peer echoes the nonce it replaced again: no new incarnation after all.
+                    del self.renewed[r]
+                    self.relayed[r] = was[1]
+                    continue
+                if v == was[1]:
+                    continue  # a peer that has not heard of the new incarnation yet: keep echoing the new one
             if trusted or r not in self.relayed:
+                old = self.relayed.get(r)
+                if trusted and old and old != v:
+                    self._notice(r, old, direct=False)
                 self.relayed[r] = v
         if self.sight is not None:
             self.sight.alive(sum(1 << r for r, v in enumerate(self.echo()) if v))
@@ -266,30 +398,51 @@ class Handshake:
                 f()
 
     def echo(self) -> tuple[int, ...]:
-        """The nonce this node shows for each rank: its own, a trusted one, else the latest heard (here,
-        else relayed)."""
-        return tuple(self.nonce if r == self.rank else self.trusted.get(r, self.seen.get(r, self.relayed.get(r, 0)))
+        """The nonce this node shows for each rank: its own, a newer one heard of a trusted peer, a
+        trusted one, else the latest heard (here, else relayed)."""
+        return tuple(self.nonce if r == self.rank else
+                     self.newer.get(r) or self.trusted.get(r) or self.seen.get(r) or self.relayed.get(r, 0)
                      for r in range(self.world))
 
+    def current(self) -> set[int]:
+        """The peers whose current incarnation this node trusts: trusted, with no newer nonce heard of them
+        and no new incarnation of them still settling (`renewed`, read here)."""
+        return {r for r in self.trusted if r not in self.newer and not self.renewed.get(r, (0, 0, False))[2]}
+
     def trust_mask(self) -> int:
-        return sum(1 << r for r in self.trusted)
+        return sum(1 << r for r in self.current())
+
+    def trusts_me(self, q: int) -> bool:
+        """Does peer `q` trust this node's nonce, as far as this node knows: its fresh frames say so, or
+        (with a sight table) its row does, unless that row may predate an incarnation it must trust."""
+        if q in self.trusted_by:
+            return True
+        st = self.sight
+        return (st is not None and st.trusts(q, self.rank) and q not in self.stale_rows
+                and q not in self.renewed)
 
     @property
     def greeting(self) -> bool:
-        """Keep showing status frames: this node is not complete, or (with a sight table) some rank is
-        not yet, and may need what this node relays."""
-        if not self.complete:
+        """Keep showing status frames: this node is not complete, a new incarnation of a peer is settling,
+        or (with a sight table) some rank is not complete yet and may need what this node relays."""
+        if not self.complete or self.renewed or self.newer:
             return True
         return self.sight is not None and not self.sight.all_complete
 
     @property
     def complete(self) -> bool:
         peers = set(range(self.world)) - {self.rank}
+        current = self.current()
         if self.sight is None:
-            return peers <= self.trusted_by and peers <= set(self.trusted)
+            return peers <= self.trusted_by and peers <= current
         st = self.sight
         if not st.known:
             return False
         reads = {p for p in peers if st.reads(self.rank, p)}
         readers = {q for q in peers if st.reads(q, self.rank)}
-        return reads <= set(self.trusted) and all(q in self.trusted_by or st.trusts(q, self.rank) for q in readers)
+        return reads <= current and all(self.trusts_me(q) for q in readers)
+
+
+def _newer_version(a: int, b: int) -> bool:
+    """Is row version `a` newer than `b` (u16, wrapping; protocols.discovery)?"""
+    return a != b and (a - b) & 0xFFFF < 0x8000

@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 9) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 10) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -23,9 +23,16 @@ lose. Every frame also carries what the sender knows of every rank's
 has every part of; its own count, and the others' as read from their frames,
 relayed camera to camera): a rank applies collective `seq` only once every
 rank is known to hold it (actors.collectives), so a frame that reached some
-cameras and not others never leaves the ranks disagreeing. A *status* frame (tid 0, no packet) carries acknowledgements alone, the
-sender's echo of every rank's run nonce (the handshake of protocols.security)
-and its discovery table: which screens each rank reads (protocols.discovery).
+cameras and not others never leaves the ranks disagreeing. A *status* frame
+(tid 0, no packet) carries acknowledgements alone, the sender's echo of every
+rank's run nonce (the handshake of protocols.security), its discovery table:
+which screens each rank reads (protocols.discovery), and in its `seq` field
+the sender's *floor*: every transfer of its numbered up to it is acknowledged
+by every rank it was meant for and will not be shown again. A reader counts
+the transfers up to the floor as had (`TransferAssembler.settle`), so one
+that started after they went by (a rank that started again), or that never
+read a frame of a transfer meant for others, acknowledges the later ones
+without a gap.
 
 Every frame carries the clock sync's timestamps: when the sender showed it
 (`shown_us`, its own clock) and an echo of one frame it read from a peer
@@ -38,11 +45,12 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 9 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      magic 0xC7 | version 10 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
-    (n, the high nibble of flags: the group's size; flag 0x01: a status frame; any other flag bit is refused)
+    (n, the high nibble of flags: the group's size; flag 0x01: a status frame, whose seq is the sender's
+     floor; any other flag bit is refused)
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
             then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 6)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
@@ -64,7 +72,7 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 9
+VERSION = 10
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQBBqq")
 _ACK = struct.Struct(">II")
@@ -185,6 +193,7 @@ class TransferFrame:
     rows: tuple | None = None  # status frames: the sender's discovery table (protocols.discovery.Row each)
     holds: tuple[int, ...] = (0,) * MAX_RANKS  # how many collectives each rank is known to hold
     clock_echo: tuple[int, int, int] = NO_ECHO  # (echo_peer, echo_shown_us, echo_captured_us)
+    floor: int = 0  # status frames: every transfer of the sender up to this one is settled (not shown again)
 
     @property
     def timing(self) -> Timing:
@@ -233,14 +242,14 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
                    shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
                    rows: tuple = (), holds: tuple[int, ...] = (), layouts: int = 1,
-                   clock_echo: tuple[int, int, int] = NO_ECHO, key: RoomKey = NO_KEY) -> bytes:
+                   clock_echo: tuple[int, int, int] = NO_ECHO, floor: int = 0, key: RoomKey = NO_KEY) -> bytes:
     """A status frame's message: acknowledgements, the echo of every rank's run nonce, the discovery
     table (`rows`, protocols.discovery.Row each; empty rows where not given) measuring `layouts` layouts
-    of the start-up ladder."""
+    of the start-up ladder, and the sender's `floor` (its transfers up to it are settled)."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     n, entries = _entries(acks, holds)
-    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, 0, 0, OPS["status"], 0, 0,
+    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, 0, floor, OPS["status"], 0, 0,
                       0, 0, 0, bytes(8), status_packet(layouts), shown_us, run_nonce, trusts, *clock_echo)
     body = (head + entries + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
             + discovery.pack_table(tuple(rows), layouts))
@@ -285,7 +294,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     if status:
         echo = _ECHO.unpack_from(msg, start)
         rows = discovery.unpack_table(msg[start + _ECHO.size:end])
-        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, clock_echo)
+        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, clock_echo,
+                             floor=seq)
     if op not in OP_NAMES or op == OPS["status"]:
         raise FrameError("unknown_op", str(op))
     if dtype not in DTYPE_NAMES:
@@ -378,6 +388,22 @@ class TransferAssembler:
         for k in [k for k in self._decoders if k[0] == sender]:
             del self._decoders[k]
         self._received.pop(sender, None)
+
+    def settle(self, sender: int, floor: int) -> bool:
+        """Count every transfer of `sender` up to `floor` as had (its status frame says none of them will be
+        shown again: each was acknowledged by every rank it was meant for); True if the acknowledgement of
+        `sender` changed."""
+        have, above = self._received.get(sender, (0, set()))
+        if floor <= have:
+            return False
+        for k in [k for k in self._decoders if k[0] == sender and k[1] <= floor]:
+            del self._decoders[k]
+        above = {t for t in above if t > floor}
+        while floor + 1 in above:
+            floor += 1
+            above.discard(floor)
+        self._received[sender] = (floor, above)
+        return True
 
     def skip(self, sender: int, tid: int) -> None:
         """Count a transfer meant for other ranks as had (acknowledged, never delivered here)."""

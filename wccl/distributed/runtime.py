@@ -183,26 +183,37 @@ class CollectiveNode(NodeSupervisor):
         st = hs.sight
         key = (f"or they use another room key (this one's fingerprint: {self.key_fingerprint}; "
                "python -m wccl.keys fingerprint)")
-        silent = [names[r] for r in range(len(names)) if r != self.rank and not hs.echo()[r]]
+        peers = [r for r in range(len(names)) if r != self.rank]
+        silent = [names[r] for r in peers if not hs.echo()[r]]
         if silent:
             return (f"never heard of {', '.join(silent)}: no camera in the room reads their screens (or they "
                     f"did not start), {key}")
         if st is not None and not st.known:
-            unread = [names[r] for r in range(len(names)) if r != self.rank and r not in hs.trusted]
+            unread = [names[r] for r in peers if r not in hs.trusted]
             if not st.rows[self.rank].reads:
+                heard = [names[r] for r in peers if r in hs.seen and r not in hs.trusted]
+                if heard and not hs.trusted:
+                    # Their frames arrive, but none echoes this rank's run nonce: they have not read its screen
+                    # (a rank that started again is greeted by ranks that read it, in their status frames).
+                    return (f"was never greeted back: it reads {', '.join(heard)}, but no frame of theirs echoes "
+                            f"its run nonce (their cameras do not read its screen), {key}")
                 return (f"reads no screen: its camera decoded no frame of this run from "
                         f"{', '.join(unread)} ({key})")
             waiting = [names[r] for r in range(len(names)) if not st.rows[r].final]
             return (f"could not agree on which camera reads which screen: no final word yet from "
                     f"{', '.join(waiting)} (every rank must read some screen, and their words travel "
                     "from camera to camera)")
+        current = hs.current()
         if st is not None:
-            missing = [names[r] for r in range(len(names)) if r != self.rank
-                       and ((st.reads(self.rank, r) and r not in hs.trusted)
-                            or (st.reads(r, self.rank) and r not in hs.trusted_by and not st.trusts(r, self.rank)))]
+            missing = [names[r] for r in peers
+                       if (st.reads(self.rank, r) and r not in current) or (st.reads(r, self.rank) and not hs.trusts_me(r))]
         else:
-            missing = [names[r] for r in range(len(names)) if r != self.rank
-                       and (r not in hs.trusted or r not in hs.trusted_by)]
+            missing = [names[r] for r in peers if r not in current or r not in hs.trusted_by]
+        again = [names[r] for r in sorted(set(hs.newer) | set(hs.renewed))]
+        if again:
+            return (f"could not greet {', '.join(again)} again after they started again (a new run nonce; "
+                    f"still waiting for {', '.join(missing) or 'their new rows'}): their screens are not in "
+                    f"view of this camera (or this one of theirs), {key}")
         return (f"could not greet {', '.join(missing)}: their screens are not in view of this camera (or this "
                 f"one of theirs), {key}")
 
