@@ -9,8 +9,8 @@ Emits: `AveragedGradient` for the worker on this node (if any), `SendTensor`
 the step was skipped; snapshots), `Snapshot` for the worker on this node.
 
 A step is reduced as soon as every worker's gradient for it arrived, or at
-the next step's reduce tick (its deadline) with what arrived; steps are
-reduced in order. Only gradients computed on
+the next step's reduce tick (its deadline; the last step's: the end of the
+schedule) with what arrived; steps are reduced in order. Only gradients computed on
 the server's current state (same epoch, `base` equal to its update count)
 are averaged; others are counted (`gradient_stale`). A worker whose gradient
 missed the deadline is logged (`gradient_missing`); a gradient with a NaN or
@@ -107,6 +107,9 @@ class ParameterServer(Actor):
                 for step in range(self._reduced + 1, msg.step):
                     await self._reduce(step)
                 await self._reduce_complete()
+        elif isinstance(msg, ScheduleDone):
+            for step in range(self._reduced + 1, msg.steps):  # the last step's deadline: the schedule's end
+                await self._reduce(step)
 
     async def _schedule_known(self, msg: ScheduleKnown) -> None:
         self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
@@ -177,7 +180,7 @@ class ParameterServer(Actor):
         missing = [w for w in self.workers if w not in got]
         if missing:
             self.results["gradient_missing"] += len(missing)
-            self.log.warning("gradient_missing", missing=missing, arrived=sorted(got))
+            self.log.warning("gradient_missing", step=step, missing=missing, arrived=sorted(got))
         start, cpu0 = self.clock.now(), time.thread_time()
         r = reduce(self.codec, got, self.numel, self.downlink, self.quorum)
         if r.undecodable:
@@ -203,10 +206,11 @@ class ParameterServer(Actor):
                                    base=base))
         if r.payload is None:
             self.results["skipped"] += 1
-            self.log.warning("step_skipped", arrived=len(got), usable=len(r.used), quorum=self.quorum)
+            self.log.warning("step_skipped", step=step, arrived=len(got), usable=len(r.used), quorum=self.quorum)
             return
         self.results["bytes_sent"] += len(payload)
-        self.log.info("gradients_averaged", contributors=list(r.used), applied=self.applied, bytes=len(payload))
+        self.log.info("gradients_averaged", step=step, contributors=list(r.used), applied=self.applied,
+                      bytes=len(payload))
         if self.checkpoint is not None and self.checkpoint_every and self.applied % self.checkpoint_every == 0:
             meta = dict(session=self.session, node=self.ctx.node, t0_us=round(self.schedule.t0 * 1e6),
                         phases=[list(p) for p in self.phases])

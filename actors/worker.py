@@ -67,6 +67,7 @@ class Worker(Actor):
         self._due: int | None = None  # the step whose gradient is due (its compute tick came)
         self._open: tuple[int, int, int] | None = None  # (step, epoch, base) of the gradient sent, word not yet in
         self._server_at = (0, 0)  # the latest (epoch, update count) of the server's this worker has heard of
+        self._done = False  # the schedule ran its last step
         self.schedule: Schedule | None = None
         self.epoch = 0
         self.applied = 0
@@ -99,9 +100,7 @@ class Worker(Actor):
             elif msg.stream == "params":
                 self._snapshot(msg.payload, "light")
         elif isinstance(msg, ScheduleDone):
-            if self._open is not None:
-                self._word_missing()
-            self._final()
+            self._done = True  # (words still on their way are applied until the node ends: see finish)
             return
         await self._maybe_compute()
 
@@ -241,6 +240,14 @@ class Worker(Actor):
         self.results["snapshots_adopted"] += 1
         self.log.info("snapshot_adopted", reason=reason, via=via, snapshot_applied=s.applied, epoch=s.epoch,
                       caught_up=caught_up, applied=self.applied)
+
+    async def finish(self) -> None:
+        """The node ends (once its last transfers are acknowledged): the replica as it is now."""
+        if not self._done:
+            return  # (stopped, or restarted after a failure: no final figures)
+        if self._open is not None:
+            self._word_missing()
+        self._final()
 
     def _final(self) -> None:
         acc, test_loss = self.replica.evaluate()

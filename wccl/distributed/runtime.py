@@ -205,8 +205,8 @@ class CollectiveNode(NodeSupervisor):
                     "from camera to camera)")
         current = hs.current()
         if st is not None:
-            missing = [names[r] for r in peers
-                       if (st.reads(self.rank, r) and r not in current) or (st.reads(r, self.rank) and not hs.trusts_me(r))]
+            missing = [names[r] for r in peers if (st.reads(self.rank, r) and r not in current)
+                       or (st.reads(r, self.rank) and not hs.trusts_me(r))]
         else:
             missing = [names[r] for r in peers if r not in current or r not in hs.trusted_by]
         again = [names[r] for r in sorted(set(hs.newer) | set(hs.renewed))]
