@@ -12,7 +12,7 @@ from actors.intruder import Intruder
 from actors.observer import Observer
 from actors.parameter_server import ParameterServer
 from actors.rank_worker import RankWorker
-from actors.transfer_writer import TransferWriter
+from actors.screen_writer import ScreenWriter
 from actors.worker import Worker
 from wccl.registry import REGISTRY
 
@@ -20,7 +20,7 @@ STANDARD = {
     "clock": Clock,
     "camera_reader": CameraReader,
     "frame_decoder": FrameDecoder,
-    "screen_writer": TransferWriter,
+    "screen_writer": ScreenWriter,
     "worker": Worker,
     "parameter_server": ParameterServer,
     "observer": Observer,
@@ -32,4 +32,4 @@ STANDARD = {
 for _role, _cls in STANDARD.items():
     REGISTRY.register(f"actor.{_role}", "standard", _cls, replace=True)
 
-__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "TransferWriter", "Observer", "ParameterServer", "RankWorker", "Worker", "STANDARD"]
+__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "ScreenWriter", "Observer", "ParameterServer", "RankWorker", "Worker", "STANDARD"]

@@ -17,7 +17,7 @@ fresh repair packets until their readers acknowledge them. So a small tensor goe
 (its first frame in the next slot), a large one streams at the link's full
 rate, and a lost frame costs one more frame, not a missed schedule.
 
-Pure: no clocks, no I/O. The ScreenWriter (actors/transfer_writer.py) asks
+Pure: no clocks, no I/O. The ScreenWriter (actors/screen_writer.py) asks
 `next()` once per frame slot, every `hold_s` on its clock.
 """
 

@@ -19,7 +19,7 @@ MESSAGE = 1900
 
 
 class Node:
-    """One rank at the message level: its status frames (as its TransferWriter makes them while greeting)
+    """One rank at the message level: its status frames (as its ScreenWriter makes them while greeting)
     and its receive path with a sight table."""
 
     def __init__(self, rank: int, world: int, settle_s: float = 1.0) -> None:
@@ -448,7 +448,7 @@ def test_frozen_rows_that_do_not_decide_start_a_second_round_on_every_rank():
 @pytest.mark.parametrize("holds, frames", [((0.05, 0.067, 0.083, 0.1, 0.2), None), ((0.083, 0.1, 0.2), (3, 1, 2)),
                                            ((0.1,), None)])
 def test_the_probe_schedule_counts_the_frames_it_shows(holds, frames):
-    """The frames a sender shows by its schedule, one after another from any time (as its TransferWriter
+    """The frames a sender shows by its schedule, one after another from any time (as its ScreenWriter
     does), are in the layouts `at` says and as many as `count` says between any two of them."""
     sched = discovery.ProbeSchedule(holds, frames)
     rng = random.Random(1)

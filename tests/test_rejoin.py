@@ -28,7 +28,7 @@ SESSION = 7
 # ------------------------------------------------------------------------------ the message level
 class Node:
     """One rank at the message level: its receive path with a sight table, and its screen as its
-    TransferWriter keeps it: a status frame each hold while greeting, three more after its handshake changed,
+    ScreenWriter keeps it: a status frame each hold while greeting, three more after its handshake changed,
     else the last frame stays up (a camera reads an unchanged frame once)."""
 
     def __init__(self, rank: int, world: int) -> None:
@@ -267,7 +267,7 @@ def test_replays_of_another_run_and_a_false_alarm_leave_a_quiet_room_quiet():
 def test_the_screen_shows_again_what_only_an_earlier_incarnation_acknowledged():
     """A transfer for bob and carol that bob's earlier incarnation acknowledged, carol not yet: once bob's
     new incarnation acknowledges nothing, it goes up again until he does; the floor stays below it."""
-    from actors.transfer_writer import TransferWriter
+    from actors.screen_writer import ScreenWriter
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from protocols.messages import PeerAcks, PostTransfer
@@ -286,7 +286,7 @@ def test_the_screen_shows_again_what_only_an_earlier_incarnation_acknowledged():
         return PeerAcks(sender="alice", time=0.0, origin=origin, ack=(cum, 0))
 
     async def go():
-        async with ActorHarness(TransferWriter, node="alice", screen=Screen(), codec=codec, screen_w=1280,
+        async with ActorHarness(ScreenWriter, node="alice", screen=Screen(), codec=codec, screen_w=1280,
                                 screen_h=720, hold_s=0.1, session=SESSION, rank=0, world=3, key=KEY) as w:
             plan = w.actor.plan
             await w.send(PostTransfer(sender="alice", time=0.0, tid=1, seq=0, op="allreduce", dtype="uint8",

@@ -136,7 +136,7 @@ def _print(cams: list[dict[str, Any]], disp: dict[str, Any], read: bool) -> None
 async def _show_window(config_path: str, node: str | None, seconds: float | None) -> int:
     import numpy as np
 
-    from actors.transfer_writer import STARTUP_OVERLAY
+    from actors.screen_writer import STARTUP_OVERLAY
     from protocols import layout
     from wccl.config import load_config
     from wccl.media.window import WindowScreen

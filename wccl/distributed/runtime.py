@@ -1,7 +1,7 @@
 """A rank's node: the actors that carry its collectives, on their own event-loop thread.
 
 `CollectiveNode` is a node supervisor (wccl.supervisor) with the actors of
-a rank: CameraReader, FrameDecoder (transfer frames), TransferWriter (the
+a rank: CameraReader, FrameDecoder (transfer frames), ScreenWriter (the
 screen) and Collectives. It consumes `CollectiveRequest`s and hands every
 `CollectiveDone` to a callback. It runs on any loop and any medium; tests
 run two of them in one virtual-time loop over one simulated room.

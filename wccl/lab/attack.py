@@ -20,7 +20,7 @@ frames in between alice's, N of each kind:
 
 Bob reads every frame through protocols.receiver.TransferReceiver (with
 the run handshake, protocols.security.Handshake), the code his FrameDecoder
-runs; alice and bob frame theirs as a rank's TransferWriter does
+runs; alice and bob frame theirs as a rank's ScreenWriter does
 (protocols.transfer: status frames every other frame until the handshake is
 complete, a transfer shown until bob acknowledges it). With `--path
 collectives` (the default) alice's tensors are a collective's transfers;
@@ -77,7 +77,7 @@ def tensor_header(session: int, sender: int, tid: int, seq: int, payload: bytes,
 
 
 class _Rank:
-    """One rank's screen and camera at the message level: the TransferWriter's framing, the receive path.
+    """One rank's screen and camera at the message level: the ScreenWriter's framing, the receive path.
 
     `stream` None: its transfers are a collective's (allreduce, float32); else the built-in run's tensors
     on that stream (protocols.streams: uint8, its envelope first)."""

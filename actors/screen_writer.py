@@ -1,4 +1,4 @@
-"""TransferWriter: the ScreenWriter of a rank (collectives): shows transfers until they are acknowledged.
+"""ScreenWriter: a node's screen: shows its transfers until they are acknowledged.
 
 Consumes: `PostTransfer` (a tensor's bytes to show, with the collective it
 belongs to and the ranks that must read it), `AcksChanged` (this node's own
@@ -64,7 +64,7 @@ STARTUP_OVERLAY = [
 ]
 
 
-class TransferWriter(Actor):
+class ScreenWriter(Actor):
     consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, SightKnown, FrameTiming)
     mailbox = (256, Overflow.BLOCK)
 
