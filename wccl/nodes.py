@@ -68,6 +68,14 @@ def _replica(cfg: WcclConfig, node: str, dataset=None):
                    batch_size=tr.batch_size, data_seed=tr.data_seed, split=tr.split)
 
 
+def _gradient_bytes(cfg: WcclConfig) -> int:
+    """A gradient of the run's model as its codec sends it."""
+    from wccl.training.exchange import codec_from_config
+    from wccl.training.model import build_model, param_count
+
+    return codec_from_config(cfg.training).encoded_size(param_count(build_model(cfg.training.model, "default", 0)))
+
+
 class _TrainingNode(CollectiveNode):
     """A rank's node of the built-in run: the transport, the room key, and `greeted` for its actors."""
 
@@ -78,6 +86,8 @@ class _TrainingNode(CollectiveNode):
         super().__init__(config, node, medium, timeout_s=config.collectives.timeout_s, on_done=lambda _: None,
                          stop=stop, clock_origin=clock_origin, key=room_key(config, ephemeral=run_key))
         self.monitor = monitor
+        # The layout is judged by what the run moves every step: its gradient.
+        self.layout_bytes = _gradient_bytes(config)
 
     def build(self) -> None:
         super().build()

@@ -82,11 +82,12 @@ def link_goodput(cfg: WcclConfig, codec, hold_s: float) -> float:
     return transfer.packet_size_for(codec.message_bytes, len(cfg.room.ranks)) / hold_s * (1 - cfg.collectives.loss)
 
 
-LAYOUT_BYTES = 65536  # the all_reduce a layout is judged by at start-up (its estimated time)
+LAYOUT_BYTES = 65536  # the all_reduce a rank's layout is judged by at start-up (its estimated time)
 
 
-def layout_cost(world: int, edges: dict, algorithm: str, goodput: float, latency_s: float) -> float | None:
-    """What an all_reduce of LAYOUT_BYTES would cost on this sight graph (edges: share of frames read) in a
+def layout_cost(world: int, edges: dict, algorithm: str, goodput: float, latency_s: float,
+                nbytes: int = LAYOUT_BYTES) -> float | None:
+    """What an all_reduce of `nbytes` would cost on this sight graph (edges: share of frames read) in a
     layout of this nominal `goodput` and round latency, by `algorithm` (or the cheapest when "auto"); None
     if the collectives cannot run on it (all_reduce, all_gather and a broadcast from every root must fit)."""
     from protocols.algorithms import AlgorithmError, Sight, choose
@@ -96,10 +97,10 @@ def layout_cost(world: int, edges: dict, algorithm: str, goodput: float, latency
         for root in range(world):
             choose(sight, "broadcast", 4, root, algorithm)
         choose(sight, "allgather", 4, 0, algorithm)
-        cls = choose(sight, "allreduce", LAYOUT_BYTES, 0, algorithm)
+        cls = choose(sight, "allreduce", nbytes, 0, algorithm)
     except AlgorithmError:
         return None
-    return cls.estimate(sight, "allreduce", LAYOUT_BYTES)
+    return cls.estimate(sight, "allreduce", nbytes)
 
 
 class CollectiveNode(NodeSupervisor):
@@ -117,6 +118,7 @@ class CollectiveNode(NodeSupervisor):
             raise ConfigError(f"room.nodes: at most {transfer.MAX_RANKS} ranks, the room has {len(self.ranks)}")
         self.rank, self.world = self.ranks.index(node), len(self.ranks)
         self.timeout_s = timeout_s
+        self.layout_bytes = LAYOUT_BYTES  # the all_reduce its layout is judged by (a run judges by its own tensor)
         self.on_done = on_done
 
     def actor_names(self) -> list[str]:
@@ -142,7 +144,7 @@ class CollectiveNode(NodeSupervisor):
 
         def cost(k: int, edges: dict) -> float | None:  # the collectives' cost in layout k (every rank alike)
             return layout_cost(self.world, edges, col.algorithm, link_goodput(cfg, *ladder[k]),
-                               ROUND_HOLDS * ladder[k][1])
+                               ROUND_HOLDS * ladder[k][1], self.layout_bytes)
 
         # While the layout is not chosen, status frames follow the probe schedule (the same on every rank).
         schedule = ProbeSchedule(tuple(h for _, h in ladder))
