@@ -69,7 +69,7 @@ def test_collectives_pick_the_layout_both_cameras_read(tmp_path):
     for e in known:
         assert (e["layout"], e["cell_px"]) == (4, 16)
         assert all(g == {} for g in e["ladder"][:4])  # the 10 and 12 px layouts: no edge at this distance
-        assert e["measured"] == {"alice": 5, "bob": 5} and not e["second_round"]
+        assert e["measured"] == {"alice": 6, "bob": 6} and not e["second_round"]
         assert set(e["edges"]) == {"alice<-bob", "bob<-alice"}
     used = [json.loads(x) for x in proc.stderr.splitlines() if '"event": "layout_used"' in x]
     assert sorted((e["node"], e["cell_px"]) for e in used) == [("alice", 16), ("bob", 16)]

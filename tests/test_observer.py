@@ -22,7 +22,8 @@ from protocols.tensors import bf16_to_bytes
 from wccl.config import ConfigError, parse_config
 from wccl.harness import ActorHarness
 from wccl.training.data import load_dataset
-from wccl.training.replica import Replica, average_gradients
+from wccl.training.exchange import mean_of
+from wccl.training.replica import Replica
 
 TRIO = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]},
         {"name": "carol", "roles": ["observer"]}]
@@ -81,7 +82,7 @@ def _trained(cfg, steps: int) -> tuple[list[bytes], Replica]:
                     tr.data_seed) for r in range(2)]
     avgs = []
     for step in range(steps):
-        avg = average_gradients({w: r.compute_gradient(step)[0] for w, r in zip("ab", reps)})
+        avg = mean_of({w: r.compute_gradient(step)[0] for w, r in zip("ab", reps)})[0].to(torch.bfloat16)
         for r in reps:
             r.apply(avg)
         avgs.append(bf16_to_bytes(avg))

@@ -418,7 +418,7 @@ def _run_restart(names, profile, restart, down_s=3.0, late=None):
                     await post(b, i + 1, names.index(p), f"{restart} to {p}, again".encode() * 4)
                 again = {names.index(p) for p in peers}
                 await until(lambda: {m.origin for m in b.arrived if m.tid == 40} == again
-                            and all(len(nodes[p].arrived) == 2 for p in peers), 20.0, "the transfers after the restart")
+                            and all(len(nodes[p].arrived) == 2 for p in peers), 40.0, "the transfers after the restart")
                 out["moved_s"] = loop.time() - t_restart
                 await until(lambda: not any(x.handshake.greeting for x in nodes.values()), 10.0,
                             "nobody greeting any more")

@@ -58,7 +58,7 @@ def test_a_room_that_reads_the_fastest_layout_whole_picks_it_without_measuring_t
     cfg = make_config(room={"profile": "exact", "nodes": [{"name": n, "roles": ["server", "worker"] if i == 0 else
                                                            ["worker"]} for i, n in enumerate(names)]})
     ladder = collective_ladder(cfg)
-    assert len(ladder) == 5 and ladder[0][1] == min(h for _, h in ladder)  # the fastest first
+    assert len(ladder) == 6 and ladder[0][1] == min(h for _, h in ladder)  # the fastest first
     found = _start(cfg)
     for n, d in found.items():
         assert d["layout"] == 0, (n, d)
@@ -70,7 +70,7 @@ def test_a_room_that_reads_the_fastest_layout_whole_picks_it_without_measuring_t
 @pytest.mark.slow
 def test_a_room_whose_cameras_do_not_read_the_finest_cells_measures_the_next_layouts():
     """rooms/two-laptops-sim.toml with the laptops 1 m apart: neither the 10 nor the 12 px cells read, the
-    16 px ones do. Every layout is measured, and both ranks pick the last."""
+    16 px ones do. Every layout is measured, and both ranks pick the first of 16 px cells (42 x 78)."""
     cfg = load_config(ROOT / "rooms" / "two-laptops-sim.toml")
     nodes = [n.model_copy(update={"channel": {"position_m": [0.0, 0.0, z]}})
              for n, z in zip(cfg.room.nodes, (-0.5, 0.5))]
@@ -78,7 +78,7 @@ def test_a_room_whose_cameras_do_not_read_the_finest_cells_measures_the_next_lay
     found = _start(cfg)
     for n, d in found.items():
         assert d["layout"] == 4, (n, d)
-        assert d["measured"] == {"alice": 5, "bob": 5}, (n, d)
+        assert d["measured"] == {"alice": 6, "bob": 6}, (n, d)
 
 
 @pytest.mark.slow

@@ -116,6 +116,7 @@ class ServerRunNode(_TrainingNode):
 
         super().build()
         cfg, room, tr, col = self.config, self.config.room, self.config.training, self.config.collectives
+        self.greet_timeout_s = cfg.sync.timeout_s  # greeting and clock sync: `[sync] timeout_s`
         roles = self.spec.roles
         replica = _replica(cfg, self.node) if "worker" in roles else None
         grad_codec = codec_from_config(tr)  # what gradients and averages travel as (wccl.training.exchange)
