@@ -90,7 +90,6 @@ class FrameDecoder(Actor):
         self._reported: Counter = Counter()  # the figures at the last `link_report`
         self._reported_at: float | None = None
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
-        self._captured = 0.0  # when the capture being read was taken (node clock)
         self.transfers = transfers
         self.key = key
         # A rank's receive path, with the run handshake it keeps (a listener has neither).
@@ -250,9 +249,8 @@ class FrameDecoder(Actor):
             # (a mixed capture that does not correct is already counted as mixed)
             self.stats["captures_mixed_uncorrectable" if code.mixed else "frames_rejected_uncorrectable"] += 1
             return False
-        self._captured = captured
         arrived = (self._overheard(message, code, corrected) if self.listen
-                   else await self._accept_transfer(message, code, corrected))
+                   else await self._accept_transfer(message, code, corrected, captured))
         if isinstance(arrived, TransferArrived) and arrived.op in streams.STREAMS:
             return self._tensor(arrived)
         return arrived
@@ -304,17 +302,18 @@ class FrameDecoder(Actor):
                                op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=data,
                                frames=self.transfers.last_packets)
 
-    def _timing(self, f: transfer.TransferFrame) -> None:
-        """Keep a trusted frame's clock-sync fields, emitted after the capture is read."""
+    def _timing(self, f: transfer.TransferFrame, captured: float) -> None:
+        """Keep a trusted frame's clock-sync fields (`captured`: the capture's time, this node's clock),
+        emitted after the capture is read."""
         tm, names = f.timing, self.node_names
         self._timings.append(FrameTiming(sender=self.ctx.node, time=self.clock.now(), origin=names[f.sender],
-                                         shown=tm.shown_us / 1e6, captured=self._captured,
+                                         shown=tm.shown_us / 1e6, captured=captured,
                                          echo_peer=names[tm.echo_peer] if tm.echo_peer < len(names) else None,
                                          echo_shown=tm.echo_shown_us / 1e6, echo_captured=tm.echo_captured_us / 1e6,
                                          layout=self._layout))
 
-    async def _accept_transfer(self, message: bytes, code: reader.ReadCode,
-                               corrected: int) -> TransferArrived | None | bool:
+    async def _accept_transfer(self, message: bytes, code: reader.ReadCode, corrected: int,
+                               captured: float) -> TransferArrived | None | bool:
         """A transfer frame (collectives), through the receive path of protocols.receiver: pass on its
         sender's acknowledgements of this rank, and the transfer once rebuilt. False if it failed its check."""
         r = self.receiver.receive(message, now=self.clock.now(), layout=self._layout)
@@ -365,7 +364,7 @@ class FrameDecoder(Actor):
                        else f"frames_{r.refused}"] += 1
             return None
         self.stats["frames_ok"] += 1
-        self._timing(f)
+        self._timing(f, captured)
         if r.holds_changed:
             await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=self.receiver.holds))
         if r.peer_ack is not None:

@@ -230,8 +230,7 @@ class ScreenWriter(Actor):
             if t_next is None or t_next < now - self.hold_s:
                 t_next = now  # the screen was quiet: the next frame goes up at once
             await self.clock.sleep_until(t_next - self._lag)
-            local = getattr(self.clock, "local", self.clock)  # a synced clock's own: frames carry this node's time
-            t_frame = local.now()
+            t_frame = self.clock.now()  # the node's own clock: frames carry its time
             nxt = self._next_message(t_frame + self._lag)
             if nxt is None:
                 t_next = None
@@ -243,7 +242,7 @@ class ScreenWriter(Actor):
             self._parity ^= 1
             presented = self.screen.show(image)
             # Framing and drawing take time too: the lag is from t_frame to the frame being up.
-            actual = presented if isinstance(presented, float) else local.now()
+            actual = presented if isinstance(presented, float) else self.clock.now()
             self._lag += 0.2 * ((actual - t_frame) - self._lag)
             self.results["frames_shown"] += 1
             t_next += hold_s

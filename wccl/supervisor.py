@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +66,7 @@ class NodeResult:
     stopped: bool = False
 
 
-class NodeSupervisor:
+class NodeSupervisor(ABC):
     def __init__(self, config: WcclConfig, node: str, medium: Any, stop: asyncio.Event | None = None,
                  clock_origin: float = 0.0, monitor: Any = None, run_key: bytes | None = None) -> None:
         self.config = config
@@ -89,14 +90,14 @@ class NodeSupervisor:
         self.monitor = monitor
 
     # ------------------------------------------------------------------ build
+    @abstractmethod
     def actor_names(self) -> list[str]:
         """The actors of this kind of node (the assembly's)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def build(self) -> None:
         """Make the node's parts and every actor's dependencies (`deps`), then `_wire()` (no I/O beyond
         loading data)."""
-        raise NotImplementedError
 
     def _media(self) -> Any:
         """Set the node's own clock (in the simulated room: its laptop's offset and drift, which it does not
