@@ -81,3 +81,30 @@ def test_straight_edges_through_an_undistorted_lens_fit_no_distortion():
     corners = lens.straight_corners(fitted, sides)
     assert abs(fitted.a) < 0.05 and abs(fitted.b) < 0.05
     assert np.abs(corners - quad.corners).max() < 2.0  # the same corners as the contour's, within 2 px
+
+
+def test_a_later_fit_that_reads_worse_gives_way_to_the_lens_used_before(monkeypatch):
+    good, worse = lens.Lens(1280, 720, -0.03, 0.01), lens.Lens(1280, 720, 0.02, 0.0)
+    fits = iter([good, worse])
+    monkeypatch.setattr(lens, "fit", lambda w, h, codes, start=None: next(fits))
+    monkeypatch.setattr(lens.LensFit, "_find", staticmethod(lambda image, corners, layout: [np.zeros((6, 2))] * 4))
+    fit = lens.LensFit(1280, 720, fit_at=(1, 2), trial=2)
+    grid = GridLayout(28, 50, 8, 24)
+    image = np.zeros((720, 1280, 3), np.uint8)
+    fit.edges(image, np.zeros((4, 2)), grid)  # the first fit: on trial, then it reads better than a pinhole
+    fit.vote(0.7, 0.5)
+    fit.vote(0.7, 0.5)
+    assert (fit.fits, fit.used, fit.lens) == (1, True, good)
+    fit.edges(image, np.ones((4, 2)), grid)  # the second fit (a code elsewhere): on trial
+    assert (fit.fits, fit.used, fit.lens, fit.kept) == (2, None, worse, good)
+    fit.vote(0.4, 0.5)  # the new fit against the lens kept from the first
+    fit.vote(0.4, 0.5)
+    assert (fit.used, fit.lens) == (True, good)  # it lost: the first lens is read through again
+
+
+def test_a_model_that_folds_the_image_over_is_no_lens():
+    assert lens.plausible(lens.Lens(1280, 720, -0.03, 0.01))
+    assert lens.plausible(lens.Lens(1280, 720, 0.0, 0.0))
+    # What a fit to codes near the middle of the image once gave: straight sides there, nonsense beyond.
+    assert not lens.plausible(lens.Lens(1280, 720, 2.82, -4.07))
+    assert not lens.plausible(lens.Lens(1280, 720, 10.5, -10.7))

@@ -139,8 +139,10 @@ class LensFit:
     `edges(image, quad, layout)` finds a code's edges and keeps the last `keep` codes'; the fit runs when
     `fit_at` codes were seen (the lens does not change: a few fits early on, a fraction of a second
     each, then none). A fit is only a guess until it reads better: for the next `trial` codes the
-    reader samples each code both ways and `vote`s the colour model's mean confidence of each; the
-    fitted lens is `used` if it won on average, else codes are read as through a pinhole.
+    reader samples each code both through it and the way it read before (through the lens `kept` from
+    an earlier fit, or a pinhole), reads the better, and `vote`s the colour model's mean confidence of
+    each; the fitted lens is `used` if it won on average, else the one before it comes back (a later fit
+    from other codes can be worse than an earlier one).
     """
 
     def __init__(self, width: int, height: int, keep: int = 12, fit_at: tuple[int, ...] = (6, 60, 600),
@@ -152,6 +154,7 @@ class LensFit:
         self.fits = 0
         self.used: bool | None = None  # None: on trial
         self._votes: list[float] = []
+        self.kept: Lens | None = None  # the lens used before the one on trial (None: a pinhole)
         self._last: list[tuple[np.ndarray, list[np.ndarray]]] = []  # the last captures' codes: corners, edges
         # Pixels to sample the last codes' cells at: (edges, lens, layout, image size, pixel_index)
         self._pixels: list[tuple] = []
@@ -170,24 +173,28 @@ class LensFit:
             self._sides.append(sides)
             self._seen += 1
             if self._seen in self.fit_at:
-                self.lens = fit(self.lens.width, self.lens.height, list(self._sides))
+                if self.used is not None:
+                    self.kept = self.lens if self.used else None
+                self.lens = fit(self.lens.width, self.lens.height, list(self._sides), start=self.lens)
                 self.fits += 1
                 self.used, self._votes = None, []  # a new guess: on trial again
         return sides
 
-    def pixels(self, sides: list[np.ndarray], layout: GridLayout, shape: tuple[int, ...]) -> np.ndarray | None:
-        """Where to sample a code's cells through the fitted lens (reader.sample's `pixels`), from its edges
-        (`edges`); None if its straightened corners cannot be found. A screen that holds still keeps its
-        edges (the same object again), and so its pixels: worked out once per lens."""
+    def pixels(self, sides: list[np.ndarray], layout: GridLayout, shape: tuple[int, ...],
+               lens: Lens | None = None) -> np.ndarray | None:
+        """Where to sample a code's cells through `lens` (default: the fitted one; reader.sample's `pixels`),
+        from its edges (`edges`); None if its straightened corners cannot be found. A screen that holds still
+        keeps its edges (the same object again), and so its pixels: worked out once per lens."""
+        lens = lens or self.lens
         size = tuple(shape[:2])
-        for sd, lens, lay, sz, pix in self._pixels:
-            if sd is sides and lens is self.lens and lay == layout and sz == size:
+        for sd, ln, lay, sz, pix in self._pixels:
+            if sd is sides and ln is lens and lay == layout and sz == size:
                 return pix
-        pts = sample_points(self.lens, sides, layout)
+        pts = sample_points(lens, sides, layout)
         if pts is None:
             return None
         pix = pixel_index(pts, *size)
-        self._pixels = [(sides, self.lens, layout, size, pix)] + self._pixels[:7]
+        self._pixels = [(sides, lens, layout, size, pix)] + self._pixels[:7]
         return pix
 
     @staticmethod
@@ -209,23 +216,42 @@ class LensFit:
         """No fit is due any more (every later code is read the way the last trial chose)."""
         return self._seen > self.fit_at[-1]
 
-    def vote(self, with_lens: float, pinhole: float) -> None:
-        """One code's mean confidence read through the lens and through a pinhole."""
-        self._votes.append(with_lens - pinhole)
+    def vote(self, with_lens: float, before: float) -> None:
+        """One code's mean confidence read through the lens on trial and the way it read before (`kept`)."""
+        self._votes.append(with_lens - before)
         if len(self._votes) >= self.trial:
             self.used = float(np.mean(self._votes)) > 0
+            if not self.used and self.kept is not None:
+                self.lens, self.used = self.kept, True
 
 
-def fit(width: int, height: int, codes: list[list[np.ndarray]]) -> Lens:
-    """The radial lens that makes every side of these codes straightest (Nelder-Mead on a, b)."""
+MAX_DISTORTION = 0.4  # a lens that moves a point of the image by more than this share of its radius is no lens
+
+
+def plausible(lens: Lens) -> bool:
+    """The radial model could be a camera's lens: out to the image's corners it moves no point by more
+    than MAX_DISTORTION of its radius and keeps points in order (r (1 + a r^2 + b r^4) grows with r). A fit
+    to codes near the middle of the image can make their sides straight with a model that folds the
+    image's edges over: that is not a lens."""
+    r = np.linspace(0.0, np.hypot(1.0, lens.height / lens.width), 64)
+    bend = lens.a * r**2 + lens.b * r**4
+    slope = 1 + 3 * lens.a * r**2 + 5 * lens.b * r**4
+    return bool(np.abs(bend).max() <= MAX_DISTORTION and slope.min() > 0)
+
+
+def fit(width: int, height: int, codes: list[list[np.ndarray]], start: Lens | None = None) -> Lens:
+    """The radial lens that makes every side of these codes straightest (Nelder-Mead on a, b, from `start`'s
+    or none); no distortion if none straightens them or the best is not `plausible`."""
     from scipy.optimize import minimize
 
     def cost(x):
         lens = Lens(width, height, float(x[0]), float(x[1]))
         return sum(straightness(lens, sides) for sides in codes)
 
-    r = minimize(cost, np.zeros(2), method="Nelder-Mead", options=dict(xatol=1e-4, fatol=1e-6, maxiter=200))
+    x0 = np.zeros(2) if start is None else np.array([start.a, start.b])
+    r = minimize(cost, x0, method="Nelder-Mead", options=dict(xatol=1e-4, fatol=1e-6, maxiter=200))
     a, b = (float(v) for v in r.x)
     if not (np.isfinite(a) and np.isfinite(b)) or cost(r.x) >= cost(np.zeros(2)):
         return Lens(width, height)
-    return Lens(width, height, a, b)
+    lens = Lens(width, height, a, b)
+    return lens if plausible(lens) else Lens(width, height)
