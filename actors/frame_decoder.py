@@ -146,7 +146,7 @@ class FrameDecoder(Actor):
 
     def _sample(self, image: np.ndarray, quad: reader.Quad) -> tuple[np.ndarray, float]:
         """The code's cells: through a pinhole, or (lens "fit") through this camera's fitted lens once it
-        has read better than the pinhole on trial (wccl.imaging.lens.LensFit)."""
+        has read better than the way before it on trial (wccl.imaging.lens.LensFit)."""
         fit = self.lens
         if fit is None or (fit.used is False and fit.settled):
             return reader.sample(image, quad, self.grid)
@@ -159,17 +159,18 @@ class FrameDecoder(Actor):
         through = reader.sample(image, quad, self.grid, pixels)
         if fit.used:
             return through
-        pinhole = reader.sample(image, quad, self.grid)
+        kept = None if fit.kept is None else fit.pixels(sides, self.grid, image.shape, fit.kept)
+        before = reader.sample(image, quad, self.grid, kept)
         a = reader.read_quad(image, quad, self.grid, self.model, sampled=through)
-        b = reader.read_quad(image, quad, self.grid, self.model, sampled=pinhole)
+        b = reader.read_quad(image, quad, self.grid, self.model, sampled=before)
         if a is None or b is None:
-            return pinhole if a is None else through
+            return before if a is None else through
         ca, cb = float(a.confidence.mean()), float(b.confidence.mean())
         fit.vote(ca, cb)
         if fit.used is not None:
             self.log.info("lens_chosen", lens="fit" if fit.used else "pinhole", a=round(fit.lens.a, 4),
                           b=round(fit.lens.b, 4), fits=fit.fits)
-        return through if ca >= cb else pinhole
+        return through if ca >= cb else before
 
     async def _read(self, msg: Capture, quad: reader.Quad, previous: list) -> bool:
         """Read one code in the current layout; True if this layout explains it (idle, repeated, read).
@@ -316,7 +317,8 @@ class FrameDecoder(Actor):
                                captured: float) -> TransferArrived | None | bool:
         """A transfer frame (collectives), through the receive path of protocols.receiver: pass on its
         sender's acknowledgements of this rank, and the transfer once rebuilt. False if it failed its check."""
-        r = self.receiver.receive(message, now=self.clock.now(), layout=self._layout)
+        r = self.receiver.receive(message, now=self.clock.now(), layout=self._layout,
+                                  margin=self.codec.margin(corrected))
         if r.frame is None:
             self.stats[f"frames_rejected_{r.refused}"] += 1
             return False

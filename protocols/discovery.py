@@ -95,6 +95,10 @@ FINAL, COMPLETE, FULL = 0x01, 0x02, 0x04
 UNMEASURED_SHIFT, UNMEASURED_MASK = 3, 0x38
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
 MIN_FRAMES = 4  # frames of a peer before its quality is measured
+# A frame read with at least this share of its code's error correction to spare counts whole in a quality;
+# one read nearer the edge counts less, down to nothing at the edge (LinkCodec.margin): a layout chosen on
+# frames read only just would fail as the light drifts (exposure and white balance wander over minutes).
+HEADROOM = 0.5
 FIRST_FRAMES = 8  # frames of the ladder's first layout in a row, each period of the probe schedule
 OTHER_FRAMES = 2  # and of each other layout
 
@@ -256,7 +260,7 @@ class ProbeSchedule:
 class _Seen:
     first_us: int
     last_us: int
-    frames: set = field(default_factory=set)
+    frames: dict = field(default_factory=dict)  # shown_us -> the frame's weight (its best read's headroom)
 
 
 def level(q: float) -> int:
@@ -313,8 +317,10 @@ class SightTable:
         self.watch_s = max(self.schedule.span(k, self.need) for k in range(self.layouts)) if self.layouts > 1 else 0.0
 
     # ---- what this rank sees
-    def accepted(self, sender: int, shown_us: int, layout: int = 0) -> None:
-        """A frame of `sender` (of this run) was read in `layout`, shown at `shown_us` on the sender's clock."""
+    def accepted(self, sender: int, shown_us: int, layout: int = 0, margin: float = 1.0) -> None:
+        """A frame of `sender` (of this run) was read in `layout`, shown at `shown_us` on the sender's clock,
+        with `margin` of its error correction to spare (LinkCodec.margin): it weighs min(1, margin / HEADROOM)
+        in the quality."""
         if not 0 <= layout < self.layouts:
             return
         s = self._seen.get((sender, layout))
@@ -322,7 +328,8 @@ class SightTable:
             s = self._seen[(sender, layout)] = _Seen(shown_us, shown_us)
         s.first_us, s.last_us = min(s.first_us, shown_us), max(s.last_us, shown_us)
         if len(s.frames) < 4096:
-            s.frames.add(shown_us)
+            weight = min(1.0, max(0.0, margin / HEADROOM))
+            s.frames[shown_us] = max(weight, s.frames.get(shown_us, 0.0))
 
     def alive(self, ranks: int) -> None:
         """These ranks (a mask) are known to be running (their run nonce was heard, here or relayed)."""
@@ -343,15 +350,16 @@ class SightTable:
         return 0 if span is None else self.schedule.count(layout, *span)
 
     def quality(self, sender: int, layout: int = 0) -> float:
-        """The share of `sender`'s frames in `layout` read: frames read, per frame it showed in that layout
-        since the first and up to the last frame read of it in any layout (0 until MIN_FRAMES were shown)."""
+        """The share of `sender`'s frames in `layout` read with headroom: frames read (each weighed by its
+        headroom, `accepted`), per frame it showed in that layout since the first and up to the last frame
+        read of it in any layout (0 until MIN_FRAMES were shown)."""
         s = self._seen.get((sender, layout))
         if s is None:
             return 0.0
         shown = self.shown(sender, layout)
         if shown < MIN_FRAMES:
             return 0.0
-        return min(1.0, len(s.frames) / shown)
+        return min(1.0, sum(s.frames.values()) / shown)
 
     def measured(self, now: float) -> int:
         """How many layouts, from the first, this rank has measured at time `now` (see the module

@@ -55,6 +55,14 @@ class LinkCodec:
         """Tensor bytes a frame without per-rank entries carries (a fountain symbol): the most any carries."""
         return self.packet_size - frames.PAYLOAD_ID_BYTES
 
+    def margin(self, wrong: int) -> float:
+        """The share of this code's error correction a frame read with `wrong` cells wrong left unused: 1
+        for a clean read, 0 (or less) for one at the edge of what the code corrects (a wrong cell spoils
+        about one byte; each Reed-Solomon block corrects nsym / 2 wrong bytes, more when the reader's
+        confidence marks them as erasures)."""
+        correctable = self.code.blocks * (self.code.nsym // 2)
+        return 1.0 - wrong / correctable if correctable else (1.0 if wrong == 0 else 0.0)
+
     def frames_needed(self, nbytes: int, ranks: int = 0) -> int:
         """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`: the
         ranks whose entries its frames carry)."""

@@ -67,10 +67,12 @@ class TransferReceiver:
         self.holds: tuple[int, ...] = (0,) * world  # how many collectives each rank is known to hold
         self.restarts: dict[int, int] = {}  # peer -> new incarnations of it met
 
-    def receive(self, message: bytes, now: float | None = None, layout: int = 0) -> Received:
+    def receive(self, message: bytes, now: float | None = None, layout: int = 0, margin: float = 1.0) -> Received:
         """One frame message (after error correction) read in `layout` (its index in the start-up ladder),
-        at `now` on this node's clock (None: time is not kept, no discovery). Never raises for bad input: a frame that fails its check or makes no sense
-        comes back refused with the FrameError's reason."""
+        at `now` on this node's clock (None: time is not kept, no discovery), with `margin` of its error
+        correction to spare (LinkCodec.margin; discovery weighs its reads by it). Never raises for bad
+        input: a frame that fails its check or makes no sense comes back refused with the FrameError's
+        reason."""
         try:
             f = transfer.parse_message(message, self.key)
         except FrameError as e:
@@ -82,7 +84,7 @@ class TransferReceiver:
         hs = self.handshake
         before = self._state()
         was = hs.trusted.get(f.sender)
-        refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us, f.rows, layout)
+        refused = hs.heard(f.sender, f.run_nonce, f.echo, f.trusts, f.shown_us, f.rows, layout, margin)
         restarted = was is not None and hs.trusted.get(f.sender, was) != was
         if restarted:
             # A new incarnation of the sender: it numbers its transfers from 1 again, and knows nothing of

@@ -242,7 +242,7 @@ class Handshake:
     _echoed: dict[int, dict[int, int]] = field(default_factory=dict)  # rank not read -> trusted peer -> its echo
 
     def heard(self, sender: int, nonce: int, echo: tuple[int, ...] | None, trusts: int,
-              shown_us: int, rows=None, layout: int = 0) -> str | None:
+              shown_us: int, rows=None, layout: int = 0, margin: float = 1.0) -> str | None:
         if nonce in self.retired.get(sender, ()):
             return "other_run"  # an earlier incarnation of this peer: a newer one was proven fresh since
         was = self.complete
@@ -279,7 +279,7 @@ class Handshake:
         else:
             self.trusted_by.discard(sender)
         if self.sight is not None:
-            self.sight.accepted(sender, shown_us, layout)
+            self.sight.accepted(sender, shown_us, layout, margin)
             if rows is not None:
                 adopted = self.sight.adopted
                 self.sight.relay(self._same_incarnations(sender, echo, rows))

@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 10) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 11) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -45,7 +45,7 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 10 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      magic 0xC7 | version 11 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
@@ -54,13 +54,17 @@ sealed bytes'.
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
             then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 6)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
-    zero padding up to the message size
+    filler up to the message size: SHAKE-128 of the check (`filler`), so that every frame's cells look
+    random and differ from the last frame's, however little it carries (a status frame, a short packet):
+    the frames discovery measures a layout with are as hard to read as a tensor's, and a capture filmed
+    while the screen changed is not a read of the frame before
 
 Pure functions and frozen dataclasses: no I/O, no asyncio, no torch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -72,7 +76,7 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 10
+VERSION = 11
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQBBqq")
 _ACK = struct.Struct(">II")
@@ -221,6 +225,15 @@ def aad(header: TransferHeader) -> bytes:
                      header.part, header.numel)
 
 
+def filler(check: bytes, n: int) -> bytes:
+    """The `n` bytes after a frame's check: SHAKE-128 of the check (see the module doc)."""
+    return hashlib.shake_128(b"wccl filler" + check).digest(n) if n > 0 else b""
+
+
+def _padded(body: bytes, check: bytes, message_bytes: int) -> bytes:
+    return body + check + filler(check, message_bytes - len(body) - len(check))
+
+
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
                   acks: tuple[Ack, ...] = (), shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
                   holds: tuple[int, ...] = (), clock_echo: tuple[int, int, int] = NO_ECHO,
@@ -233,10 +246,9 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
                       OPS[header.op], DTYPES[header.dtype], header.part, header.dest, header.length, header.numel,
                       header.digest, transfer.packet_size, shown_us, run_nonce, trusts, *clock_echo)
     body = head + entries + transfer.packets[index]
-    msg = body + key.check(body, PERSON)
-    if len(msg) > message_bytes:
-        raise ValueError(f"frame message of {len(msg)} bytes exceeds {message_bytes}")
-    return msg + bytes(message_bytes - len(msg))
+    if len(body) + CHECK_BYTES > message_bytes:
+        raise ValueError(f"frame message of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
+    return _padded(body, key.check(body, PERSON), message_bytes)
 
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
@@ -255,7 +267,7 @@ def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_
             + discovery.pack_table(tuple(rows), layouts))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
-    return body + key.check(body, PERSON) + bytes(message_bytes - len(body) - CHECK_BYTES)
+    return _padded(body, key.check(body, PERSON), message_bytes)
 
 
 def is_transfer_message(msg: bytes) -> bool:
@@ -280,8 +292,9 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_length", f"packet_size {psize}")
     if not key.verify(msg[:end], PERSON, msg[end:end + CHECK_BYTES]):
         raise FrameError("check_mismatch")
-    if msg[end + CHECK_BYTES:].count(0) != len(msg) - end - CHECK_BYTES:
-        raise FrameError("bad_padding")  # the check does not cover the padding: it must be zeros
+    check = msg[end:end + CHECK_BYTES]
+    if msg[end + CHECK_BYTES:] != filler(check, len(msg) - end - CHECK_BYTES):
+        raise FrameError("bad_padding")  # the check does not cover the filler: it must be the check's
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))

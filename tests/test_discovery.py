@@ -468,3 +468,18 @@ def test_the_probe_schedule_counts_the_frames_it_shows(holds, frames):
                 assert sched.count(layout, shown[i][0], shown[j][0]) == want
     if frames is None and len(holds) > 1:
         assert sched.frames == (discovery.FIRST_FRAMES,) + (discovery.OTHER_FRAMES,) * (len(holds) - 1)
+
+
+def test_a_frame_read_near_the_edge_of_its_error_correction_counts_for_less():
+    # Every frame of a peer read, but with a quarter of the correction to spare (HEADROOM is a half): the
+    # layout measures half of what it reads, as the light will drift. At the edge, it measures nothing.
+    def measured(margin: float) -> float:
+        t = discovery.SightTable(0, 2, 0.05)
+        for k in range(20):
+            t.accepted(1, k * 50_000, 0, margin)
+        return t.quality(1, 0)
+
+    assert measured(1.0) == pytest.approx(1.0)
+    assert measured(discovery.HEADROOM) == pytest.approx(1.0)
+    assert measured(discovery.HEADROOM / 2) == pytest.approx(0.5)
+    assert measured(0.0) == 0.0 and measured(-0.3) == 0.0

@@ -198,7 +198,8 @@ def test_frame_errors_have_reasons():
     end = transfer.header_bytes(0) + CODEC.packet_size_for(0)
     flagged = bytearray(good)
     flagged[5] |= 0x02
-    flagged[end:end + frames.CHECK_BYTES] = NO_KEY.check(bytes(flagged[:end]), transfer.PERSON)
+    check = NO_KEY.check(bytes(flagged[:end]), transfer.PERSON)
+    flagged[end:] = check + transfer.filler(check, len(flagged) - end - frames.CHECK_BYTES)
     with pytest.raises(frames.FrameError) as e:
         _parse(bytes(flagged))
     assert e.value.reason == "bad_flags"
@@ -305,3 +306,11 @@ def test_bf16_bytes_checks():
         tensors.bytes_to_bf16(b"abc")
     with pytest.raises(ValueError, match="expected 4"):
         tensors.bytes_to_bf16(b"ab", 4)
+
+
+def test_a_frames_margin_is_the_share_of_its_error_correction_left():
+    codec = link.LinkCodec(layout.GridLayout(24, 40, 8, 10), code_rate=0.8)
+    correctable = codec.code.blocks * (codec.code.nsym // 2)
+    assert codec.margin(0) == 1.0
+    assert codec.margin(correctable // 2) == pytest.approx(1 - (correctable // 2) / correctable)
+    assert codec.margin(correctable) == 0.0

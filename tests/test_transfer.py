@@ -205,3 +205,20 @@ def test_a_small_transfer_behind_a_large_one_still_gets_repairs():
     assert max(len(run) for run in "".join(map(str, slots)).split("1")) <= plan.repair_after + 1
     plan.acknowledge(0, transfer.Ack(1, 0))
     assert {plan.next()[0] for _ in range(20)} == {2}
+
+
+def test_every_frame_is_filled_to_look_random_and_its_filler_is_checked():
+    # Two status frames that say almost the same (only their shown times differ) differ in nearly every
+    # byte: the filler after the check follows the check. A capture of the screen while one replaced the
+    # other reads as neither, as it would for two frames of a tensor (discovery measures layouts with them).
+    a = transfer.status_message(session=7, sender=1, acks=(), message_bytes=MSG, shown_us=1_000)
+    b = transfer.status_message(session=7, sender=1, acks=(), message_bytes=MSG, shown_us=51_000)
+    tail = slice(400, None)  # past the header, acknowledgements and discovery table they share
+    same = sum(x == y for x, y in zip(a[tail], b[tail]))
+    assert same < 0.02 * len(a[tail])  # (random bytes agree 1 time in 256)
+    assert transfer.parse_message(a).shown_us == 1_000
+    zeroed = bytearray(a)
+    zeroed[-40:] = bytes(40)  # the old zero padding, or anything else after the check: refused
+    with pytest.raises(frames.FrameError) as e:
+        transfer.parse_message(bytes(zeroed))
+    assert e.value.reason == "bad_padding"
