@@ -382,16 +382,18 @@ class LadderStep(_Strict):
 
 # The layouts start-up chooses from, fastest first. Transfers are acknowledged and repaired until read, so
 # a lost frame costs one frame, not a step: the ladder tries dense layouts held under 2.5 camera periods.
-# 68 x 124 cells of 10 px (1260 x 700 px with the border) held 50 ms and 64 x 118 held 67 ms: 35.4 and
-# 23.3 KB/s in the link bench under `webcam` (BENCHMARKS.md); 60x110 held 83 ms: 16.8 KB/s; then coarser
-# layouts for harder rooms (52x98 of 12 px at 100 ms; 42x78 of 16 px and 4 colours at 200 ms, the whole
-# 1280 x 720 screen, and 40x70 for a screen a little smaller).
-# (Every layout of a ladder has its own grid: a frame's grid says which it is.)
+# Each step down takes bigger cells and a longer hold, and every layout but the last fills about the same
+# 1260 x 700 px of the screen: a camera's auto exposure meters the screen's light, so a layout that lit
+# less of it would be filmed brighter (whites clipped) in the run than during start-up, when the ladder's
+# layouts take turns, and would not read as well as it measured there. 68 x 124 cells of 10 px held 50 ms,
+# 61 x 112 of 11 px held 67 ms, 56 x 103 of 12 px held 83 ms, 48 x 88 of 14 px held 100 ms; then, for
+# hard rooms, 42 x 78 of 16 px in 4 colours held 200 ms (the whole 1280 x 720 screen) and 40 x 70 for a
+# screen a little smaller. (Every layout of a ladder has its own grid: a frame's grid says which it is.)
 DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
-    dict(rows=64, cols=118, colours=8, cell_px=10, hold_s=0.067, code_rate=0.8),
-    dict(rows=60, cols=110, colours=8, cell_px=10, hold_s=0.083, code_rate=0.8),
-    dict(rows=52, cols=98, colours=8, cell_px=12, hold_s=0.1, code_rate=0.8),
+    dict(rows=61, cols=112, colours=8, cell_px=11, hold_s=0.067, code_rate=0.8),
+    dict(rows=56, cols=103, colours=8, cell_px=12, hold_s=0.083, code_rate=0.8),
+    dict(rows=48, cols=88, colours=8, cell_px=14, hold_s=0.1, code_rate=0.8),
     dict(rows=42, cols=78, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
     dict(rows=40, cols=70, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
 )
