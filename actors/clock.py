@@ -6,8 +6,9 @@ Consumes: `FrameTiming` (the timestamps of every frame read from a peer),
 protocols.sync).
 Emits: `SendTensor` (an announcement or a hello), `ScheduleKnown` once the
 schedule is known, `Tick` at the absolute start of every phase of every step
-this node takes part in, `ScheduleDone` after the last step, then `Drain`
-(the node ends once its peers acknowledged what it sent).
+this node takes part in, `ScheduleDone` at the last step's deadline
+(wccl.schedule.DEADLINE_STEPS), then `Drain` (the node ends once its peers
+acknowledged what it sent).
 
 The parameter server's clock is the room's reference. Once the room has
 greeted (the run handshake and discovery, protocols.security and
@@ -263,7 +264,7 @@ class Clock(Actor):
                     self._update_estimate(log=step % self.cfg.log_every == 0, step=step)
                 await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(),
                                      phase=w.phase, start=w.start, end=w.end))
-        await self.clock.sleep_until(schedule.t0 + self.steps * schedule.period)
+        await self.clock.sleep_until(max(schedule.t0 + self.steps * schedule.period, schedule.deadline(self.steps - 1)))
         await self.emit(ScheduleDone(sender=self.ctx.node, step=self.steps - 1, time=self.clock.now(),
                                      steps=self.steps))
         # The node ends once its peers have what it sent (the last word, the last gradient).

@@ -2,15 +2,16 @@
 
 Consumes: `ScheduleKnown`, `LocalGradient` (from the worker on this node),
 `TensorReceived` (workers' gradients read off their screens; hellos asking
-for a snapshot), `Tick` (compute: a snapshot when one is due; reduce: the
+for a snapshot), `Tick` (compute: a snapshot when one is due; reduce: a
 step's deadline), `ScheduleDone`.
 Emits: `AveragedGradient` for the worker on this node (if any), `SendTensor`
 (its word on every step to the other workers: the average, or empty when
 the step was skipped; snapshots), `Snapshot` for the worker on this node.
 
 A step is reduced as soon as every worker's gradient for it arrived, or at
-the next step's reduce tick (its deadline; the last step's: the end of the
-schedule) with what arrived; steps are reduced in order. Only gradients computed on
+its deadline (the reduce tick wccl.schedule.DEADLINE_STEPS steps later; the
+schedule ends at the last step's) with what arrived; steps are reduced in
+order. Only gradients computed on
 the server's current state (same epoch, `base` equal to its update count)
 are averaged; others are counted (`gradient_stale`). A worker whose gradient
 missed the deadline is logged (`gradient_missing`); a gradient with a NaN or
@@ -41,7 +42,7 @@ from protocols.codecs import Codec, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext, Overflow
 from wccl.recovery import save_checkpoint
 from wccl.training.exchange import reduce
-from wccl.schedule import Schedule
+from wccl.schedule import DEADLINE_STEPS, Schedule
 
 
 class ParameterServer(Actor):
@@ -103,12 +104,13 @@ class ParameterServer(Actor):
                 await self._send_snapshot(msg.step)
                 await self._reduce_complete()
             elif msg.phase == "reduce":
-                # A step's deadline is the next step's reduce tick: a slow round costs time, not the step.
-                for step in range(self._reduced + 1, msg.step):
+                # A step's deadline is the reduce tick DEADLINE_STEPS steps later: a slow round costs time,
+                # not the step.
+                for step in range(self._reduced + 1, msg.step - DEADLINE_STEPS + 1):
                     await self._reduce(step)
                 await self._reduce_complete()
         elif isinstance(msg, ScheduleDone):
-            for step in range(self._reduced + 1, msg.steps):  # the last step's deadline: the schedule's end
+            for step in range(self._reduced + 1, msg.steps):  # the schedule ends at the last step's deadline
                 await self._reduce(step)
 
     async def _schedule_known(self, msg: ScheduleKnown) -> None:

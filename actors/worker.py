@@ -10,7 +10,10 @@ Emits: `LocalGradient` when the server is on this node, otherwise
 
 Each step, from its compute tick and once the server's word on the step
 before has arrived (an average, applied at once, or "skipped": the state
-stays), the worker computes its gradient, encodes it with the run's codec
+stays), the worker computes its gradient (a word that came late, after
+later compute ticks, still has the next step computed, unless the server
+stopped waiting for it: wccl.schedule.DEADLINE_STEPS; the worker catches
+up step by step), encodes it with the run's codec
 through its own error feedback (`[training] codec`, wccl.training.exchange)
 and sends it; the compute is charged to the node's clock at the CPU time it
 took (times `compute_scale`). A training loss that turns non-finite or
@@ -20,7 +23,8 @@ the reason; wccl.training.divergence).
 The replica's state is numbered by the updates it has seen (`applied`) and
 the server's epoch. A gradient says which state it was computed on (`base`),
 and an average which state it applies to: an average is applied only to the
-state it was made for. A word that has not come two steps later is counted
+state it was made for. A word that has not come by the compute tick
+DEADLINE_STEPS + 2 steps later is counted
 (`average_missing`), never guessed; the replica is then
 behind, and the server's next snapshot (`snapshot_adopted`) brings it back.
 A worker that joins late, or sees a new server epoch (the server resumed
@@ -42,7 +46,7 @@ from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, S
 from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext
 from wccl.training.divergence import HINT, DivergenceWatch
-from wccl.schedule import Schedule
+from wccl.schedule import DEADLINE_STEPS, Schedule
 
 KEEP_AVERAGES = 256  # averages kept for catching up after a snapshot
 KEEP_DIGESTS = 64  # digests of own states kept, to check snapshots against
@@ -64,7 +68,8 @@ class Worker(Actor):
         self.eval_every = eval_every
         self.compute_scale = compute_scale
         self.numel = replica.numel
-        self._due: int | None = None  # the step whose gradient is due (its compute tick came)
+        self._due: int | None = None  # the latest step whose compute tick came
+        self._next = 0  # the first step this worker has not computed (or passed over)
         self._open: tuple[int, int, int] | None = None  # (step, epoch, base) of the gradient sent, word not yet in
         self._server_at = (0, 0)  # the latest (epoch, update count) of the server's this worker has heard of
         self._done = False  # the schedule ran its last step
@@ -85,8 +90,8 @@ class Worker(Actor):
         elif isinstance(msg, Tick):
             if msg.phase == "compute":
                 structlog.contextvars.bind_contextvars(step=msg.step)
-                if self._open is not None and self._open[0] < msg.step - 2:
-                    self._word_missing()  # (a step's word is due by the next step's reduce tick, and its way here)
+                if self._open is not None and self._open[0] < msg.step - DEADLINE_STEPS - 1:
+                    self._word_missing()  # (a step's word is due by its deadline, and its way here)
                 self._due = msg.step
         elif isinstance(msg, AveragedGradient):
             self._word(msg.step, msg.epoch, msg.base, msg.payload)
@@ -106,6 +111,7 @@ class Worker(Actor):
 
     def _schedule_known(self, msg: ScheduleKnown) -> None:
         self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
+        self._next = max(self._next, msg.join_step)
         if self.has_state and msg.epoch == self.epoch:
             return
         self.epoch = msg.epoch
@@ -161,7 +167,16 @@ class Worker(Actor):
         """Compute the due step's gradient once the word on the last one is in."""
         if self._due is None or self._open is not None or self.schedule is None:
             return
-        step, self._due = self._due, None
+        if self._next > self._due:
+            self._due = None  # (computed already)
+            return
+        # The first step not computed yet whose deadline has not passed (the server waits no longer for it).
+        now, step = self.clock.now(), self._next
+        while step < self._due and self.schedule.deadline(step) <= now:
+            step += 1
+        self._next = step + 1
+        if step == self._due:
+            self._due = None
         if not self.has_state:
             self.results["steps_without_state"] += 1
             return

@@ -166,7 +166,10 @@ def test_clock_actor_ticks_on_deadlines_under_virtual_time():
     sent = [m for m in outs if isinstance(m, SendTensor) and m.stream == "sync"]
     assert len(sent) == 1 and sent[0].to == ("bob",) and sent[0].time == pytest.approx(0.0)
     assert sync.decode(sent[0].payload).t0_us == 1_000_000
-    assert loop_end == pytest.approx(25.0)
+    # The schedule ends at its last step's deadline (the reduce tick DEADLINE_STEPS steps later), not at
+    # the end of its last step (25 s): the last steps' gradients are awaited as long as every other's.
+    assert loop_end == pytest.approx(schedule.deadline(2)) and schedule.deadline(2) == pytest.approx(1 + 4 * 8 + 3.5)
+    assert outs[-2].time == pytest.approx(loop_end)
 
 
 def test_a_terminal_gets_one_live_progress_line_under_the_log():

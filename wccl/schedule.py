@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A step's gradients are awaited until the reduce tick this many steps later (its deadline): a round slowed
+# by a dip in what a camera reads costs time, and the workers catch up once it passes, not the step. The
+# schedule ends at the last step's deadline.
+DEADLINE_STEPS = 2
+
 
 @dataclass(frozen=True, slots=True)
 class PhaseWindow:
@@ -50,6 +55,13 @@ class Schedule:
 
     def windows(self, step: int) -> list[PhaseWindow]:
         return [self.window(step, name) for name, _ in self.phases]
+
+    def deadline(self, step: int) -> float:
+        """When the server stops waiting for `step`'s gradients: the reduce tick DEADLINE_STEPS steps later
+        (the start of that step, for a schedule without a reduce phase)."""
+        later = step + DEADLINE_STEPS
+        phases = dict(self.phases)
+        return self.window(later, "reduce").start if "reduce" in phases else self.t0 + later * self.period
 
     def step_at(self, t: float) -> int:
         """The step running at time `t` (negative before t0)."""
