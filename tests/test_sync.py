@@ -112,7 +112,7 @@ class _SilentOnce(Worker):
 
     async def _maybe_compute(self) -> None:
         if self._due == 3 and self._open is None and self.has_state:
-            self._due = None
+            self._due, self._next = None, 4  # (computed, never sent: step 3 is passed over, not caught up)
             self.replica.compute_gradient(3)
             return
         await super()._maybe_compute()

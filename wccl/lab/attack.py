@@ -83,8 +83,9 @@ class _Rank:
     on that stream (protocols.streams: uint8, its envelope first)."""
 
     def __init__(self, rank: int, key: RoomKey, session: int = SESSION, nonce: int | None = None,
-                 stream: str | None = None) -> None:
+                 stream: str | None = None, message_bytes: int = MESSAGE_BYTES) -> None:
         self.rank, self.key, self.session, self.stream = rank, key, session, stream
+        self.message_bytes = message_bytes  # its frames' message size (a layout's LinkCodec.message_bytes)
         hs = Handshake(rank, 2) if nonce is None else Handshake(rank, 2, nonce=nonce)
         self.rx = TransferReceiver(rank, 2, session, key, handshake=hs)
         self.hs = self.rx.handshake
@@ -98,16 +99,16 @@ class _Rank:
         self.tid += 1
         h, payload = tensor_header(self.session, self.rank, self.tid, seq, payload, self.stream)
         sealed = self.key.seal(self.hs.nonce, self.tid, payload, transfer.aad(h))
-        psize = transfer.packet_size_for(MESSAGE_BYTES)
+        psize = transfer.packet_size_for(self.message_bytes)
         k = frames.source_packets(len(sealed), psize)
-        tr = frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=k + 4, packet_size=psize)
+        tr = frames.fountain(sealed, message_bytes=self.message_bytes, count=k + 4, packet_size=psize)
         self.out.append((transfer.TransferHeader(h.session, h.sender, h.tid, h.seq, h.op, h.dtype, h.numel,
                                                  tr.length, tr.digest, h.part, h.dest), tr))
         return payload
 
     def status(self, shown_us: int) -> bytes:
         return transfer.status_message(session=self.session, sender=self.rank, acks=self.rx.assembler.acks(2),
-                                       message_bytes=MESSAGE_BYTES, shown_us=shown_us, run_nonce=self.hs.nonce,
+                                       message_bytes=self.message_bytes, shown_us=shown_us, run_nonce=self.hs.nonce,
                                        trusts=self.hs.trust_mask(), echo=self.hs.echo(), key=self.key)
 
     def next_message(self, shown_us: int) -> bytes:
@@ -117,7 +118,7 @@ class _Rank:
             return self.status(shown_us)
         header, tr = self.out[0]
         i = (self.turn // 2) % len(tr.packets)
-        return transfer.frame_message(header, tr, i, message_bytes=MESSAGE_BYTES, acks=self.rx.assembler.acks(2),
+        return transfer.frame_message(header, tr, i, message_bytes=self.message_bytes, acks=self.rx.assembler.acks(2),
                                       shown_us=shown_us, run_nonce=self.hs.nonce, trusts=self.hs.trust_mask(),
                                       key=self.key)
 

@@ -310,7 +310,7 @@ class CameraImages(_Entry):
         codec, _ = collective_layout(cfg)
         room = SimulatedRoom.from_config(cfg)
         key = RoomKey(bytes(range(32)))  # fixed, with fixed run nonces: the same captures every run
-        alice = _Rank(0, key, cfg.room.session, nonce=0x0A11CE)
+        alice = _Rank(0, key, cfg.room.session, nonce=0x0A11CE, message_bytes=codec.message_bytes)
         # Bob's decoder and alice have done their handshake, so alice's real frames are accepted and
         # delivered: the fuzzer can tell a wrong delivery from a right one.
         bob_hs = Handshake(1, 2, nonce=0x0B0B)
@@ -328,7 +328,6 @@ class CameraImages(_Entry):
         # camera's auto exposure settles on the first frame for 1 s.
         for n in range(self.FRAMES):
             msg = alice.next_message(n * 100_000) if n else alice.status(0)
-            msg = msg[: codec.message_bytes] + bytes(max(0, codec.message_bytes - len(msg)))
             img = lay.render(codec.seal(msg), codec.layout, cfg.screen.width, cfg.screen.height, sender=0, parity=n % 2)
             t = self.SETTLE_S + n * self.HOLD_S
             room.show_at("alice", img, 0.0 if n == 0 else t)
