@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("wccl.launch", "run a PyTorch script on every laptop of a room (the 'wccl' backend)"),
     "lab": ("wccl.lab.__main__", "measure the link, collectives, training: bench, sweep, sync, collectives, train"),
     "devices": ("wccl.devices", "list this laptop's cameras and displays"),
+    "aim": ("wccl.aim", "aim the laptops: each screen shows its code and what its camera sees, until both directions read"),
     "keys": ("wccl.keys", "make a room key, or fingerprint one (new, fingerprint)"),
     "seeds": ("wccl.training.seeds", "the seed study of the built-in model"),
 }
