@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT, needs_tools, run_virtual, shipped_config_dict
 from wccl.aim import PeerView, aim, aim_layout, hint_for, layouts_line, targets
-from wccl.config import ConfigError, parse_config
+from wccl.config import ConfigError, load_config, parse_config
 
 
 def _events(buf) -> list[dict]:
@@ -138,3 +138,49 @@ def test_two_processes_aim_over_the_loopback(tmp_path):
         states = [e["state"] for e in events if e.get("event") == "aim_state"]
         assert states[-1] == "both", states
         assert [e for e in events if e.get("event") == "aim_ok"]
+
+
+def _fake_aim(calls, result):
+    async def fake(cfg, nodes=None, peers=None, seconds=60.0):
+        calls.append((cfg.room.medium, nodes, seconds))
+        return result
+    return fake
+
+
+def test_a_run_on_real_devices_aims_first(monkeypatch):
+    """`python -m wccl.node` on medium "hardware" aims before it starts (here stopped by Esc: exit 130)."""
+    import wccl.aim
+    from wccl.node import main
+
+    calls = []
+    monkeypatch.setattr(wccl.aim, "aim", _fake_aim(calls, {"stopped": True, "nodes": {}}))
+    assert main(["--config", str(ROOT / "rooms/two-laptops.toml"), "--node", "bob", "--aim-seconds", "30"]) == 130
+    assert calls == [("hardware", ["bob"], 30.0)]
+
+
+def test_a_run_not_aimed_in_time_warns_and_starts(monkeypatch, _quiet_logs):
+    import wccl.aim
+    from wccl.node import aim_first
+
+    not_aimed = {"stopped": False, "nodes": {"bob": {"ok": False, "ok_at": None, "fps": 30.0, "peers": {
+        "alice": {"state": "searching", "aimed": False, "hint": "no code of alice in view", "camera_px_per_aim_cell": 0}}}}}
+    monkeypatch.setattr(wccl.aim, "aim", _fake_aim([], not_aimed))
+    cfg = load_config(ROOT / "rooms/two-laptops.toml")
+    assert aim_first(cfg, "bob", 5.0) is None
+    warned = [e for e in _events(_quiet_logs) if e.get("event") == "aim_not_done"]
+    assert warned and "bob <-> alice: searching: no code of alice in view" in warned[0]["directions"]
+
+
+def test_a_simulated_run_does_not_aim(monkeypatch):
+    import wccl.aim
+    import wccl.node
+
+    calls = []
+    monkeypatch.setattr(wccl.aim, "aim", _fake_aim(calls, {"stopped": True, "nodes": {}}))
+    monkeypatch.setattr(wccl.node, "_main_async", _fake_main)
+    assert wccl.node.main(["--config", str(ROOT / "config.toml")]) == 0
+    assert calls == []
+
+
+async def _fake_main(cfg, only, summary=False):
+    return 0

@@ -93,6 +93,7 @@ COMMANDS = {
     'python -m wccl.node --config config.toml --steps 5': "few_steps",
     'python -m wccl.launch --config rooms/two-laptops-sim.toml examples/collectives_hello.py': "hello",
     'python -m wccl.devices': "devices",
+    'python -m wccl.aim --config config.toml': "aim",
     'python -m wccl.keys new room.key': "keys",
     'python -m wccl.lab bench --config rooms/two-laptops-sim.toml --bytes 100000 --json': "bench",
 }
@@ -129,6 +130,14 @@ def test_a_real_laptops_node_without_a_display_says_what_to_do():
 def test_devices_lists_what_it_finds():
     code, text = run_on_terminal([sys.executable, "-m", "wccl.devices"], ROOT, 60)
     assert code == 0 and "Cameras:" in text and "Displays:" in text, text
+
+
+def test_aim_aims_the_default_room():
+    code, text = run_on_terminal([sys.executable, "-m", "wccl.aim", "--config", "config.toml"], ROOT, 120)
+    assert code == 0, text
+    for name in ("alice", "bob", "carol"):
+        assert f"{name}: aimed (aim_ok at" in text, text
+    assert "aim done in" in text
 
 
 def test_keys_new_writes_a_key(tmp_path):

@@ -18,6 +18,10 @@ read) -> `both` (and it reads this screen), each change logged as
 OK_HOLD_S, the node logs `aim_ok` and goes on showing its code for LINGER_S
 (its peers learn from it that they are read), then ends.
 
+A run on real devices starts the same way: `python -m wccl.node` with
+room.medium = "hardware" aims first (for at most `--aim-seconds`, then it
+warns `aim_not_done`, naming the directions, and starts anyway).
+
 In the simulated room every node named (all by default) runs in this
 process on the room's clock; on real devices one node per laptop
 (`--node`), on the wall clock, until `aim_ok`, Esc in the window, Ctrl-C
@@ -442,7 +446,8 @@ async def aim(cfg: WcclConfig, nodes: list[str] | None = None, peers: list[str] 
     return {"stopped": stop.is_set(), "nodes": {a.name: a.result() for a in aimers}}
 
 
-def _report(result: dict[str, Any]) -> list[str]:
+def report(result: dict[str, Any]) -> list[str]:
+    """A line per node aimed, and per direction that does not read, with its hint."""
     lines = []
     for name, r in result["nodes"].items():
         if r["ok"]:
@@ -497,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_status
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 130
-    for line in _report(result):
+    for line in report(result):
         print(line, flush=True)
     if result["stopped"]:
         return 130

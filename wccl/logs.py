@@ -9,7 +9,7 @@ Taps (`add_tap`) are shown a copy of every event that passes the level
 filter: the live dashboard reads the run's events this way.
 
 The console at level info shows only the run's headlines (`HEADLINES`:
-start, layout, clock sync, recovery, devices) and every warning and error;
+start, layout, clock sync, recovery, devices, aiming) and every warning and error;
 per-step and per-frame detail reaches the console at level debug. JSON logs
 carry every event of the level, whatever it is.
 """
@@ -42,7 +42,7 @@ HEADLINES = frozenset({
     "run_started", "run_folder", "dashboard_listening", "dashboard_waiting_for_page", "dashboard_lingering",
     "room_key", "node_started", "window_opened", "webcam_opened", "webcam_locked", "rank_ready", "keep_awake",
     "sight_known", "schedule_fixed", "schedule_resumed", "server_resumed", "clock_synced",
-    "joining_late", "snapshot_adopted", "observer_recovered",
+    "joining_late", "snapshot_adopted", "observer_recovered", "aim_state", "aim_ok",
 })
 
 
