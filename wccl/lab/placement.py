@@ -241,6 +241,8 @@ def _aspects(text: str) -> list[tuple[int, int]]:
     out = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
         a, _, b = part.partition(":")
+        if not (a.isdigit() and b.isdigit()):
+            raise ValueError(f"--aspects {part}: write a panel shape as W:H, e.g. 16:10")
         out.append((int(a), int(b)))
     return out
 
