@@ -240,16 +240,16 @@ def _refresh_x11(name: str | None) -> float | None:
 
 
 class _DEVMODEW(ctypes.Structure):
-    """Win32 DEVMODEW, the display fields (the printer/display union as its display variant)."""
+    """Win32 DEVMODEW (220 bytes; the printer/display union as its display variant; names as UTF-16 units)."""
 
-    _fields_ = [("dmDeviceName", ctypes.c_wchar * 32), ("dmSpecVersion", ctypes.c_uint16),
+    _fields_ = [("dmDeviceName", ctypes.c_uint16 * 32), ("dmSpecVersion", ctypes.c_uint16),
                 ("dmDriverVersion", ctypes.c_uint16), ("dmSize", ctypes.c_uint16),
                 ("dmDriverExtra", ctypes.c_uint16), ("dmFields", ctypes.c_uint32),
                 ("dmPositionX", ctypes.c_int32), ("dmPositionY", ctypes.c_int32),
                 ("dmDisplayOrientation", ctypes.c_uint32), ("dmDisplayFixedOutput", ctypes.c_uint32),
                 ("dmColor", ctypes.c_int16), ("dmDuplex", ctypes.c_int16), ("dmYResolution", ctypes.c_int16),
                 ("dmTTOption", ctypes.c_int16), ("dmCollate", ctypes.c_int16),
-                ("dmFormName", ctypes.c_wchar * 32), ("dmLogPixels", ctypes.c_uint16),
+                ("dmFormName", ctypes.c_uint16 * 32), ("dmLogPixels", ctypes.c_uint16),
                 ("dmBitsPerPel", ctypes.c_uint32), ("dmPelsWidth", ctypes.c_uint32),
                 ("dmPelsHeight", ctypes.c_uint32), ("dmDisplayFlags", ctypes.c_uint32),
                 ("dmDisplayFrequency", ctypes.c_uint32), ("dmICMMethod", ctypes.c_uint32),

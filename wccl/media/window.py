@@ -18,6 +18,19 @@ fullscreen and window placement on Linux (Qt), macOS (Cocoa) and Windows
   has been handed to the window system. A compositor may add a refresh or
   two (8-33 ms) that we cannot see; the clock sync measures the whole path
   end to end anyway (the frames' timestamps against the captures').
+  Frames are not timed to the refresh: the times `show()` returns carry no
+  vblank phase to predict from (the frame goes up at a later refresh we
+  never see), so sleeping to "align" would only add latency. What is
+  measured instead: the display's refresh rate (`refresh_hz`, logged in
+  `window_opened`), and in `window_closed` (and `stats()`) how long `show()`
+  took (`show_jitter_ms` percentiles) and how locked the presentation times
+  are to the refresh's phase (`refresh_phase_locking`, 0 spread evenly ..
+  1 all at one phase; a backend that blocks on vsync would show near 1).
+- On macOS (Cocoa) a window may only be opened on the process's main
+  thread; anywhere else it aborts the process. WindowScreen raises
+  RuntimeError instead, and wccl.media.hardware.window_screen gives a
+  ProcessWindowScreen there (wccl.media.window_process: this same window,
+  run by a helper process's main thread).
 - On a loaded machine (seen under Xvfb) Qt sometimes maps a new window where
   asked but never paints into it. On X11 the window first shows a test grey
   and reads it back off the display (Xlib's XGetImage); a window that does
@@ -25,6 +38,12 @@ fullscreen and window placement on Linux (Qt), macOS (Cocoa) and Windows
 - Its event loop only runs inside `waitKey`/`pollKey`: `show()` turns it once,
   and a timer on the asyncio loop polls it every 50 ms between frames, so the
   window repaints and Esc is seen even while nothing new is shown.
+
+Fullscreen, the mouse cursor is hidden (`CursorHider`: XFixes or, failing
+that, a pointer warped to the monitor's corner with xdotool on X11;
+user32.ShowCursor on Windows; CGDisplayHideCursor on macOS), logged as
+`cursor_hidden` with the method, or `cursor_not_hidden` with a hint; it is
+shown again when the window closes.
 
 Fullscreen, frames are padded with black to the monitor's shape before the
 window scales them up, so no toolkit-coloured bars appear beside the code
