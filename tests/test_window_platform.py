@@ -16,15 +16,15 @@ import sys
 import threading
 import time
 import types
+from typing import ClassVar
 
 import numpy as np
 import pytest
-
 from conftest import make_config, needs_tools
+
 from wccl.media import display as display_mod
-from wccl.media import hardware
+from wccl.media import hardware, window_process
 from wccl.media import window as window_mod
-from wccl.media import window_process
 
 
 def _events(buf) -> list[dict]:
@@ -63,7 +63,7 @@ class FakeCv2(types.ModuleType):
     WINDOW_NORMAL, WINDOW_KEEPRATIO, WINDOW_GUI_NORMAL = 0, 0, 0
     WND_PROP_FULLSCREEN, WINDOW_FULLSCREEN, WND_PROP_VISIBLE = 0, 1, 4
 
-    class error(Exception):  # noqa: N801 (cv2's name)
+    class error(Exception):
         pass
 
     def __init__(self) -> None:
@@ -71,25 +71,25 @@ class FakeCv2(types.ModuleType):
         self.opened_on: list[threading.Thread] = []
         self.shown = 0
 
-    def namedWindow(self, title, flags):  # noqa: N802 (cv2's name)
+    def namedWindow(self, title, flags):
         self.opened_on.append(threading.current_thread())
 
     def imshow(self, title, image):
         self.shown += 1
 
-    def waitKey(self, ms):  # noqa: N802
+    def waitKey(self, ms):
         return -1
 
-    pollKey = lambda self: -1  # noqa: E731, N815
-    getWindowProperty = lambda self, title, prop: 1.0  # noqa: E731, N815
-    getWindowImageRect = lambda self, title: (0, 0, 0, 0)  # noqa: E731, N815
-    moveWindow = resizeWindow = setWindowProperty = destroyWindow = lambda self, *a: None  # noqa: E731, N815
+    pollKey = lambda self: -1
+    getWindowProperty = lambda self, title, prop: 1.0
+    getWindowImageRect = lambda self, title: (0, 0, 0, 0)
+    moveWindow = resizeWindow = setWindowProperty = destroyWindow = lambda self, *a: None
 
 
 class FakeProcessWindow:
     """Stands in for ProcessWindowScreen: records the thread it was made on."""
 
-    made: list[threading.Thread] = []
+    made: ClassVar[list[threading.Thread]] = []
 
     def __init__(self, clock, title, width, height, **kw) -> None:
         FakeProcessWindow.made.append(threading.current_thread())
@@ -408,12 +408,13 @@ def test_process_window_from_a_worker_thread_shows_frames_and_hears_escape(monke
                         await asyncio.sleep(0.05)
                     seen.append(px)
                 for _ in range(20):  # a key sent while the window is still taking focus can be lost
-                    subprocess.run(["xdotool", "search", "--name", screen.title, "windowfocus", "--sync", "key",
-                                    "Escape"], env=d.env(), capture_output=True, timeout=10)
+                    await asyncio.to_thread(subprocess.run, ["xdotool", "search", "--name", screen.title,
+                                            "windowfocus", "--sync", "key", "Escape"], check=False, env=d.env(),
+                                            capture_output=True, timeout=10)
                     try:
                         await asyncio.wait_for(quit_.wait(), 1.0)
                         break
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         continue
                 quit_seen = quit_.is_set()
                 screen.close()
