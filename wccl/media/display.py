@@ -11,7 +11,9 @@ libX11, via ctypes; no window is created) and only then is highgui used.
 On macOS and Windows there is always a desktop while a user is logged in,
 and their backends raise instead of aborting: there is nothing to ask.
 
-Also here: the errors of real devices (`DeviceError`: `NoDisplay`,
+Also here: the display's refresh rate (`refresh_hz`: xrandr on X11,
+EnumDisplaySettingsW on Windows, CoreGraphics on macOS), and the errors of
+real devices (`DeviceError`: `NoDisplay`,
 `NoCamera`), each with the exit status `python -m wccl.node` ends with.
 """
 
@@ -150,12 +152,12 @@ def monitors(name: str | None = None) -> list[tuple[int, int, int, int]]:
     if name:
         env["DISPLAY"] = name
     try:
-        text = subprocess.run(["xrandr", "--listmonitors"], capture_output=True, text=True, timeout=5,
+        text = subprocess.run(["xrandr", "--listmonitors"], check=False, capture_output=True, text=True, timeout=5,
                               env=env).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     out = []
-    for m in re.finditer(r"^\s*\d+:\s+\S+\s+(\d+)/\d+x(\d+)/\d+\+(\d+)\+(\d+)", text, re.M):
+    for m in re.finditer(r"^\s*\d+:\s+\S+\s+(\d+)/\d+x(\d+)/\d+\+(\d+)\+(\d+)", text, re.MULTILINE):
         w, h, x, y = (int(v) for v in m.groups())
         out.append((x, y, w, h))
     return out
@@ -193,3 +195,114 @@ def probe_display(name: str | None = None) -> DisplayInfo:
         raise NoDisplay(f"display {name}: cannot connect to the X server (is it running, and may this user "
                         "use it? try: xdpyinfo -display " + name + ")")
     return DisplayInfo(name, screens)
+
+
+def _load(name: str):
+    """A system library through ctypes (`name` as ctypes.util.find_library takes it, or a path); None if absent."""
+    path = name if os.sep in name else ctypes.util.find_library(name)
+    if path is None:
+        return None
+    try:
+        return ctypes.WinDLL(path) if sys.platform == "win32" and hasattr(ctypes, "WinDLL") else ctypes.CDLL(path)
+    except OSError:
+        return None
+
+
+COREGRAPHICS = "/System/Library/Frameworks/CoreGraphics.framework/CoreGraphics"
+
+
+def parse_xrandr_rate(text: str) -> float | None:
+    """The current mode's refresh rate (Hz) in `xrandr --current` output: the rate marked '*'; None if there
+    is none, or it is 0 (a virtual display such as Xvfb has no refresh)."""
+    import re
+
+    m = re.search(r"(\d+(?:\.\d+)?)\s*\*", text)
+    if m is None:
+        return None
+    hz = float(m.group(1))
+    return hz if hz > 0 else None
+
+
+def _refresh_x11(name: str | None) -> float | None:
+    import shutil
+    import subprocess
+
+    if not shutil.which("xrandr"):
+        return None
+    env = dict(os.environ)
+    if name:
+        env["DISPLAY"] = name
+    try:
+        r = subprocess.run(["xrandr", "--current"], check=False, capture_output=True, text=True, timeout=5, env=env)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_xrandr_rate(r.stdout) if r.returncode == 0 else None
+
+
+class _DEVMODEW(ctypes.Structure):
+    """Win32 DEVMODEW (220 bytes; the printer/display union as its display variant; names as UTF-16 units)."""
+
+    _fields_ = [("dmDeviceName", ctypes.c_uint16 * 32), ("dmSpecVersion", ctypes.c_uint16),
+                ("dmDriverVersion", ctypes.c_uint16), ("dmSize", ctypes.c_uint16),
+                ("dmDriverExtra", ctypes.c_uint16), ("dmFields", ctypes.c_uint32),
+                ("dmPositionX", ctypes.c_int32), ("dmPositionY", ctypes.c_int32),
+                ("dmDisplayOrientation", ctypes.c_uint32), ("dmDisplayFixedOutput", ctypes.c_uint32),
+                ("dmColor", ctypes.c_int16), ("dmDuplex", ctypes.c_int16), ("dmYResolution", ctypes.c_int16),
+                ("dmTTOption", ctypes.c_int16), ("dmCollate", ctypes.c_int16),
+                ("dmFormName", ctypes.c_uint16 * 32), ("dmLogPixels", ctypes.c_uint16),
+                ("dmBitsPerPel", ctypes.c_uint32), ("dmPelsWidth", ctypes.c_uint32),
+                ("dmPelsHeight", ctypes.c_uint32), ("dmDisplayFlags", ctypes.c_uint32),
+                ("dmDisplayFrequency", ctypes.c_uint32), ("dmICMMethod", ctypes.c_uint32),
+                ("dmICMIntent", ctypes.c_uint32), ("dmMediaType", ctypes.c_uint32),
+                ("dmDitherType", ctypes.c_uint32), ("dmReserved1", ctypes.c_uint32),
+                ("dmReserved2", ctypes.c_uint32), ("dmPanningWidth", ctypes.c_uint32),
+                ("dmPanningHeight", ctypes.c_uint32)]
+
+
+def _refresh_windows() -> float | None:
+    user32 = _load("user32")
+    if user32 is None:
+        return None
+    ENUM_CURRENT_SETTINGS = -1
+    mode = _DEVMODEW()
+    mode.dmSize = ctypes.sizeof(_DEVMODEW)
+    if not user32.EnumDisplaySettingsW(None, ENUM_CURRENT_SETTINGS, ctypes.byref(mode)):
+        return None
+    hz = int(mode.dmDisplayFrequency)
+    return float(hz) if hz > 1 else None  # 0 and 1 mean "the hardware's default": unknown
+
+
+def _refresh_macos() -> float | None:
+    cg = _load(COREGRAPHICS)
+    if cg is None:
+        return None
+    cg.CGMainDisplayID.restype = ctypes.c_uint32
+    cg.CGDisplayCopyDisplayMode.restype = ctypes.c_void_p
+    cg.CGDisplayCopyDisplayMode.argtypes = [ctypes.c_uint32]
+    cg.CGDisplayModeGetRefreshRate.restype = ctypes.c_double
+    cg.CGDisplayModeGetRefreshRate.argtypes = [ctypes.c_void_p]
+    cg.CGDisplayModeRelease.argtypes = [ctypes.c_void_p]
+    mode = cg.CGDisplayCopyDisplayMode(cg.CGMainDisplayID())
+    if not mode:
+        return None
+    try:
+        hz = float(cg.CGDisplayModeGetRefreshRate(mode))
+    finally:
+        cg.CGDisplayModeRelease(mode)
+    return hz if hz > 0 else 60.0  # built-in panels report 0: they run at 60 Hz
+
+
+def refresh_hz(name: str | None = None) -> float | None:
+    """The refresh rate (Hz) of the display windows open on (X11: display `name`, default `$DISPLAY`; elsewhere
+    the main display); None where it cannot be known. X11: the current mode in `xrandr --current`; Windows:
+    EnumDisplaySettingsW's dmDisplayFrequency; macOS: CoreGraphics' CGDisplayModeGetRefreshRate."""
+    try:
+        if _uses_x11():
+            return _refresh_x11(name)
+        if sys.platform == "win32":
+            return _refresh_windows()
+        if sys.platform == "darwin":
+            return _refresh_macos()
+    except (OSError, AttributeError, ValueError):
+        return None
+    return None

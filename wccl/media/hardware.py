@@ -6,6 +6,12 @@ screen "window" (wccl.media.window) and camera "webcam" (wccl.media.webcam).
 Light travels through the air; this process only runs the nodes given with
 `--node`, usually one per laptop.
 
+Where a window runs: on macOS only a process's main thread may open one
+(Cocoa aborts otherwise), and the launcher runs a rank's node on a worker
+thread; there, and wherever WCCL_WINDOW_PROCESS=1, `window_screen` gives a
+ProcessWindowScreen (wccl.media.window_process: the window lives in a helper
+process whose main thread owns it); otherwise an in-process WindowScreen.
+
 The medium also carries the node's stop hook: a window's Esc calls
 `request_stop()`, which sets the run's stop event (`bind_stop`), so the
 node ends as it does on Ctrl-C. And it keeps the windows it made: `close()`
@@ -19,6 +25,9 @@ the process ends).
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from collections.abc import Callable
 
 from wccl.config import ConfigError
@@ -32,7 +41,7 @@ class StopHook:
     def __init__(self) -> None:
         self._callbacks: list[Callable[[], None]] = []
         self.stop_requested = False
-        self.windows: list = []  # WindowScreens made for this medium (window_screen), closed by close()
+        self.windows: list = []  # windows made for this medium (window_screen), closed by close()
 
     def bind_stop(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
@@ -75,9 +84,25 @@ class HardwareMedium(StopHook):
         return cls(config)
 
 
+WINDOW_PROCESS_ENV = "WCCL_WINDOW_PROCESS"
+
+
+def use_window_process() -> bool:
+    """Should this thread's window live in a helper process? On macOS off the main thread (Cocoa's rule),
+    and anywhere when WCCL_WINDOW_PROCESS=1."""
+    if os.environ.get(WINDOW_PROCESS_ENV) == "1":
+        return True
+    return sys.platform == "darwin" and threading.current_thread() is not threading.main_thread()
+
+
 def window_screen(*, medium, node, clock, config):
-    """Screen "window": fullscreen (or placed) per the node's `window` options; on the desktop medium, placed."""
-    from wccl.media.window import WindowScreen
+    """Screen "window": fullscreen (or placed) per the node's `window` options; on the desktop medium, placed.
+
+    A WindowScreen, or a ProcessWindowScreen where `use_window_process()` says so (same interface)."""
+    if use_window_process():
+        from wccl.media.window_process import ProcessWindowScreen as WindowScreen
+    else:
+        from wccl.media.window import WindowScreen
 
     on_quit = getattr(medium, "request_stop", None)
     place = getattr(medium, "window_rect", None)

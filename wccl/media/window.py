@@ -18,6 +18,19 @@ fullscreen and window placement on Linux (Qt), macOS (Cocoa) and Windows
   has been handed to the window system. A compositor may add a refresh or
   two (8-33 ms) that we cannot see; the clock sync measures the whole path
   end to end anyway (the frames' timestamps against the captures').
+  Frames are not timed to the refresh: the times `show()` returns carry no
+  vblank phase to predict from (the frame goes up at a later refresh we
+  never see), so sleeping to "align" would only add latency. What is
+  measured instead: the display's refresh rate (`refresh_hz`, logged in
+  `window_opened`), and in `window_closed` (and `stats()`) how long `show()`
+  took (`show_jitter_ms` percentiles) and how locked the presentation times
+  are to the refresh's phase (`refresh_phase_locking`, 0 spread evenly ..
+  1 all at one phase; a backend that blocks on vsync would show near 1).
+- On macOS (Cocoa) a window may only be opened on the process's main
+  thread; anywhere else it aborts the process. WindowScreen raises
+  RuntimeError instead, and wccl.media.hardware.window_screen gives a
+  ProcessWindowScreen there (wccl.media.window_process: this same window,
+  run by a helper process's main thread).
 - On a loaded machine (seen under Xvfb) Qt sometimes maps a new window where
   asked but never paints into it. On X11 the window first shows a test grey
   and reads it back off the display (Xlib's XGetImage); a window that does
@@ -25,6 +38,12 @@ fullscreen and window placement on Linux (Qt), macOS (Cocoa) and Windows
 - Its event loop only runs inside `waitKey`/`pollKey`: `show()` turns it once,
   and a timer on the asyncio loop polls it every 50 ms between frames, so the
   window repaints and Esc is seen even while nothing new is shown.
+
+Fullscreen, the mouse cursor is hidden (`CursorHider`: XFixes or, failing
+that, a pointer warped to the monitor's corner with xdotool on X11;
+user32.ShowCursor on Windows; CGDisplayHideCursor on macOS), logged as
+`cursor_hidden` with the method, or `cursor_not_hidden` with a hint; it is
+shown again when the window closes.
 
 Fullscreen, frames are padded with black to the monitor's shape before the
 window scales them up, so no toolkit-coloured bars appear beside the code
@@ -40,13 +59,28 @@ legible text it is left out (and logged once).
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import math
 import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
 import structlog
 
-from wccl.media.display import DisplayInfo, monitor_at, probe_display, read_pixels
+from wccl.media import display as _display
+from wccl.media.display import (
+    DisplayInfo,
+    monitor_at,
+    probe_display,
+    read_pixels,
+    refresh_hz,
+)
 
 ESC = 27
 POLL_S = 0.05
@@ -56,6 +90,153 @@ RING_GAP_PX = 6  # clear space between the text and the ring
 PROBE_GREY = 24  # shown once at start and read back off the display: is the window really painted?
 PAINT_TRIES = 8  # new windows tried (seen in CI: five were not always enough on the loaded machine)
 PAINT_WAIT_S = 1.0  # the first try's wait for the test grey; each further try waits longer (up to 3 s)
+SHOW_STATS = 4096  # the last this many show() calls are kept for the timing statistics
+MIN_PHASE_SAMPLES = 20  # fewer presentations say nothing about their phase against the refresh
+
+
+def require_main_thread(what: str = "an OpenCV window") -> None:
+    """Raise RuntimeError on macOS off the process's main thread: Cocoa aborts the process when a window
+    is opened anywhere else."""
+    if sys.platform == "darwin" and threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(f"{what} must be opened on the process's main thread on macOS (Cocoa aborts the "
+                           f"process otherwise), and this is thread {threading.current_thread().name!r}: "
+                           "use wccl.media.window_process.ProcessWindowScreen (hardware.window_screen "
+                           "chooses it off the main thread)")
+
+
+class CursorHider:
+    """Keeps the mouse cursor off a fullscreen window's code, with what the platform has (no new dependency).
+
+    X11: XFixesHideCursor through libXfixes (hidden while this connection stays open), else the pointer is
+    warped to the monitor's bottom-right corner with xdotool. Windows: user32.ShowCursor(False), on the
+    thread that owns the window (call `hide()` there). macOS: CoreGraphics' CGDisplayHideCursor on the main
+    display. `hide()` returns the method used, or None (nothing available); `restore()` undoes it.
+    """
+
+    def __init__(self, display_name: str | None, monitor: tuple[int, int, int, int] | None, log) -> None:
+        self.display_name = display_name
+        self.monitor = monitor
+        self.log = log
+        self.method: str | None = None
+        self._undo: Callable[[], None] | None = None
+
+    def hide(self) -> str | None:
+        if sys.platform.startswith(("linux", "freebsd", "openbsd", "netbsd")):
+            tries = (self._xfixes, self._xdotool_corner)
+            hint = ("install libXfixes (Debian/Ubuntu: apt-get install libxfixes3) or xdotool, "
+                    "or move the mouse off the screen by hand")
+        elif sys.platform == "win32":
+            tries, hint = (self._user32,), "move the mouse off the screen by hand"
+        elif sys.platform == "darwin":
+            tries, hint = (self._coregraphics,), "move the mouse off the screen by hand"
+        else:
+            tries, hint = (), "move the mouse off the screen by hand"
+        for attempt in tries:
+            try:
+                method = attempt()
+            except (OSError, AttributeError, ValueError, subprocess.SubprocessError):
+                method = None
+            if method:
+                self.method = method
+                self.log.info("cursor_hidden", method=method)
+                return method
+        self.log.warning("cursor_not_hidden", platform=sys.platform, hint=hint)
+        return None
+
+    def restore(self) -> None:
+        undo, self._undo = self._undo, None
+        if undo is not None:
+            try:
+                undo()
+            except (OSError, AttributeError, ValueError):
+                pass
+
+    # -- per platform ----------------------------------------------------------------------------
+    def _xfixes(self) -> str | None:
+        if not self.display_name:
+            return None
+        x11, xfixes = _display._libx11(), _display._load("Xfixes")
+        if x11 is None or xfixes is None:
+            return None
+        x11.XDefaultRootWindow.restype = ctypes.c_ulong
+        x11.XDefaultRootWindow.argtypes = [ctypes.c_void_p]
+        x11.XQueryExtension.argtypes = [ctypes.c_void_p, ctypes.c_char_p] + [ctypes.c_void_p] * 3
+        x11.XFlush.argtypes = x11.XCloseDisplay.argtypes = [ctypes.c_void_p]
+        xfixes.XFixesQueryVersion.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        xfixes.XFixesHideCursor.argtypes = xfixes.XFixesShowCursor.argtypes = [ctypes.c_void_p, ctypes.c_ulong]
+        dpy = x11.XOpenDisplay(self.display_name.encode())
+        if not dpy:
+            return None
+        op, ev, err, major, minor = (ctypes.c_int() for _ in range(5))
+        # A request of a missing extension is an X error, and Xlib's default handler ends the process: ask first.
+        if (not x11.XQueryExtension(dpy, b"XFIXES", ctypes.byref(op), ctypes.byref(ev), ctypes.byref(err))
+                or not xfixes.XFixesQueryVersion(dpy, ctypes.byref(major), ctypes.byref(minor))
+                or major.value < 4):  # HideCursor came with XFIXES 4
+            x11.XCloseDisplay(dpy)
+            return None
+        root = x11.XDefaultRootWindow(dpy)
+        xfixes.XFixesHideCursor(dpy, root)
+        x11.XFlush(dpy)
+
+        def undo() -> None:  # the server shows the cursor again when this connection closes anyway
+            xfixes.XFixesShowCursor(dpy, root)
+            x11.XFlush(dpy)
+            x11.XCloseDisplay(dpy)
+
+        self._undo = undo
+        return "xfixes"
+
+    def _xdotool_corner(self) -> str | None:
+        exe = shutil.which("xdotool")
+        if exe is None or self.monitor is None:
+            return None
+        mx, my, mw, mh = self.monitor
+        env = dict(os.environ)
+        if self.display_name:
+            env["DISPLAY"] = self.display_name
+        r = subprocess.run([exe, "mousemove", str(mx + mw - 1), str(my + mh - 1)], check=False, env=env,
+                           capture_output=True, timeout=5)
+        return "xdotool_corner" if r.returncode == 0 else None
+
+    def _user32(self) -> str | None:
+        user32 = _display._load("user32")
+        if user32 is None:
+            return None
+        user32.ShowCursor.argtypes = [ctypes.c_int]
+        user32.ShowCursor.restype = ctypes.c_int
+        user32.ShowCursor(0)  # a display counter: hidden while below 0
+        self._undo = lambda: user32.ShowCursor(1)
+        return "user32_showcursor"
+
+    def _coregraphics(self) -> str | None:
+        cg = _display._load(_display.COREGRAPHICS)
+        if cg is None:
+            return None
+        cg.CGMainDisplayID.restype = ctypes.c_uint32
+        cg.CGDisplayHideCursor.argtypes = cg.CGDisplayShowCursor.argtypes = [ctypes.c_uint32]
+        main = cg.CGMainDisplayID()
+        if cg.CGDisplayHideCursor(main) != 0:  # a CGError
+            return None
+        self._undo = lambda: cg.CGDisplayShowCursor(main)
+        return "coregraphics"
+
+
+def show_stats(took_s: list[float], presented: list[float], hz: float | None) -> dict:
+    """What the presentation times say: how long show() took (ms percentiles: the jitter of handing a frame
+    to the window system), and, with a known refresh rate, how locked the presentations are to its phase:
+    |mean of exp(2 pi i t / period)|, 1 when every frame went up at the same phase of the refresh, near 0
+    when the phases are spread evenly (what a backend without vsync gives)."""
+    out: dict = {"shows": len(took_s)}
+    if took_s:
+        ms = np.asarray(took_s) * 1000.0
+        out["show_jitter_ms"] = {k: round(float(np.percentile(ms, q)), 3)
+                                 for k, q in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))}
+    if hz and len(presented) >= MIN_PHASE_SAMPLES:
+        period = 1.0 / hz
+        t = np.asarray(presented)
+        phase = 2 * math.pi * np.mod(t - t[0], period) / period
+        out["refresh_phase_locking"] = round(float(abs(np.exp(1j * phase).mean())), 3)
+    return out
 
 
 def _prepare_qt() -> None:
@@ -136,11 +317,13 @@ def _pad(image: np.ndarray, cw: int, ch: int) -> np.ndarray:
 
 
 class WindowScreen:
-    """A window showing frames. Create it on the event loop's thread (highgui is not thread-safe)."""
+    """A window showing frames. Create it on the event loop's thread (highgui is not thread-safe); on macOS
+    that must be the process's main thread (RuntimeError otherwise)."""
 
     def __init__(self, clock, title: str, width: int, height: int, *, fullscreen: bool = True, x: int = 0,
                  y: int = 0, on_quit: Callable[[], None] | None = None, display: str | None = None,
                  node: str | None = None) -> None:
+        require_main_thread("WindowScreen")
         self.info: DisplayInfo = probe_display(display)  # raises NoDisplay before highgui is touched
         if display:
             os.environ["DISPLAY"] = display
@@ -162,6 +345,10 @@ class WindowScreen:
         self.log = structlog.get_logger("wccl").bind(**({"node": node} if node else {}), actor="screen")
         self._canvas: tuple[int, int] | None = None  # (w, h): frames padded with black to the monitor's shape
         self._x, self._y = x, y
+        self._took: deque[float] = deque(maxlen=SHOW_STATS)  # how long each show() took (s)
+        self._presented: deque[float] = deque(maxlen=SHOW_STATS)  # node-clock times show() returned
+        self.refresh_hz = refresh_hz(self.info.name if self.info.screens else None)
+        self._cursor: CursorHider | None = None
         rect = None
         for attempt in range(1, PAINT_TRIES + 1):
             want = self._create()
@@ -179,7 +366,11 @@ class WindowScreen:
         self.show(np.zeros((height, width, 3), np.uint8))
         self.log.info("window_opened", display=self.info.name, display_size=list(self.info.size), title=title,
                       fullscreen=fullscreen, x=x, y=y, width=width, height=height,
-                      image_rect=list(rect) if rect else None, painted=painted)
+                      image_rect=list(rect) if rect else None, painted=painted, refresh_hz=self.refresh_hz)
+        if fullscreen:
+            monitor = monitor_at(self.info, x, y)
+            self._cursor = CursorHider(self.info.name if self.info.screens else None, monitor, self.log)
+            self._cursor.hide()
         self._loop = asyncio.get_running_loop()
         self._poll_handle = self._loop.call_later(POLL_S, self._poll)
 
@@ -213,8 +404,6 @@ class WindowScreen:
 
         None where it cannot be checked (not X11, or the window's place is unknown).
         """
-        import time
-
         if not self.info.screens:
             return None
         probe = np.full((self.height, self.width, 3), PROBE_GREY, np.uint8)
@@ -239,8 +428,6 @@ class WindowScreen:
 
         A busy machine can leave a new window at the toolkit's default size, so this checks and asks again.
         """
-        import time
-
         cv2 = self._cv2
         x, y, w, h = want
         probe = np.full((self.height, self.width, 3), PROBE_GREY, np.uint8)
@@ -297,7 +484,16 @@ class WindowScreen:
         if image.shape[:2] != (self.height, self.width):
             raise ValueError(f"window is {self.width}x{self.height}, image is {image.shape[1]}x{image.shape[0]}")
         self._last = image
-        return self._present(image)
+        t0 = self._clock.now()
+        presented = self._present(image)
+        self._took.append(presented - t0)
+        self._presented.append(presented)
+        return presented
+
+    def stats(self) -> dict:
+        """Frames shown, and the timing of show() (`show_stats`: jitter in ms, phase against the refresh)."""
+        return {"shown": self.shown, "refresh_hz": self.refresh_hz,
+                **show_stats(list(self._took), list(self._presented), self.refresh_hz)}
 
     def _present(self, image: np.ndarray) -> float:
         if self._canvas is not None and self._canvas != (image.shape[1], image.shape[0]):
@@ -320,8 +516,11 @@ class WindowScreen:
             return
         self.closed = True
         self._poll_handle.cancel()
+        if self._cursor is not None:
+            self._cursor.restore()
         try:
             self._cv2.destroyWindow(self.title)
             self._cv2.waitKey(1)
         except self._cv2.error:
             pass
+        self.log.info("window_closed", title=self.title, **self.stats())
