@@ -391,7 +391,6 @@ def one_camera(tmp_path, monkeypatch):
     """A Linux machine with one camera (its capture and metadata nodes), opened by a fake VideoCapture that
     gives 640x480 whatever is asked."""
     import cv2
-
     from test_webcam import FakeCapture
 
     from wccl import devices
