@@ -45,6 +45,7 @@ from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.actor import Actor, ActorContext, Overflow
 from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
+from wccl.media.webcam import CODE_SEEN
 
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 REPORT_S = 1.0  # the link's figures are logged every this many seconds (node clock), `link_report`
@@ -112,7 +113,10 @@ class FrameDecoder(Actor):
             h, w = msg.image.shape[:2]
             if self.lens is None or (self.lens.lens.width, self.lens.lens.height) != (w, h):
                 self.lens = LensFit(w, h)
-        for quad in self.tracker(msg.image):
+        quads = self.tracker(msg.image)
+        if quads and self.ctx.node in CODE_SEEN:  # a webcam whose locks wait for the code
+            CODE_SEEN[self.ctx.node](quads[0].bbox, msg.image)
+        for quad in quads:
             self.stats["codes_seen"] += 1
             order = [self.current] if self.current is not None else list(self._order)
             for k in order:

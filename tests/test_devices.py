@@ -340,3 +340,122 @@ def test_window_check_command_shows_the_startup_screen(xdisplay):
              xdisplay.env(), timeout=60)
     assert r.returncode == 0, r.stderr
     assert "start-up screen" in r.stdout
+
+
+# ------------------------------------------------------------------------------- camera modes
+V4L2_FORMATS = """ioctl: VIDIOC_ENUM_FMT
+	Type: Video Capture
+
+	[0]: 'MJPG' (Motion-JPEG, compressed)
+		Size: Discrete 1280x720
+			Interval: Discrete 0.033s (30.000 fps)
+		Size: Discrete 640x480
+			Interval: Discrete 0.033s (30.000 fps)
+			Interval: Discrete 0.067s (15.000 fps)
+	[1]: 'YUYV' (YUYV 4:2:2)
+		Size: Discrete 640x480
+			Interval: Discrete 0.033s (30.000 fps)
+		Size: Discrete 1280x720
+			Interval: Discrete 0.100s (10.000 fps)
+			Interval: Discrete 0.200s
+"""
+
+V4L2_FORMATS_OLD = """ioctl: VIDIOC_ENUM_FMT
+	Index       : 0
+	Type        : Video Capture
+	Pixel Format: 'YUYV'
+	Name        : YUYV 4:2:2
+		Size: Stepwise 16x16 - 1920x1080 with step 1/1
+			Interval: Stepwise 0.033s - 1.000s with step 0.000s (1.000-30.000 fps)
+"""
+
+
+def test_v4l2_formats_are_parsed():
+    from wccl.devices import format_modes, parse_v4l2_formats
+
+    formats = parse_v4l2_formats(V4L2_FORMATS)
+    assert [f["fourcc"] for f in formats] == ["MJPG", "YUYV"]
+    assert formats[0]["description"] == "Motion-JPEG, compressed"
+    assert formats[0]["sizes"] == [{"width": 1280, "height": 720, "fps": [30.0]},
+                                   {"width": 640, "height": 480, "fps": [30.0, 15.0]}]
+    assert formats[1]["sizes"][1] == {"width": 1280, "height": 720, "fps": [10.0, 5.0]}  # 0.200s: 5 fps
+    assert format_modes(formats) == ["MJPG: 1280x720@30 640x480@30/15", "YUYV: 640x480@30 1280x720@10/5"]
+    old = parse_v4l2_formats(V4L2_FORMATS_OLD)
+    assert old == [{"fourcc": "YUYV", "description": "YUYV 4:2:2",
+                    "sizes": [{"width": 1920, "height": 1080, "fps": [30.0, 1.0]}]}]
+    assert parse_v4l2_formats("") == []
+
+
+@pytest.fixture
+def one_camera(tmp_path, monkeypatch):
+    """A Linux machine with one camera (its capture and metadata nodes), opened by a fake VideoCapture that
+    gives 640x480 whatever is asked."""
+    import cv2
+    from test_webcam import FakeCapture
+
+    from wccl import devices
+
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    for node, index in (("video0", 0), ("video1", 1)):
+        (sysfs / node).mkdir(parents=True)
+        (sysfs / node / "name").write_text("Integrated Camera\n")
+        (sysfs / node / "index").write_text(f"{index}\n")
+        dev.mkdir(exist_ok=True)
+        (dev / node).write_text("")
+    monkeypatch.setattr(devices, "SYS_V4L", sysfs)
+    monkeypatch.setattr(devices, "DEV", dev)
+    monkeypatch.setattr("sys.platform", "linux")
+    opened = []
+
+    def open_(device, api=None):
+        opened.append(FakeCapture(device, api, size=(640, 480), rate=1000.0))
+        return opened[-1]
+
+    monkeypatch.setattr(cv2, "VideoCapture", open_)
+    return opened
+
+
+def test_camera_modes_are_probed_without_v4l2_ctl(one_camera, monkeypatch, capsys):
+    from wccl import devices
+
+    monkeypatch.setattr(devices, "v4l2_formats", lambda device: None)
+    cams = devices.list_cameras(read=True)
+    assert [c["name"] for c in cams] == ["Integrated Camera"] * 2 and cams[0]["status"] == "ok"
+    modes = cams[0]["modes"]
+    assert [m["asked"] for m in modes] == [f"{w}x{h} {f}" for f in ("MJPG", "default")
+                                           for w, h in devices.PROBE_MODES]
+    assert all((m["width"], m["height"]) == (640, 480) for m in modes)  # what the camera gave, not what was asked
+    assert modes[0]["fourcc"] == "MJPG" and modes[-1]["fourcc"] == "YUYV"
+    devices._print(cams, {"display": None, "why": "none"}, True)
+    out = capsys.readouterr().out
+    assert "asked 1920x1080 MJPG: 640x480 at 30 fps, MJPG" in out
+    assert all(c.released for c in one_camera)
+
+
+def test_camera_formats_come_from_v4l2_ctl_and_no_read_streams_nothing(one_camera, monkeypatch, capsys):
+    from wccl import devices
+
+    monkeypatch.setattr(devices, "v4l2_formats", lambda device: devices.parse_v4l2_formats(V4L2_FORMATS))
+    cams = devices.list_cameras(read=False)
+    assert all("modes" not in c and c["formats"][0]["fourcc"] == "MJPG" for c in cams)
+    assert not any(c.sets for c in one_camera)  # --no-read: nothing asked of the camera
+    devices._print(cams, {"display": None, "why": "none"}, False)
+    out = capsys.readouterr().out
+    assert "    MJPG: 1280x720@30 640x480@30/15\n" in out and "    YUYV: 640x480@30 1280x720@10/5\n" in out
+
+
+def test_v4l2_ctl_is_run_on_the_device(monkeypatch):
+    from wccl import devices
+
+    calls = []
+
+    def run(args, **kw):
+        calls.append(args)
+        return subprocess.CompletedProcess(args, 0, V4L2_FORMATS, "")
+
+    monkeypatch.setattr(devices.shutil, "which", lambda name: "/usr/bin/v4l2-ctl" if name == "v4l2-ctl" else None)
+    monkeypatch.setattr(devices.subprocess, "run", run)
+    assert devices.v4l2_formats("/dev/video2")[1]["fourcc"] == "YUYV"
+    assert calls == [["/usr/bin/v4l2-ctl", "-d", "/dev/video2", "--list-formats-ext"]]
+    monkeypatch.setattr(devices.shutil, "which", lambda name: None)
+    assert devices.v4l2_formats("/dev/video2") is None

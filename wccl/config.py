@@ -170,19 +170,21 @@ class _Strict(BaseModel):
 class WebcamOptions(_Strict):
     """A real webcam (camera = "webcam", wccl/media/webcam.py): `webcam = {device = 0, ...}` on a node."""
 
-    device: int | str = 0  # camera index (0: the first) or device path (/dev/video2)
+    device: int | str = 0  # camera index (0: the first), device path (/dev/video2), or part of its name ("Logitech")
     backend: Literal["auto", "v4l2", "avfoundation", "dshow", "msmf", "any"] = "auto"  # auto: by platform
     width: int = Field(default=1280, ge=16, le=7680)
     height: int = Field(default=720, ge=16, le=4320)
     fps: float | None = Field(default=None, gt=0, le=240)  # default: [camera] fps
     mjpeg: bool = True  # ask for MJPEG (USB cameras reach 720p/30 only compressed)
-    lock_exposure: bool = True  # after settle_s on auto, fix the exposure auto chose (or `exposure`)
+    lock_exposure: bool = True  # settle_s after the other screen's code is first seen, fix the exposure (or `exposure`)
     exposure: float | None = None  # a manual exposure, in the driver's units
     lock_white_balance: bool = True  # likewise for white balance (or `white_balance_k`)
     white_balance_k: int | None = Field(default=None, ge=1000, le=15000)
-    lock_focus: bool = True  # autofocus off (focus hunting blurs the cells)
-    settle_s: float = Field(default=2.0, ge=0, le=60)
+    lock_focus: bool = True  # autofocus off at the same moment (focus hunting blurs the cells)
+    settle_s: float = Field(default=2.0, ge=0, le=60)  # auto runs this long with the code in view before the locks
+    lock_wait_s: float = Field(default=20.0, gt=0, le=600)  # no code in view this long: say so (the locks wait)
     buffer: int = Field(default=4, ge=1, le=64)  # captures kept for the decoder; older ones are dropped
+    driver_buffers: int = Field(default=3, ge=1, le=16)  # the driver's own buffers (one drops frames)
 
 
 class WindowOptions(_Strict):

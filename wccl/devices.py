@@ -1,15 +1,22 @@
 """`python -m wccl.devices`: the cameras and displays this laptop has, for a room config.
 
-Consumes: the machine (on Linux /dev/video* and /sys/class/video4linux; on
-macOS and Windows camera indices 0..N-1; the X display from $DISPLAY and,
-if installed, `xrandr --listmonitors`). Emits: a plain-text list (or JSON
-with `--json`): each camera's device, name, whether it delivers images and
-at what size, rate and pixel format; the display's size and monitors, or
-why there is none. Exit status 0 even when nothing is found: finding
-nothing is an answer.
+Consumes: the machine (on Linux /dev/video* and /sys/class/video4linux, and
+`v4l2-ctl` if installed; on macOS and Windows camera indices 0..N-1; the X
+display from $DISPLAY and, if installed, `xrandr --listmonitors`). Emits: a
+plain-text list (or JSON with `--json`): each camera's device, name, whether
+it delivers images and at what size, rate and pixel format, and the modes it
+offers: on Linux with `v4l2-ctl`, every pixel format with its sizes and
+frame rates; otherwise what the driver gives when asked for a few common
+modes (1280x720, 1920x1080, 640x480; MJPEG and the default format), probed
+with OpenCV (not with `--no-read`, which only asks the driver what it
+starts in). The display's size and monitors, or why there is none. Exit
+status 0 even when nothing is found: finding nothing is an answer.
 
 Opening a camera here switches its light on for a moment; a camera busy in
 another program shows as "cannot be opened".
+
+`find_camera(name)`: the device whose name contains `name` (Linux), for a
+node's `webcam = {device = "Logitech"}`.
 
 `python -m wccl.devices --window [--config room.toml --node NAME]` shows
 the node's window as it looks at start-up (start-up frames with the
@@ -24,26 +31,168 @@ import asyncio
 import json
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from wccl.cli import HelpFormatter
-from wccl.media.display import NoDisplay, monitors, probe_display
+from wccl.media.display import NoCamera, NoDisplay, monitors, probe_display
+
+SYS_V4L = Path("/sys/class/video4linux")  # the kernel's list of V4L2 devices and their names
+DEV = Path("/dev")
+PROBE_MODES = ((1280, 720), (1920, 1080), (640, 480))  # asked of a camera when v4l2-ctl cannot list its modes
 
 
 def _v4l2_name(dev: str) -> str:
-    p = Path("/sys/class/video4linux") / Path(dev).name / "name"
+    p = SYS_V4L / Path(dev).name / "name"
     try:
         return p.read_text().strip()
     except OSError:
         return ""
 
 
-def _probe_camera(device: int | str, backend: str, read: bool) -> dict[str, Any]:
+def _v4l2_index(dev: str) -> int:
+    """The node's index within its device (0: the first node, the capture node of a USB camera; a camera's
+    metadata node has the same name and index 1)."""
+    try:
+        return int((SYS_V4L / Path(dev).name / "index").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _video_nodes() -> list[Path]:
+    return sorted((p for p in DEV.glob("video*") if re.fullmatch(r"video\d+", p.name)), key=lambda p: int(p.name[5:]))
+
+
+def camera_names() -> list[tuple[str, str]]:
+    """(device path, name) of each camera's first node, without opening any (Linux only)."""
+    return [(str(p), _v4l2_name(str(p))) for p in _video_nodes() if _v4l2_index(str(p)) == 0]
+
+
+def find_camera(name: str) -> str:
+    """The device path of the camera whose name contains `name` (case-insensitive; an exact name wins).
+
+    NoCamera when no camera or more than one matches, listing the cameras; and where names cannot be
+    read without opening the cameras (macOS, Windows: OpenCV gives no names), saying to use an index."""
+    if not sys.platform.startswith("linux"):
+        raise NoCamera(f"camera {name!r}: cameras cannot be chosen by name here (OpenCV gives no camera names "
+                       f"on {sys.platform}): give an index, webcam = {{device = 0}} for the first; "
+                       "`python -m wccl.devices` lists the cameras with their indices")
+    cams = camera_names()
+    want = name.strip().lower()
+    found = [(d, n) for d, n in cams if n.lower() == want] or [(d, n) for d, n in cams if want in n.lower()]
+    if len(found) == 1:
+        return found[0][0]
+    listed = ", ".join(f"{d} {n!r}" for d, n in cams) or "none (no /dev/video* device)"
+    if not found:
+        raise NoCamera(f"camera {name!r}: no camera has that name (cameras: {listed}); "
+                       "`python -m wccl.devices` lists the cameras")
+    raise NoCamera(f"camera {name!r}: {len(found)} cameras match ({', '.join(f'{d} {n!r}' for d, n in found)}): "
+                   "give more of the name, or the device path")
+
+
+# ----------------------------------------------------------------------------- modes and formats
+def parse_v4l2_formats(text: str) -> list[dict[str, Any]]:
+    """`v4l2-ctl --list-formats-ext` output as [{fourcc, description, sizes: [{width, height, fps}]}].
+
+    `fps` lists the frame rates of a discrete size (fastest first); a stepwise size or interval gives
+    its range's ends (`width`/`height` the largest, `fps` the fastest and slowest)."""
+    formats: list[dict[str, Any]] = []
+    size: dict[str, Any] | None = None
+    for line in text.splitlines():
+        s = line.strip()
+        m = re.match(r"(?:\[\d+\]:|Pixel Format\s*:)\s*'([^']*)'\s*(?:\((.*)\))?", s)
+        if m:
+            formats.append({"fourcc": m.group(1).strip(), "description": (m.group(2) or "").strip(), "sizes": []})
+            size = None
+            continue
+        m = re.match(r"Name\s*:\s*(.*)", s)
+        if m and formats and not formats[-1]["description"]:
+            formats[-1]["description"] = m.group(1).strip()
+            continue
+        m = re.match(r"Size:\s*\w+\s+(\d+)x(\d+)(?:\s*-\s*(\d+)x(\d+))?", s)
+        if m and formats:
+            w, h = (int(m.group(3)), int(m.group(4))) if m.group(3) else (int(m.group(1)), int(m.group(2)))
+            size = {"width": w, "height": h, "fps": []}
+            formats[-1]["sizes"].append(size)
+            continue
+        if s.startswith("Interval:") and size is not None:
+            rates = re.search(r"\(([\d.]+)(?:\s*-\s*([\d.]+))? fps\)", s)
+            if rates:
+                values = [float(v) for v in rates.groups() if v is not None]
+            else:
+                secs = [float(v) for v in re.findall(r"([\d.]+)s", s)]
+                values = [1.0 / v for v in secs if v > 0]
+            size["fps"].extend(round(v, 2) for v in values)
+    for f in formats:
+        for sz in f["sizes"]:
+            sz["fps"] = sorted(set(sz["fps"]), reverse=True)
+    return formats
+
+
+def v4l2_formats(device: str, timeout: float = 5.0) -> list[dict[str, Any]] | None:
+    """The device's formats from `v4l2-ctl --list-formats-ext` (fast: it does not stream); None without it."""
+    exe = shutil.which("v4l2-ctl")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "-d", str(device), "--list-formats-ext"], check=False, capture_output=True,
+                           text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_v4l2_formats(r.stdout) if r.returncode == 0 else None
+
+
+def _rate(v: float) -> str:
+    return f"{v:g}"
+
+
+def format_modes(formats: list[dict[str, Any]]) -> list[str]:
+    """One compact line per pixel format: `MJPG: 1280x720@30/15 640x480@30`."""
+    lines = []
+    for f in formats:
+        sizes = " ".join(f"{s['width']}x{s['height']}" + ("@" + "/".join(_rate(v) for v in s["fps"]) if s["fps"] else "")
+                         for s in f["sizes"])
+        lines.append(f"{f['fourcc']}: {sizes}" if sizes else f"{f['fourcc']}")
+    return lines
+
+
+def _fourcc_text(v: float) -> str:
+    v = int(v)
+    return "".join(chr((v >> (8 * i)) & 0xFF) for i in range(4)).strip("\x00") or "?"
+
+
+def probe_modes(cap, read: bool) -> list[dict[str, Any]]:
+    """Ask an opened VideoCapture for each of PROBE_MODES, in MJPEG and in the default format, and note
+    what the driver reports it gives (size, rate, pixel format) and, with `read`, the size of an image."""
     import cv2
 
-    from wccl.media.webcam import backend_id, _quiet_opencv
+    default = cap.get(cv2.CAP_PROP_FOURCC)
+    out = []
+    for fourcc in ("MJPG", None):
+        for w, h in PROBE_MODES:
+            cap.set(cv2.CAP_PROP_FOURCC, cv2.VideoWriter_fourcc(*fourcc) if fourcc else default)
+            cap.set(cv2.CAP_PROP_FRAME_WIDTH, w)
+            cap.set(cv2.CAP_PROP_FRAME_HEIGHT, h)
+            cap.set(cv2.CAP_PROP_FPS, 30)
+            mode = {"asked": f"{w}x{h} {fourcc or 'default'}", "width": int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)),
+                    "height": int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)),
+                    "fps": round(float(cap.get(cv2.CAP_PROP_FPS)), 2), "fourcc": _fourcc_text(cap.get(cv2.CAP_PROP_FOURCC))}
+            if read:
+                ok, image = cap.read()
+                if ok and image is not None:
+                    mode["width"], mode["height"] = int(image.shape[1]), int(image.shape[0])
+            out.append(mode)
+    return out
+
+
+def _probe_camera(device: int | str, backend: str, read: bool, modes: bool = False) -> dict[str, Any]:
+    """What the camera starts in; with `modes` (and `read`) also what it gives for PROBE_MODES."""
+    import cv2
+
+    from wccl.media.webcam import _quiet_opencv, backend_id
 
     _quiet_opencv()
     out: dict[str, Any] = {"device": device}
@@ -63,31 +212,35 @@ def _probe_camera(device: int | str, backend: str, read: bool) -> dict[str, Any]
             out["width"] = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
             out["height"] = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
         out["fps"] = round(float(cap.get(cv2.CAP_PROP_FPS)), 2)
-        v = int(cap.get(cv2.CAP_PROP_FOURCC))
-        out["fourcc"] = "".join(chr((v >> (8 * i)) & 0xFF) for i in range(4)).strip("\x00") or "?"
+        out["fourcc"] = _fourcc_text(cap.get(cv2.CAP_PROP_FOURCC))
         out["status"] = "ok"
+        if modes and read:
+            out["modes"] = probe_modes(cap, read)
         return out
     finally:
         cap.release()
 
 
 def list_cameras(max_index: int = 4, read: bool = True) -> list[dict[str, Any]]:
+    """Every camera with what it starts in and its modes: `formats` from v4l2-ctl (Linux, if installed),
+    else, when `read`, `modes` probed with OpenCV. Without `read` nothing streams (fast)."""
     if sys.platform.startswith("linux"):
-        devs = sorted((p for p in Path("/dev").glob("video*") if re.fullmatch(r"video\d+", p.name)),
-                      key=lambda p: int(p.name[5:]))
         cams = []
-        for p in devs:
+        for p in _video_nodes():
             if not os.access(p, os.R_OK | os.W_OK):
                 cams.append({"device": str(p), "name": _v4l2_name(str(p)),
                              "status": "permission denied (add this user to the 'video' group)"})
                 continue
-            info = _probe_camera(str(p), "v4l2", read)
+            formats = v4l2_formats(str(p))
+            info = _probe_camera(str(p), "v4l2", read, modes=formats is None)
             info["name"] = _v4l2_name(str(p))
+            if formats:
+                info["formats"] = formats
             cams.append(info)
         return cams
     cams = []
     for i in range(max_index):
-        info = _probe_camera(i, "auto", read)
+        info = _probe_camera(i, "auto", read, modes=True)
         if info.get("status") == "ok":
             cams.append(info)
     return cams
@@ -116,9 +269,15 @@ def _print(cams: list[dict[str, Any]], disp: dict[str, Any], read: bool) -> None
                   f"({c['backend']})")
         else:
             print(f"  {c['device']}{name}: {c['status']}")
+        for line in format_modes(c.get("formats", [])):
+            print(f"    {line}")
+        for m in c.get("modes", []):
+            print(f"    asked {m['asked']}: {m['width']}x{m['height']} at {m['fps']:g} fps, {m['fourcc']}")
     if any(c.get("status") == "ok" for c in cams):
         print("  (the size and rate a camera starts in; a room config asks for its own: "
               "webcam = {device = ..., width = 1280, height = 720, fps = 30, mjpeg = true})")
+    if sys.platform == "darwin" and cams:
+        print("  (a phone nearby (Continuity Camera) may take index 0: check which index is the laptop's camera)")
     print("Displays:")
     if disp["display"] is None:
         print(f"  {disp['why']}")
