@@ -160,7 +160,7 @@ def test_a_run_on_real_devices_aims_first(monkeypatch):
 
 def test_a_run_not_aimed_in_time_warns_and_starts(monkeypatch, _quiet_logs):
     import wccl.aim
-    from wccl.node import aim_first
+    from wccl.aim import aim_first
 
     not_aimed = {"stopped": False, "nodes": {"bob": {"ok": False, "ok_at": None, "fps": 30.0, "peers": {
         "alice": {"state": "searching", "aimed": False, "hint": "no code of alice in view", "camera_px_per_aim_cell": 0}}}}}
@@ -184,3 +184,16 @@ def test_a_simulated_run_does_not_aim(monkeypatch):
 
 async def _fake_main(cfg, only, summary=False):
     return 0
+
+
+def test_the_launcher_on_real_devices_aims_first(monkeypatch, tmp_path):
+    import wccl.aim
+    from wccl.launch import main
+
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('the script must not start when aiming was stopped')\n")
+    calls = []
+    monkeypatch.setattr(wccl.aim, "aim", _fake_aim(calls, {"stopped": True, "nodes": {}}))
+    assert main(["--config", str(ROOT / "rooms/two-laptops.toml"), "--node", "alice", "--aim-seconds", "9",
+                 str(script)]) == 130
+    assert calls == [("hardware", ["alice"], 9.0)]

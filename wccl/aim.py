@@ -18,8 +18,9 @@ read) -> `both` (and it reads this screen), each change logged as
 OK_HOLD_S, the node logs `aim_ok` and goes on showing its code for LINGER_S
 (its peers learn from it that they are read), then ends.
 
-A run on real devices starts the same way: `python -m wccl.node` with
-room.medium = "hardware" aims first (for at most `--aim-seconds`, then it
+A run on real devices starts the same way (`aim_first`): `python -m
+wccl.node` and `python -m wccl.launch` with room.medium = "hardware" aim
+first (for at most `--aim-seconds`, then it
 warns `aim_not_done`, naming the directions, and starts anyway).
 
 In the simulated room every node named (all by default) runs in this
@@ -457,6 +458,34 @@ def report(result: dict[str, Any]) -> list[str]:
             if not v["aimed"]:
                 lines.append(f"{name} <-> {peer}: {v['state']}: {v['hint']}")
     return lines
+
+
+def aim_first(cfg: WcclConfig, node: str | None, seconds: float) -> int | None:
+    """On real devices a run starts with aim mode (wccl.aim) until every direction of this node reads,
+    or `seconds` pass (then it says which direction does not, and starts anyway: the run's own start-up
+    says whether the room can train). Returns an exit status when the run must not start (interrupted,
+    no display, no camera, a bad config), else None."""
+    from wccl.media.display import DeviceError
+    from wccl.timebase import new_loop
+
+    log = structlog.get_logger("wccl")
+    try:
+        with asyncio.Runner(loop_factory=lambda: new_loop(cfg.room.clock)) as runner:
+            result = runner.run(aim(cfg, [node] if node else None, None, seconds))
+    except ConfigError as e:
+        print(f"wccl: config error: {e}", file=sys.stderr)
+        return 2
+    except DeviceError as e:
+        print(f"wccl: {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        return 130
+    if result["stopped"]:
+        return 130
+    if not all(r["ok"] for r in result["nodes"].values()):
+        log.warning("aim_not_done", seconds=seconds, directions=report(result),
+                    hint="starting anyway; `wccl aim` aims without a time limit")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "before they are stopped (default: 0, they are stopped at once)")
     p.add_argument("--room-log", help="write the room process's whole output to this file "
                                       "(default: its lines at the log level, on this terminal)")
+    p.add_argument("--aim-seconds", type=float, default=120.0,
+                   help="on real devices (medium \"hardware\"), aim first (wccl aim) for at most this long; 0: "
+                        "start at once")
     p.add_argument("script", help="the training script (python file)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     return p
@@ -664,6 +667,15 @@ def launch(args: argparse.Namespace) -> int:
         raise LaunchError("--node runs one laptop's rank on real devices; the simulated room runs every rank "
                           "(leave out --node)")
     run = [args.node] if args.node else ranks
+    if cfg.room.medium == "hardware" and args.aim_seconds > 0:
+        # Aim on this process's main thread (a window must open there on macOS), before the script starts.
+        from wccl.aim import aim_first
+        from wccl.logs import configure_logging
+
+        configure_logging(cfg.logging.format, args.log_level or cfg.logging.level)
+        status = aim_first(cfg, args.node, args.aim_seconds)
+        if status is not None:
+            return status
     base = dict(os.environ)
     for k in ("MASTER_ADDR", "MASTER_PORT", "WCCL_STATUS_FD"):
         base.pop(k, None)

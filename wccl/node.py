@@ -291,33 +291,6 @@ def builtin_run_check(cfg: WcclConfig) -> None:
                           "`python -m wccl.lab train` or wccl.distributed (docs/compression.md)")
 
 
-def aim_first(cfg: WcclConfig, node: str | None, seconds: float) -> int | None:
-    """On real devices a run starts with aim mode (wccl.aim) until every direction of this node reads,
-    or `seconds` pass (then it says which direction does not, and starts anyway: the run's own start-up
-    says whether the room can train). Returns an exit status when the run must not start (interrupted,
-    no display, no camera, a bad config), else None."""
-    from wccl.aim import aim, report
-
-    log = structlog.get_logger("wccl")
-    try:
-        with asyncio.Runner(loop_factory=lambda: new_loop(cfg.room.clock)) as runner:
-            result = runner.run(aim(cfg, [node] if node else None, None, seconds))
-    except ConfigError as e:
-        print(f"wccl: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
-    except DeviceError as e:
-        print(f"wccl: {e}", file=sys.stderr)
-        return e.exit_status
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    if result["stopped"]:
-        return EXIT_INTERRUPTED
-    if not all(r["ok"] for r in result["nodes"].values()):
-        log.warning("aim_not_done", seconds=seconds, directions=report(result),
-                    hint="starting anyway; `wccl aim` aims without a time limit")
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -332,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     fmt = configure_logging(cfg.logging.format, cfg.logging.level)
     if cfg.room.medium == "hardware" and args.aim_seconds > 0:
+        from wccl.aim import aim_first
+
         status = aim_first(cfg, args.node, args.aim_seconds)
         if status is not None:
             return status
