@@ -465,6 +465,7 @@ def aim_first(cfg: WcclConfig, node: str | None, seconds: float) -> int | None:
     or `seconds` pass (then it says which direction does not, and starts anyway: the run's own start-up
     says whether the room can train). Returns an exit status when the run must not start (interrupted,
     no display, no camera, a bad config), else None."""
+    from wccl.media.capture import CameraLost
     from wccl.media.display import DeviceError
     from wccl.timebase import new_loop
 
@@ -472,6 +473,9 @@ def aim_first(cfg: WcclConfig, node: str | None, seconds: float) -> int | None:
     try:
         with asyncio.Runner(loop_factory=lambda: new_loop(cfg.room.clock)) as runner:
             result = runner.run(aim(cfg, [node] if node else None, None, seconds))
+    except CameraLost as e:
+        print(f"wccl: aiming: {e}", file=sys.stderr)
+        return 4
     except ConfigError as e:
         print(f"wccl: config error: {e}", file=sys.stderr)
         return 2
