@@ -129,6 +129,35 @@ def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
     assert np.allclose(ours, ref, rtol=1e-5, atol=1e-7), np.abs(ours - ref).max()
 
 
+# ---- scatter, all_to_all, and broadcasts of bytes every rank holds ----------------------------------
+
+@pytest.mark.slow
+def test_scatter_and_all_to_all_equal_gloo_and_held_bytes_do_not_cross(tmp_path):
+    proc, lines = launch(room_file(tmp_path, 3), SCRIPTS / "spread.py")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = torchrun(SCRIPTS / "spread.py", 3)
+    assert [d["rank"] for d in lines] == [0, 1, 2]
+    for ours, theirs in zip(lines, ref):
+        assert all(ours["cases"].values()) and ours["cases"].keys() == theirs["cases"].keys(), ours["cases"]
+        assert ours["digest"] == theirs["digest"]  # every result bit for bit as gloo's
+        assert ours["big_equal_posted"] <= 64  # a 256 KB broadcast every rank holds: digests only
+    assert lines[2]["big_differ_posted"] >= 256 * 1024  # one only the root holds: its bytes
+    assert lines[0]["big_differ_posted"] <= 64
+
+
+@pytest.mark.slow
+def test_a_20_mb_ddp_model_seeded_alike_starts_in_seconds(tmp_path):
+    room = room_file(tmp_path)
+    proc, lines = launch(room, SCRIPTS / "big_ddp.py")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert len({d["params_sha256"] for d in lines}) == 1 and lines[0]["model_bytes"] >= 20e6
+    assert all(d["start_s"] < 10 and d["posted"] < 1000 for d in lines), lines
+    proc, lines = launch(room, SCRIPTS / "big_ddp.py", "--differ")  # rank 1 seeded otherwise: the bytes cross
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert len({d["params_sha256"] for d in lines}) == 1
+    assert lines[0]["posted"] >= lines[0]["model_bytes"]
+
+
 # ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------
 
 @pytest.mark.slow

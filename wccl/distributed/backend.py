@@ -12,13 +12,21 @@ protocols.algorithms moves them (all_see_all: one transfer per rank, and
 every rank reduces the same parts in rank order; ring and star reduce on the
 way, with these same torch operations) so every rank's result is the same
 bit for bit. Zero-element tensors complete at once (they still take their
-sequence number). With the launcher's status channel (wccl.distributed.status),
+sequence number). scatter is the root's broadcast of every rank's share,
+and all_to_all (and all_to_all_single, even or uneven) an all_gather of
+every rank's part sizes and then of its whole input: each rank keeps what
+was meant for it. A broadcast of DIGEST_BROADCAST_BYTES or more first
+all-gathers a digest of what every rank holds: when every rank holds the
+root's bytes already (DDP's start, on a model every rank seeded alike),
+nothing more crosses; otherwise the broadcast goes on as usual. These
+calls wait for their first all_gather before they return. With the launcher's status channel (wccl.distributed.status),
 each finished collective is counted there: its tensor bytes and the rank's
 room time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import threading
 from collections.abc import Callable
@@ -40,6 +48,10 @@ _OPS: dict = {R.SUM: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum, R.MA
               R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
 _OP_NAMES = {R.SUM: "sum", R.PRODUCT: "product", R.MIN: "min", R.MAX: "max", R.BAND: "band", R.BOR: "bor",
              R.BXOR: "bxor", R.AVG: "avg"}  # as protocols.algorithms.fold names them
+
+
+DIGEST_BROADCAST_BYTES = 64 * 1024  # a broadcast this big first compares digests: equal bytes do not cross
+DIGEST_BYTES = 16
 
 
 class WcclError(RuntimeError):
@@ -96,6 +108,19 @@ def _op_name(op, tensors: list[torch.Tensor]) -> str:
 def _finish_reduce(flat: torch.Tensor, op, world: int) -> torch.Tensor:
     """An algorithm's reduced bytes (protocols.algorithms) as the result `_reduce` would give: AVG divides."""
     return flat / world if getattr(op, "op", op) == R.AVG else flat
+
+
+def _done(value) -> dist.Work:
+    """A Work already complete with `value` (nothing had to cross)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return WcclWork(fut)
+
+
+def _even(rows: int, world: int, which: str) -> list[int]:
+    if rows % world:
+        raise ValueError(f"wccl: all_to_all_single: the {which}'s {rows} rows do not split evenly among {world} ranks")
+    return [rows // world] * world
 
 
 def _write(outputs: list[torch.Tensor], flat: torch.Tensor) -> None:
@@ -229,6 +254,13 @@ class WcclProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        if nbytes >= DIGEST_BROADCAST_BYTES and self._world > 1:
+            # Every rank shows a digest of what it holds first: when all hold the root's bytes already (a
+            # model every rank seeded alike, as DDP broadcasts at its start), nothing more crosses.
+            digests = self._gather_digests(tensors)
+            if all(d == digests[root] for d in digests):
+                return _done(tensors)
 
         def finish(parts):
             if self._rank != root:
@@ -236,6 +268,102 @@ class WcclProcessGroup(dist.ProcessGroup):
             return tensors
 
         return self._issue("broadcast", tensors, finish, root=root)
+
+    def _gather_digests(self, tensors: list[torch.Tensor]) -> list[bytes]:
+        """Every rank's digest of its `tensors`' bytes (an all_gather of DIGEST_BYTES each, waited for)."""
+        mine = torch.frombuffer(bytearray(hashlib.blake2b(_to_bytes(tensors), digest_size=DIGEST_BYTES).digest()),
+                                dtype=torch.uint8)
+        outs = [torch.empty(DIGEST_BYTES, dtype=torch.uint8) for _ in range(self._world)]
+        self.allgather([outs], [mine]).wait()
+        return [bytes(o.numpy().tobytes()) for o in outs]
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        """The root's list of `world` tensors, one to each rank: the root broadcasts them all, each rank
+        keeps its own (every rank's share crosses to every rank)."""
+        root = opts.rootRank if opts is not None else 0
+        out = output_tensors[0]
+        if self._rank == root:
+            chunks = input_tensors[0]
+            if len(chunks) != self._world:
+                raise ValueError(f"wccl: scatter needs {self._world} input tensors on the root, got {len(chunks)}")
+            if any(c.numel() != out.numel() for c in chunks):
+                raise ValueError("wccl: scatter's input tensors must each have the output's size")
+            if self._world == 1:
+                _write([out], chunks[0].reshape(-1))
+                return _done(output_tensors)
+            inputs = [c.to(out.dtype) for c in chunks]
+        else:
+            inputs = [torch.empty(out.numel() * self._world, dtype=out.dtype)]
+        n = out.numel()
+
+        def finish(parts):
+            _write([out], parts[root][self._rank * n:(self._rank + 1) * n])
+            return output_tensors
+
+        return self._issue("broadcast", inputs, finish, root=root)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        """Tensor i of every rank's list goes to rank i: an all_gather of every rank's whole list, from
+        which each rank keeps what is meant for it (every rank's list crosses to every rank)."""
+        if len(input_tensors) != self._world or len(output_tensors) != self._world:
+            raise ValueError(f"wccl: all_to_all needs {self._world} input and output tensors")
+        sizes = [t.numel() for t in input_tensors]
+        if self._world == 1:
+            _write([output_tensors[0]], input_tensors[0].reshape(-1))
+            return _done(output_tensors)
+        return self._all_to_all(output_tensors, list(input_tensors), sizes, [t.numel() for t in output_tensors])
+
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        """all_to_all_single: `input` cut along its first dimension by `input_split_sizes` (equal parts
+        when empty), part i to rank i; `output` filled in rank order by `output_split_sizes`."""
+        rows_in = input.shape[0] if input.dim() else 1
+        row = input.numel() // rows_in if rows_in else 0
+        in_rows = list(input_split_sizes) or _even(rows_in, self._world, "input")
+        out_rows = list(output_split_sizes) or _even(output.shape[0] if output.dim() else 1, self._world, "output")
+        if len(in_rows) != self._world or len(out_rows) != self._world or sum(in_rows) != rows_in:
+            raise ValueError(f"wccl: all_to_all_single: split sizes {in_rows} / {out_rows} do not cut the "
+                             f"{rows_in} rows among {self._world} ranks")
+        if self._world == 1:
+            _write([output], input.reshape(-1))
+            return _done([output])
+        flat_in, flat_out = input.reshape(-1), output.reshape(-1)
+        return self._all_to_all([flat_out], [flat_in], [r * row for r in in_rows], [r * row for r in out_rows],
+                                whole=[output])
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def _all_to_all(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], sizes: list[int],
+                    out_sizes: list[int], whole: list[torch.Tensor] | None = None) -> dist.Work:
+        """Send every rank's parts (`sizes` elements each, in rank order) to all; write into `outputs`
+        (one tensor per rank, or one flat tensor cut by `out_sizes`) the part each rank meant for this one.
+        Two all_gathers: every rank's part sizes first (waited for; no rank can know them otherwise, and
+        every rank must issue the same collectives), then every rank's parts, padded to the longest, as
+        one all_gather takes as much from every rank."""
+        world, me = self._world, self._rank
+        table = torch.tensor(sizes, dtype=torch.int64)
+        gathered = [torch.empty(world, dtype=torch.int64) for _ in range(world)]
+        self.allgather([gathered], [table]).wait()
+        every = [g.tolist() for g in gathered]
+        for r in range(world):
+            if every[r][me] != out_sizes[r]:
+                raise WcclError(f"wccl: all_to_all: rank {r} sends {every[r][me]} elements to this rank, which "
+                                f"expects {out_sizes[r]}")
+        longest = max(sum(row) for row in every)
+        dtype = inputs[0].dtype
+        pad = longest - sum(sizes)
+        send = inputs + ([torch.zeros(pad, dtype=dtype)] if pad else [])
+
+        def finish(parts):
+            mine = [parts[r][sum(every[r][:me]):sum(every[r][:me]) + every[r][me]] for r in range(world)]
+            if len(outputs) == world:
+                for t, part in zip(outputs, mine):
+                    _write([t], part)
+            else:
+                _write(outputs, torch.cat(mine))
+            return whole if whole is not None else outputs
+
+        return self._issue("allgather", send, finish)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outs = output_tensors[0]
@@ -377,19 +505,10 @@ class WcclProcessGroup(dist.ProcessGroup):
     def _unsupported(self, name: str):
         raise NotImplementedError(f"wccl: {name} is not supported (supported: all_reduce, broadcast, all_gather, "
                                   "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, gather, "
-                                  "barrier)")
-
-    def alltoall(self, *a, **k):
-        self._unsupported("all_to_all")
-
-    def all_to_all_single(self, *a, **k):
-        self._unsupported("all_to_all_single")
+                                  "scatter, all_to_all, all_to_all_single, barrier)")
 
     def recv_anysource(self, *a, **k):
         self._unsupported("recv_anysource")
-
-    def scatter(self, *a, **k):
-        self._unsupported("scatter")
 
     def send(self, *a, **k):
         self._unsupported("send")
