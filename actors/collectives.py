@@ -1,7 +1,7 @@
 """Collectives: a rank's collectives, carried out as transfers over the light.
 
 Consumes: `CollectiveRequest` (from the rank's program, through
-wccl.distributed), `SendTensor` (a point-to-point tensor of the built-in
+wccl.distributed: a collective, or a send or recv), `SendTensor` (a point-to-point tensor of the built-in
 run, protocols.streams: one transfer to the ranks named, posted once the
 layout is chosen), `TransferArrived` (a peer's transfer, rebuilt and
 checked), `PeerAcks` (what each peer has of this rank's transfers), `HoldsKnown`
@@ -48,11 +48,20 @@ import structlog
 
 from protocols import streams, transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
-from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks, PostTransfer,
-                                SendTensor, SightKnown, TransferArrived)
+from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
+                                PostTransfer, SendTensor, SightKnown, TransferArrived)
 from wccl.actor import Actor, ActorContext, Overflow
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
+
+
+@dataclass
+class _PointToPoint:
+    """A send waiting for its peer's acknowledgement, or a recv waiting for its message."""
+
+    req: CollectiveRequest
+    deadline: float
+    tid: int = 0  # a send's transfer
 
 
 @dataclass
@@ -93,6 +102,10 @@ class Collectives(Actor):
         self._wake = asyncio.Event()
         self._pending: dict[int, _Pending] = {}
         self._early: dict[int, list[TransferArrived]] = {}
+        self._sends_out: list[_PointToPoint] = []  # sends not yet acknowledged by their peer
+        self._recvs: list[_PointToPoint] = []  # recvs not yet matched, in the order the program posted them
+        self._inbox: list[TransferArrived] = []  # point-to-point messages not yet received, in arrival order
+        self._recv_next: dict[tuple[int, int], int] = {}  # (source, tag) -> the number of its next message
         self._next_tid = 1
         self._acks: dict[int, transfer.Ack] = {}
         self._heard: dict[int, float] = {}  # rank -> node-clock time of its last transfer
@@ -116,7 +129,10 @@ class Collectives(Actor):
         elif isinstance(msg, TransferArrived):
             self._heard[msg.origin] = self.clock.now()
             self.results["bytes_received"] += len(msg.payload)
-            if msg.seq in self._pending:
+            if msg.op == "p2p":
+                self._inbox.append(msg)
+                await self._match()
+            elif msg.seq in self._pending:
                 await self._arrived(self._pending[msg.seq], msg)
             elif msg.seq > self._last_seq:
                 self._early.setdefault(msg.seq, []).append(msg)  # a peer is ahead of this rank
@@ -126,6 +142,7 @@ class Collectives(Actor):
                 await self._send_tensors()
         elif isinstance(msg, PeerAcks):
             self._acks[msg.origin] = transfer.Ack(*msg.ack)
+            await self._sends_acknowledged()
             self._check_drained()
         elif isinstance(msg, HoldsKnown):
             if any(b > a for a, b in zip(self._known, msg.holds)):
@@ -169,6 +186,9 @@ class Collectives(Actor):
             await self._start(req)
 
     async def _start(self, req: CollectiveRequest) -> None:
+        if req.op in P2P_OPS:
+            await self._point_to_point(req)
+            return
         self._last_seq = max(self._last_seq, req.seq)
         if self._broken is not None:
             self.results["failed"] += 1
@@ -286,11 +306,76 @@ class Collectives(Actor):
         await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=pend.req.seq,
                                        handle=pend.req.handle, error=error))
 
+    # -- point to point (torch.distributed's send and recv) ----------------------------------------
+    async def _point_to_point(self, req: CollectiveRequest) -> None:
+        """A send: one transfer (op "p2p", `seq` its number to that peer with that tag, `part` the tag) shown
+        until the peer acknowledges it, which completes it. A recv: matched with the first message from its
+        source (any source: the first to arrive) and tag that no earlier recv took, in the sender's order."""
+        deadline = self.clock.now() + self.timeout_s
+        if req.op == "recv":
+            self._recvs.append(_PointToPoint(req, deadline))
+            await self._match()
+            return
+        if not 0 <= req.root < self.world or req.root == self.rank:
+            await self._p2p_done(req, error=f"send to rank {req.root}: not another rank of the group (0..{self.world - 1})")
+            return
+        pending = _PointToPoint(req, deadline, tid=self._next_tid)
+        self._sends_out.append(pending)
+        payload = req.inputs[0] if len(req.inputs) == 1 else b"".join(req.inputs)
+        await self._post_one(req.seq, "p2p", req.dtype, req.numel, req.tag, 1 << req.root, payload)
+
+    async def _sends_acknowledged(self) -> None:
+        for p in list(self._sends_out):
+            if self._acks.get(p.req.root, transfer.Ack()).has(p.tid):
+                self._sends_out.remove(p)
+                await self._p2p_done(p.req)
+
+    async def _match(self) -> None:
+        """Hand each waiting recv the message it is owed, if it has come."""
+        for p in list(self._recvs):
+            req = p.req
+            for msg in self._inbox:
+                if ((req.root in (-1, msg.origin)) and msg.part == req.tag
+                        and msg.seq == self._recv_next.get((msg.origin, msg.part), 0)):
+                    break
+            else:
+                continue
+            self._inbox.remove(msg)
+            self._recvs.remove(p)
+            self._recv_next[(msg.origin, msg.part)] = msg.seq + 1
+            if (msg.dtype, msg.numel) != (req.dtype, req.numel):
+                await self._p2p_done(req, error=f"recv from rank {msg.origin} ({self.names[msg.origin]}), tag "
+                                                f"{req.tag}: it sent {msg.dtype} x {msg.numel}, this rank expects "
+                                                f"{req.dtype} x {req.numel}")
+                continue
+            await self._p2p_done(req, parts=((msg.payload,),), source=msg.origin)
+
+    async def _p2p_done(self, req: CollectiveRequest, parts=(), source: int = -1, error: str | None = None) -> None:
+        self.results["failed" if error else "done"] += 1
+        if error:
+            self.log.error("point_to_point_failed", op=req.op, peer=req.root, tag=req.tag, error=error)
+        await self.emit(CollectiveDone(sender=self.ctx.node, time=self.clock.now(), seq=req.seq, handle=req.handle,
+                                       parts=parts, source=source, error=error))
+
+    async def _p2p_timeouts(self, now: float) -> None:
+        for p in [p for p in self._sends_out if p.deadline <= now]:
+            self._sends_out.remove(p)
+            who = f"rank {p.req.root} ({self.names[p.req.root]})"
+            await self._p2p_done(p.req, error=f"send to {who}, tag {p.req.tag}: not acknowledged after "
+                                              f"{self.timeout_s:g} s (does its camera read this screen? "
+                                              "point-to-point messages are not relayed)")
+        for p in [p for p in self._recvs if p.deadline <= now]:
+            self._recvs.remove(p)
+            src = "any rank" if p.req.root < 0 else f"rank {p.req.root} ({self.names[p.req.root]})"
+            await self._p2p_done(p.req, error=f"recv from {src}, tag {p.req.tag}: nothing came within "
+                                              f"{self.timeout_s:g} s")
+
     async def _watchdog(self) -> None:
         period = max(0.05, min(1.0, self.timeout_s / 10))
         while True:
             await self.clock.sleep_until(self.clock.now() + period)
             now = self.clock.now()
+            await self._p2p_timeouts(now)
             for pend in [p for p in self._pending.values() if p.deadline <= now]:
                 seq = pend.req.seq
                 if pend.held:

@@ -150,6 +150,9 @@ class CollectiveRequest(Message):
     `inputs` are the tensor bytes this rank contributes, one per part (little endian, C order);
     `ready_at` is when, on the node's own clock, the rank's program issued it (its compute charged).
     `handle` is the backend's key to hand the result back by (`CollectiveDone`).
+    Point-to-point (`op` "send" or "recv", P2P_OPS): `root` is the peer (-1: a recv from any source),
+    `tag` the message's tag, and `seq` the message's number among this rank's sends to that peer with
+    that tag (or, for a recv, unused): those take no part in the group's numbering.
     """
 
     control: ClassVar[bool] = True
@@ -160,14 +163,19 @@ class CollectiveRequest(Message):
     inputs: tuple[bytes, ...]
     root: int = 0
     reduce_op: str = "sum"  # for allreduce/reduce_scatter: how an algorithm that reduces on the way folds
+    tag: int = Field(default=0, ge=0, le=0xFFFF)  # point-to-point only
     ready_at: float
     handle: int
+
+
+P2P_OPS = ("send", "recv")
 
 
 class CollectiveDone(Message):
     """A collective's outcome for the backend: every rank's parts (`parts[rank]`, in rank order), or for
     an algorithm that reduces on the way (protocols.algorithms) the `reduced` bytes ("avg" still to be
-    divided), or an `error` saying why it failed (timeout, mismatch). `algorithm`: the one that ran."""
+    divided), or an `error` saying why it failed (timeout, mismatch). `algorithm`: the one that ran.
+    A recv's outcome: `parts` holds the message alone, and `source` is the rank that sent it."""
 
     seq: int
     handle: int
@@ -175,6 +183,7 @@ class CollectiveDone(Message):
     reduced: bytes | None = None
     algorithm: str = ""
     error: str | None = None
+    source: int = -1
 
 
 class PostTransfer(Message):

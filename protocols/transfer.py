@@ -114,7 +114,9 @@ RANKS_SHIFT = 4  # flags' high nibble: how many ranks' acknowledgements and hold
 
 OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5,
        # the built-in run's (protocols.streams): a worker's gradient, the server's average, a snapshot, sync
-       "grad": 6, "avg": 7, "params": 8, "sync": 9}
+       "grad": 6, "avg": 7, "params": 8, "sync": 9,
+       # torch.distributed's send/recv: `seq` numbers the sender's messages to one peer with one tag (`part`)
+       "p2p": 10}
 OP_NAMES = {v: k for k, v in OPS.items()}
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,
           "int8": 8, "int16": 9, "bool": 10}

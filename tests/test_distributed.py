@@ -158,6 +158,30 @@ def test_a_20_mb_ddp_model_seeded_alike_starts_in_seconds(tmp_path):
     assert lines[0]["posted"] >= lines[0]["model_bytes"]
 
 
+# ---- point to point ----------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_send_recv_tags_any_source_and_batches_equal_gloo(tmp_path):
+    proc, lines = launch(room_file(tmp_path, 3), SCRIPTS / "p2p.py")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = torchrun(SCRIPTS / "p2p.py", 3)
+    assert [d["rank"] for d in lines] == [0, 1, 2]
+    for ours, theirs in zip(lines, ref):
+        assert ours["cases"] and all(ours["cases"].values()), ours["cases"]
+        assert ours["cases"].keys() == theirs["cases"].keys()
+        assert ours["digest"] == theirs["digest"]
+    assert sorted(lines[0]["sources"]) == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_two_stage_pipeline_over_send_and_recv_equals_gloo(tmp_path):
+    proc, lines = launch(room_file(tmp_path), EXAMPLES / "pipeline.py", "--steps", "6")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = torchrun(EXAMPLES / "pipeline.py", 2, "--steps", "6")
+    assert [d["params_sha256"] for d in lines] == [d["params_sha256"] for d in ref]
+    assert lines[1]["loss"] == ref[1]["loss"]
+
+
 # ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------
 
 @pytest.mark.slow

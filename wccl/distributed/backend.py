@@ -19,7 +19,13 @@ was meant for it. A broadcast of DIGEST_BROADCAST_BYTES or more first
 all-gathers a digest of what every rank holds: when every rank holds the
 root's bytes already (DDP's start, on a model every rank seeded alike),
 nothing more crosses; otherwise the broadcast goes on as usual. These
-calls wait for their first all_gather before they return. With the launcher's status channel (wccl.distributed.status),
+calls wait for their first all_gather before they return.
+
+Point to point: `send` is one transfer to its peer (protocols.transfer op
+"p2p", numbered among this rank's messages to that peer with that tag),
+complete once the peer acknowledged it; `recv` takes the next message from
+its source with its tag in the order they were sent (from any source: the
+first to arrive). Neither takes a number of the group's collectives. With the launcher's status channel (wccl.distributed.status),
 each finished collective is counted there: its tensor bytes and the rank's
 room time.
 """
@@ -138,9 +144,10 @@ class WcclWork(dist.Work):
     (torch's own future-wrapping Work would return normally from a failed future: a tensor left
     unreduced, silently)."""
 
-    def __init__(self, fut: torch.futures.Future) -> None:
+    def __init__(self, fut: torch.futures.Future, source: list[int] | None = None) -> None:
         super().__init__()
         self._fut = fut
+        self._source = source  # a recv's: [the rank its message came from], once it came
 
     def wait(self, timeout=None) -> bool:
         self._fut.wait()  # raises the collective's error
@@ -164,6 +171,13 @@ class WcclWork(dist.Work):
     def result(self):
         return self._fut.value()
 
+    def _source_rank(self) -> int:
+        """The rank a recv's message came from (torch asks this of a recv from any source)."""
+        self.wait()
+        if not self._source:
+            raise RuntimeError("wccl: not a recv: no source rank")
+        return self._source[0]
+
 
 class WcclProcessGroup(dist.ProcessGroup):
     """A process group whose collectives travel as frames between screens and cameras."""
@@ -174,6 +188,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         self._node = node
         self._status = status  # the launcher's status channel: every finished collective is counted there
         self._seq = itertools.count()
+        self._sent: dict[tuple[int, int], int] = {}  # (peer, tag) -> messages sent to it with that tag
         self._lock = threading.Lock()  # the program's thread and a hook on the node's thread may both call
 
     def getBackendName(self) -> str:
@@ -501,17 +516,68 @@ class WcclProcessGroup(dist.ProcessGroup):
         token = torch.ones(1, dtype=torch.uint8)
         return self._issue("barrier", [token], lambda parts: [token])
 
-    # Not carried over the light yet: say so instead of hanging.
-    def _unsupported(self, name: str):
-        raise NotImplementedError(f"wccl: {name} is not supported (supported: all_reduce, broadcast, all_gather, "
-                                  "all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, reduce, gather, "
-                                  "scatter, all_to_all, all_to_all_single, barrier)")
+    # ------------------------------------------------------------------ point to point
+    def send(self, tensors, dstRank, tag=0):
+        """`tensors[0]` to rank `dstRank`: one transfer its camera reads; complete once it acknowledged it."""
+        tensor = tensors[0]
+        self._p2p_checks(dstRank, tag, "send")
+        dtype = _dtype_name(tensor)
+        if tensor.numel() == 0:  # nothing to carry (the matching recv of nothing completes at once too)
+            return _done(tensors)
+        payload = _to_bytes([tensor])
+        fut: torch.futures.Future = torch.futures.Future()
 
-    def recv_anysource(self, *a, **k):
-        self._unsupported("recv_anysource")
+        def done(msg: CollectiveDone) -> None:
+            if msg.error is not None:
+                fut.set_exception(WcclError(f"wccl: {msg.error}"))
+            else:
+                fut.set_result(tensors)
 
-    def send(self, *a, **k):
-        self._unsupported("send")
+        with self._lock:
+            n = self._sent.get((dstRank, tag), 0)
+            self._sent[(dstRank, tag)] = n + 1
+            self._node.submit(seq=n, op="send", dtype=dtype, numel=tensor.numel(), inputs=(payload,), root=dstRank,
+                              callback=done, tag=tag)
+        return WcclWork(fut)
 
-    def recv(self, *a, **k):
-        self._unsupported("recv")
+    def recv(self, tensors, srcRank, tag=0):
+        """Into `tensors[0]`: the next message rank `srcRank` sent this rank with `tag` (in its order)."""
+        self._p2p_checks(srcRank, tag, "recv")
+        return self._recv(tensors, srcRank, tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        """Into `tensors[0]`: the first message with `tag` to arrive from any rank (the Work's
+        `_source_rank()` says which)."""
+        self._p2p_checks(None, tag, "recv")
+        return self._recv(tensors, -1, tag)
+
+    def _recv(self, tensors, src: int, tag: int) -> dist.Work:
+        tensor = tensors[0]
+        dtype = _dtype_name(tensor)
+        if tensor.numel() == 0:
+            return WcclWork(_done(tensors).get_future(), [src])
+        fut: torch.futures.Future = torch.futures.Future()
+        source: list[int] = []
+
+        def done(msg: CollectiveDone) -> None:
+            if msg.error is not None:
+                fut.set_exception(WcclError(f"wccl: {msg.error}"))
+                return
+            try:
+                _write([tensor], _from_bytes(msg.parts[0][0], tensor.dtype))
+            except Exception as e:  # noqa: BLE001 - the future carries it to the program
+                fut.set_exception(e)
+                return
+            source.append(msg.source)
+            fut.set_result(tensors)
+
+        with self._lock:
+            self._node.submit(seq=0, op="recv", dtype=dtype, numel=tensor.numel(), inputs=(), root=src,
+                              callback=done, tag=tag)
+        return WcclWork(fut, source)
+
+    def _p2p_checks(self, peer: int | None, tag: int, what: str) -> None:
+        if peer is not None and (not 0 <= peer < self._world or peer == self._rank):
+            raise ValueError(f"wccl: {what}: rank {peer} is not another rank of the group (0..{self._world - 1})")
+        if not 0 <= tag <= 0xFFFF:
+            raise ValueError(f"wccl: {what}: tag {tag}: tags are 0 to 65535")

@@ -399,8 +399,9 @@ class RankNode:
         return any(w.busy() for w in watched)
 
     def submit(self, *, seq: int, op: str, dtype: str, numel: int, inputs: tuple[bytes, ...], root: int,
-               callback: Callable[[CollectiveDone], None], reduce_op: str = "sum") -> None:
-        """Issue a collective; `callback(CollectiveDone)` runs on the node's thread when it ends."""
+               callback: Callable[[CollectiveDone], None], reduce_op: str = "sum", tag: int = 0) -> None:
+        """Issue a collective (or a send or recv: protocols.messages.P2P_OPS); `callback(CollectiveDone)` runs
+        on the node's thread when it ends."""
         if self._error is not None or self.loop is None or self._closed:
             raise RuntimeError(f"wccl: rank {self.node}'s node is not running"
                                + (f": {self._error}" if self._error else ""))
@@ -425,7 +426,7 @@ class RankNode:
             ready = (max(ready_loop, loop.time()) - clock.origin) * clock.rate + clock.offset
             await self.sup.submit(CollectiveRequest(sender=self.node, time=clock.now(), seq=seq, op=op, dtype=dtype,
                                                     numel=numel, inputs=inputs, root=root, ready_at=ready,
-                                                    reduce_op=reduce_op,
+                                                    reduce_op=reduce_op, tag=tag,
                                                     handle=handle))
 
         asyncio.run_coroutine_threadsafe(_put(), loop)
