@@ -22,7 +22,9 @@ joins after step 0, asking for a snapshot of the training state), estimates
 its clock against the server's from the frames' timestamps (wccl.clocksync:
 the server's frames it reads, and the server's echoes of its own), sets its
 `SyncedClock`, and keeps re-estimating while training (every frame carries
-timestamps). The server answers every hello with the announcement, so a node
+timestamps). After the last step the reduce ticks go on up to the last
+step's deadline (steps `steps` .. `steps + DEADLINE_STEPS - 1`, reduce phase
+only), so the last steps are awaited as long as every other. The server answers every hello with the announcement, so a node
 that starts (or restarts) late learns the schedule and joins at the next
 step.
 
@@ -40,7 +42,7 @@ from protocols import sync
 from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.clocksync import OffsetEstimator
-from wccl.schedule import Schedule
+from wccl.schedule import DEADLINE_STEPS, Schedule
 
 ROUND_HOLDS = 1  # a tensor's fixed cost in frame holds beyond its frames: the last one filmed, decoded, passed on
 
@@ -264,6 +266,16 @@ class Clock(Actor):
                     self._update_estimate(log=step % self.cfg.log_every == 0, step=step)
                 await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(),
                                      phase=w.phase, start=w.start, end=w.end))
+        if "reduce" in dict(schedule.phases):
+            # The last steps' deadlines lie past the last step: their reduce ticks still come, so each of
+            # those steps is awaited until its own deadline, as every other step is.
+            for step in range(self.steps, self.steps + DEADLINE_STEPS):
+                w = schedule.window(step, "reduce")
+                if w.start < self.clock.now() - 1e-6:
+                    continue
+                await self.clock.sleep_until(w.start)
+                await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(), phase="reduce",
+                                     start=w.start, end=w.end))
         await self.clock.sleep_until(max(schedule.t0 + self.steps * schedule.period, schedule.deadline(self.steps - 1)))
         await self.emit(ScheduleDone(sender=self.ctx.node, step=self.steps - 1, time=self.clock.now(),
                                      steps=self.steps))

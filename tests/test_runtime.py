@@ -156,7 +156,8 @@ def test_clock_actor_ticks_on_deadlines_under_virtual_time():
 
     outs, loop_end = run_virtual(go)
     ticks = [m for m in outs if isinstance(m, Tick)]
-    assert len(ticks) == 15
+    # 3 steps of 5 phases, then the reduce ticks of steps 3 and 4: the deadlines of steps 1 and 2
+    assert len(ticks) == 17 and [(m.step, m.phase) for m in ticks[15:]] == [(3, "reduce"), (4, "reduce")]
     for m in ticks:
         w = schedule.window(m.step, m.phase)
         assert m.time == pytest.approx(w.start, abs=1e-9) and (m.start, m.end) == (w.start, w.end)
