@@ -182,6 +182,19 @@ def test_a_two_stage_pipeline_over_send_and_recv_equals_gloo(tmp_path):
     assert lines[1]["loss"] == ref[1]["loss"]
 
 
+# ---- subgroups -----------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_subgroups_interleaved_destroyed_and_equal_to_gloo(tmp_path):
+    proc, lines = launch(room_file(tmp_path, 3), SCRIPTS / "groups.py")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = torchrun(SCRIPTS / "groups.py", 3)
+    for ours, theirs in zip(lines, ref):
+        assert ours["cases"] and all(ours["cases"].values()), ours["cases"]
+        assert ours["cases"].keys() == theirs["cases"].keys()  # rank 2 took no part in ranks 0 and 1's group
+        assert ours["digest"] == theirs["digest"]
+
+
 # ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------
 
 @pytest.mark.slow

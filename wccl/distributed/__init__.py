@@ -45,6 +45,8 @@ _rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (t
 BACKEND = "wccl"
 _pending: dict = {}  # what the rendezvous learned, for the backend's creator
 _nodes: list = []
+_groups: list = []  # this process's world group (subgroups travel over its node)
+_subgroups: dict[tuple[int, ...], int] = {}  # members -> groups made of them so far (wccl.distributed.backend.group_tag)
 _status: list = []  # this process's status channel to the launcher (wccl.distributed.status), if any
 NOT_LAUNCHED = ("wccl: this script needs its ranks started by the launcher: python -m wccl.launch --config "
                 "ROOM.toml script.py (or pass init_method='wccl://ROOM.toml?node=NAME')")
@@ -122,17 +124,27 @@ def _env_rendezvous(url: str, timeout: timedelta = dist.default_pg_timeout, **kw
     yield from _env_handler(url, timeout=timeout, **kwargs)
 
 
-def _create(store, rank: int, world: int, timeout: timedelta):
-    from wccl.distributed.backend import WcclProcessGroup
+def _create(opts, backend_options=None):
+    """The backend's creator (torch's extended API): the world group first, then any subgroup of it."""
+    from wccl.distributed.backend import WcclProcessGroup, WcclSubgroup
     from wccl.distributed.runtime import RankNode
 
+    rank, world, timeout = opts.group_rank, opts.group_size, opts.timeout
+    members = list(opts.global_ranks_in_group)
+    if _groups and members:
+        key = tuple(members)
+        index = _subgroups.get(key, 0)
+        _subgroups[key] = index + 1
+        sub = WcclSubgroup(_groups[0], members, rank, index)
+        sub._set_group_name(opts.group_id)  # torch names the groups it makes, but not those a backend returns
+        return sub
     if not _pending:
         cfg, node = _room_from_env()  # a store was passed: the environment still names the room
         _check_rank(cfg, node, rank, world, "init_process_group")
     else:
         cfg, node = _pending["config"], _pending["node"]
     if _nodes:
-        raise NotImplementedError("wccl: one group per process (new_group subgroups are not supported yet)")
+        raise NotImplementedError("wccl: init_process_group twice in one process (destroy the first)")
     clock = os.environ.get("WCCL_CLOCK")
     if clock:
         if clock not in ("virtual", "realtime"):
@@ -165,7 +177,10 @@ def _create(store, rank: int, world: int, timeout: timedelta):
     _nodes.append(node_rt)
     if channel is not None:
         channel.send("ready", t=round(node_rt.sim_seconds(), 3))
-    return WcclProcessGroup(rank, world, node_rt, status=channel)
+    group = WcclProcessGroup(rank, world, node_rt, status=channel)
+    group._set_group_name(opts.group_id)
+    _groups.append(group)
+    return group
 
 
 def shutdown() -> None:
@@ -175,6 +190,8 @@ def shutdown() -> None:
     t = _nodes[0].sim_seconds() if _nodes else None
     while _nodes:
         _nodes.pop().close()
+    _groups.clear()
+    _subgroups.clear()
     for channel in _status:
         channel.flush(t)
 
@@ -220,5 +237,5 @@ _rdzv._rendezvous_handlers["env"] = _env_rendezvous
 if "wccl" not in _rdzv._rendezvous_handlers:
     dist.register_rendezvous_handler("wccl", _wccl_rendezvous)
 if BACKEND.upper() not in dist.Backend._plugins:
-    dist.Backend.register_backend(BACKEND, _create, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
 atexit.register(shutdown)

@@ -58,6 +58,7 @@ _OP_NAMES = {R.SUM: "sum", R.PRODUCT: "product", R.MIN: "min", R.MAX: "max", R.B
 
 DIGEST_BROADCAST_BYTES = 64 * 1024  # a broadcast this big first compares digests: equal bytes do not cross
 DIGEST_BYTES = 16
+GROUP_TAGS = 0xF000  # point-to-point tags from here on carry subgroups' collectives (group_tag)
 
 
 class WcclError(RuntimeError):
@@ -189,10 +190,19 @@ class WcclProcessGroup(dist.ProcessGroup):
         self._status = status  # the launcher's status channel: every finished collective is counted there
         self._seq = itertools.count()
         self._sent: dict[tuple[int, int], int] = {}  # (peer, tag) -> messages sent to it with that tag
+        self._group_name = ""
         self._lock = threading.Lock()  # the program's thread and a hook on the node's thread may both call
 
     def getBackendName(self) -> str:
         return "wccl"
+
+    @property
+    def group_name(self) -> str:
+        """The name torch gave the group (torch's own property needs a C++ backend, which this has not)."""
+        return self._group_name
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
 
     def size(self) -> int:
         return self._world
@@ -521,63 +531,173 @@ class WcclProcessGroup(dist.ProcessGroup):
         """`tensors[0]` to rank `dstRank`: one transfer its camera reads; complete once it acknowledged it."""
         tensor = tensors[0]
         self._p2p_checks(dstRank, tag, "send")
-        dtype = _dtype_name(tensor)
-        if tensor.numel() == 0:  # nothing to carry (the matching recv of nothing completes at once too)
-            return _done(tensors)
-        payload = _to_bytes([tensor])
-        fut: torch.futures.Future = torch.futures.Future()
-
-        def done(msg: CollectiveDone) -> None:
-            if msg.error is not None:
-                fut.set_exception(WcclError(f"wccl: {msg.error}"))
-            else:
-                fut.set_result(tensors)
-
-        with self._lock:
-            n = self._sent.get((dstRank, tag), 0)
-            self._sent[(dstRank, tag)] = n + 1
-            self._node.submit(seq=n, op="send", dtype=dtype, numel=tensor.numel(), inputs=(payload,), root=dstRank,
-                              callback=done, tag=tag)
-        return WcclWork(fut)
+        _dtype_name(tensor)
+        return WcclWork(self._send_bytes(dstRank, tag, tensor, value=tensors))
 
     def recv(self, tensors, srcRank, tag=0):
         """Into `tensors[0]`: the next message rank `srcRank` sent this rank with `tag` (in its order)."""
         self._p2p_checks(srcRank, tag, "recv")
-        return self._recv(tensors, srcRank, tag)
+        return self._recv_into(tensors, srcRank, tag)
 
     def recv_anysource(self, tensors, tag=0):
         """Into `tensors[0]`: the first message with `tag` to arrive from any rank (the Work's
         `_source_rank()` says which)."""
         self._p2p_checks(None, tag, "recv")
-        return self._recv(tensors, -1, tag)
+        return self._recv_into(tensors, -1, tag)
 
-    def _recv(self, tensors, src: int, tag: int) -> dist.Work:
+    def _recv_into(self, tensors, src: int, tag: int) -> dist.Work:
         tensor = tensors[0]
-        dtype = _dtype_name(tensor)
-        if tensor.numel() == 0:
-            return WcclWork(_done(tensors).get_future(), [src])
-        fut: torch.futures.Future = torch.futures.Future()
+        _dtype_name(tensor)
         source: list[int] = []
+        fut = self._recv_bytes(src, tag, tensor, source)
+        return WcclWork(fut.then(lambda f: (_write([tensor], f.value()), tensors)[1]), source)
+
+    def _send_bytes(self, peer: int, tag: int, tensor: torch.Tensor, value=None) -> torch.futures.Future:
+        """Send `tensor`'s bytes to global rank `peer` with `tag` (any tag: the group's own too); the
+        future completes with `value` once the peer acknowledged them."""
+        fut: torch.futures.Future = torch.futures.Future()
+        if tensor.numel() == 0:  # nothing to carry (the matching recv of nothing completes at once too)
+            fut.set_result(value)
+            return fut
+        payload = _to_bytes([tensor])
+
+        def done(msg: CollectiveDone) -> None:
+            if msg.error is not None:
+                fut.set_exception(WcclError(f"wccl: {msg.error}"))
+            else:
+                fut.set_result(value)
+
+        with self._lock:
+            n = self._sent.get((peer, tag), 0)
+            self._sent[(peer, tag)] = n + 1
+            self._node.submit(seq=n, op="send", dtype=DTYPES[tensor.dtype], numel=tensor.numel(), inputs=(payload,),
+                              root=peer, callback=done, tag=tag)
+        return fut
+
+    def _recv_bytes(self, src: int, tag: int, like: torch.Tensor, source: list[int] | None = None
+                    ) -> torch.futures.Future:
+        """The next message from global rank `src` (-1: any) with `tag`, of `like`'s dtype and size; the
+        future's value is a flat tensor of it. `source` gets the rank it came from."""
+        fut: torch.futures.Future = torch.futures.Future()
+        if like.numel() == 0:
+            if source is not None:
+                source.append(src)
+            fut.set_result(torch.empty(0, dtype=like.dtype))
+            return fut
 
         def done(msg: CollectiveDone) -> None:
             if msg.error is not None:
                 fut.set_exception(WcclError(f"wccl: {msg.error}"))
                 return
-            try:
-                _write([tensor], _from_bytes(msg.parts[0][0], tensor.dtype))
-            except Exception as e:  # noqa: BLE001 - the future carries it to the program
-                fut.set_exception(e)
-                return
-            source.append(msg.source)
-            fut.set_result(tensors)
+            if source is not None:
+                source.append(msg.source)
+            fut.set_result(_from_bytes(msg.parts[0][0], like.dtype))
 
         with self._lock:
-            self._node.submit(seq=0, op="recv", dtype=dtype, numel=tensor.numel(), inputs=(), root=src,
+            self._node.submit(seq=0, op="recv", dtype=DTYPES[like.dtype], numel=like.numel(), inputs=(), root=src,
                               callback=done, tag=tag)
-        return WcclWork(fut, source)
+        return fut
 
     def _p2p_checks(self, peer: int | None, tag: int, what: str) -> None:
         if peer is not None and (not 0 <= peer < self._world or peer == self._rank):
             raise ValueError(f"wccl: {what}: rank {peer} is not another rank of the group (0..{self._world - 1})")
-        if not 0 <= tag <= 0xFFFF:
-            raise ValueError(f"wccl: {what}: tag {tag}: tags are 0 to 65535")
+        if not 0 <= tag < GROUP_TAGS:
+            raise ValueError(f"wccl: {what}: tag {tag}: tags are 0 to {GROUP_TAGS - 1} (the rest carry subgroups' "
+                             "collectives)")
+
+
+def group_tag(members: list[int], index: int) -> int:
+    """The tag a subgroup's collectives travel under: one per set of members (a bit mask of at most 8
+    ranks) and per group made of that set before it (up to 16), the same on every member."""
+    if max(members, default=0) >= 8 or index >= 16:
+        raise NotImplementedError(f"wccl: subgroup of ranks {members}: at most 16 groups of one set of ranks, "
+                                  "of the first 8 ranks")
+    return GROUP_TAGS + sum(1 << r for r in members) * 16 + index
+
+
+class WcclSubgroup(WcclProcessGroup):
+    """Some of the world's ranks (`new_group`, `new_subgroups`): the same collectives, whose parts travel
+    as point-to-point messages among the members only (each member's part to every other member; for a
+    broadcast or scatter, the root's part), tagged with the group's own tag over the world group's node,
+    and combined by the same code as the world group's (so in group rank order, the same bits on every
+    member). Ranks outside the group see nothing of it: its transfers are addressed to members. Its
+    collectives take no number of the world group's, and no agreement round: a member whose messages do
+    not all arrive fails the collective (a WcclError, after `[collectives] timeout_s`) while the others
+    may complete it."""
+
+    def __init__(self, world_group: WcclProcessGroup, members: list[int], rank: int, index: int) -> None:
+        super().__init__(rank, len(members), world_group._node, status=None)
+        self._world_group = world_group
+        self._members = list(members)  # global ranks, in group rank order
+        self._tag = group_tag(self._members, index)
+
+    def __repr__(self) -> str:
+        return f"WcclSubgroup(rank={self._rank}, members={self._members}, node={self._node.node})"
+
+    def shutdown(self) -> None:
+        """Called by `destroy_process_group(group)`: nothing to stop (the world group's node goes on)."""
+
+    def _issue(self, op: str, tensors: list[torch.Tensor], finish, root: int = 0, inputs=None, reduce_op=None,
+               finish_reduced=None) -> dist.Work:
+        inputs = tensors if inputs is None else inputs
+        dtypes = {_dtype_name(t) for t in inputs} or {"uint8"}
+        if len(dtypes) > 1:
+            raise TypeError(f"wccl: one collective takes one dtype, got {', '.join(sorted(dtypes))}")
+        name = dtypes.pop()
+        torch_dtype = next(k for k, v in DTYPES.items() if v == name)
+        if reduce_op is not None:
+            _op_name(reduce_op, inputs)
+        mine = torch.cat([t.detach().reshape(-1) for t in inputs]) if inputs else torch.empty(0, dtype=torch_dtype)
+        senders = [root] if op == "broadcast" else list(range(self._world))
+        world = self._world_group
+        futures: list[torch.futures.Future] = []
+        received: dict[int, torch.futures.Future] = {}
+        if self._rank in senders:
+            futures += [world._send_bytes(self._members[r], self._tag, mine) for r in range(self._world)
+                        if r != self._rank]
+        for r in senders:
+            if r != self._rank:
+                received[r] = world._recv_bytes(self._members[r], self._tag, mine)
+                futures.append(received[r])
+        out: torch.futures.Future = torch.futures.Future()
+
+        def combine(_all) -> None:
+            try:
+                for f in futures:
+                    f.value()  # raises the first error
+                parts = [received[r].value() if r in received else mine for r in range(self._world)]
+                out.set_result(finish(parts))
+            except Exception as e:  # noqa: BLE001 - the future carries it to the program
+                out.set_exception(e)
+
+        torch.futures.collect_all(futures).add_done_callback(combine)
+        return WcclWork(out)
+
+    def send(self, tensors, dstRank, tag=0):
+        self._p2p_checks(dstRank, tag, "send")
+        return self._world_group.send(tensors, self._members[dstRank], tag)
+
+    def recv(self, tensors, srcRank, tag=0):
+        self._p2p_checks(srcRank, tag, "recv")
+        return self._world_group.recv(tensors, self._members[srcRank], tag)
+
+    def recv_anysource(self, tensors, tag=0):
+        """Any member's next message with `tag` (a rank outside the group sending this rank that tag at
+        the same time may be taken instead: keep the tags of groups apart)."""
+        work = self._world_group.recv_anysource(tensors, tag)
+        source = work._source
+        return WcclWork(work.get_future(), _GroupRanks(source, self._members))
+
+
+class _GroupRanks(list):
+    """A recv's source as a group rank: the world's rank it came from, looked up among the members."""
+
+    def __init__(self, world_source: list[int], members: list[int]) -> None:
+        super().__init__()
+        self._world_source, self._members = world_source, members
+
+    def __bool__(self) -> bool:
+        return bool(self._world_source)
+
+    def __getitem__(self, i):
+        return self._members.index(self._world_source[i])
