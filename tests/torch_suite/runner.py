@@ -86,9 +86,16 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in (text or "").splitlines() if line.strip()), "")
 
 
+_LOG_PREFIX = re.compile(r"^(\[rank\d+\]:)?[EWI]\d{4} [\d:.]+ \d+ \S+\] ")  # torch's C++-style log prefix
+
+
+def _clean(line: str) -> str:
+    return _LOG_PREFIX.sub("", line.strip())
+
+
 def _failure_detail(text: str) -> str:
     """The most telling line of a failure: the last exception line of the ranks' or the test's output."""
-    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    lines = [_clean(line) for line in (text or "").splitlines() if line.strip()]
     keys = ("Error:", "Error(", "Exception:", "AssertionError", "NotImplementedError", "Timeout", "timed out",
             "exited with")
     hits = [line for line in lines if any(k in line for k in keys) and not line.startswith("File ")]
@@ -171,14 +178,43 @@ def table(results: list[Result]) -> str:
         for n in sizes:
             r = by.get((t, n))
             cells.append(f"{r.outcome} ({r.seconds:.0f} s)" if r else "")
-            if r and r.detail and r.detail not in details:
-                details.append(r.detail)
+            if r and r.detail and _clean(r.detail) not in details:
+                details.append(_clean(r.detail))
         detail = " / ".join(details).replace("|", "\\|").replace("\n", " ")
         rows.append(f"| {t} | " + " | ".join(cells) + f" | {detail} |")
     counts = {n: {o: sum(1 for r in results if r.world_size == n and r.outcome == o)
                   for o in ("passed", "failed", "timeout", "skipped")} for n in sizes}
     summary = "\n".join(f"- {n} ranks: " + ", ".join(f"{v} {k}" for k, v in c.items()) for n, c in counts.items())
-    return summary + "\n\n" + "\n".join(rows) + "\n"
+    groups: dict[str, dict[str, str]] = {}
+    for r in results:
+        if r.outcome == "skipped":
+            groups.setdefault(skip_kind(r.detail), {}).setdefault(r.test, _clean(r.detail))
+    sections = []
+    for kind, title in SKIP_KINDS.items():
+        if kind in groups:
+            items = "\n".join(f"- {t}: {why}" for t, why in groups[kind].items())
+            sections.append(f"### Skipped: {title} ({len(groups[kind])})\n\n{items}\n")
+    return summary + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(sections)
+
+
+SKIP_KINDS = {
+    "cpu": "does not apply to a CPU backend (CUDA, GPUs)",
+    "list": "torch's per-backend feature lists do not name wccl (the test is not tried)",
+    "other": "disabled upstream, a missing package, or the world size",
+}
+
+
+def skip_kind(reason: str) -> str:
+    """Why torch skipped a test: `cpu` when it needs CUDA or GPUs; `list` when torch's own tables of which
+    backend supports what leave wccl out (DistTestCases.backend_feature, `BACKEND in (...)` checks, whose
+    subgroup message says "on CUDA devices" whatever the device); `other` for the rest (a test disabled
+    upstream, a missing package, too small a world)."""
+    low = reason.lower()
+    if re.search(r"cuda|gpu|cudnn", low) and "creating subgroups on cuda devices" not in low:
+        return "cpu"
+    if "wccl" in low or re.search(r"\b(mpi|gloo|nccl|ucc)\b", low):
+        return "list"
+    return "other"
 
 
 def main(argv: list[str] | None = None) -> int:
