@@ -2,11 +2,15 @@
 the `wccl` backend, through tests/torch_suite/runner.py: each test spawns its ranks as torch's
 `TestDistBackend` does, in a simulated `exact` room of its own.
 
-The normal run takes a sample that covers broadcast, all-reduce, all-gather, scatter and send/recv (one
-pytest process for all of them, about 20 s of wall time per test on two cores). `WCCL_TORCH_SUITE=all` runs every test of
-the suite instead (hours), and fails if a test that docs/torch-tests.md records as passed does not
-pass; WCCL_TORCH_SUITE_OUT names a JSON-lines file for its results (then printed as the table of
-docs/torch-tests.md), WCCL_TORCH_SUITE_WORLD_SIZE its world size (2 by default).
+The normal run takes a sample that covers broadcast, all-reduce, all-gather, scatter and send/recv
+(one pytest process for all of them, about 20 s of wall time per test on two cores).
+
+    WCCL_TORCH_SUITE=all python -m pytest tests/test_torch_suite.py --slow -k suite_on_wccl
+
+runs every test of the suite instead (half an hour at 2 ranks on two cores) and fails if a test that
+docs/torch-tests.md records as passed does not pass; WCCL_TORCH_SUITE_OUT names a JSON-lines file for
+its results (printed as the table of docs/torch-tests.md; a run given a file that holds results goes on
+from there), WCCL_TORCH_SUITE_WORLD_SIZE its world size (2 by default).
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def test_documented_passes_are_read_from_the_table():
 @needs_expecttest
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("WCCL_TORCH_SUITE") != "all",
-                    reason="the whole of torch's suite takes hours: WCCL_TORCH_SUITE=all runs it")
+                    reason="the whole of torch's suite takes half an hour or more: WCCL_TORCH_SUITE=all runs it")
 def test_torch_distributed_suite_on_wccl(tmp_path, capsys):
     world_size = int(os.environ.get("WCCL_TORCH_SUITE_WORLD_SIZE", "2"))
     out = Path(os.environ.get("WCCL_TORCH_SUITE_OUT", tmp_path / "results.jsonl"))
