@@ -234,16 +234,16 @@ def test_a_missing_script_and_a_bad_room_file(tmp_path):
     assert proc.returncode == 2 and "room.nodes" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("url_tail, world, message", [
-    ("?node=zed", 2, "node 'zed' is not a training node of the room (alice, bob)"),
-    ("?node=alice", 3, "world size 3 does not match the room's 2 training nodes"),
-    ("?node=bob", 2, "rank 0 does not match node 'bob', which is rank 1"),
-    ("", 2, "name this laptop's node"),
+@pytest.mark.parametrize("url_tail, rank, world, message", [
+    ("?node=zed", 0, 2, "node 'zed' is not a training node of the room (alice, bob)"),
+    ("?node=alice", 0, 3, "world size 3 does not match the room's 2 training nodes"),
+    ("?node=bob", 0, 2, "rank 0 does not match node 'bob', which is rank 1"),
+    ("", -1, 2, "name this laptop's node"),  # no node and no rank (a rank alone picks the room's node)
 ])
-def test_init_method_errors_name_what_is_wrong(tmp_path, url_tail, world, message):
+def test_init_method_errors_name_what_is_wrong(tmp_path, url_tail, rank, world, message):
     cfg = room_file(tmp_path)
     code = ("import torch.distributed as dist, wccl.distributed\n"
-            f"dist.init_process_group('wccl', init_method='wccl://{cfg}{url_tail}', rank=0, world_size={world})\n")
+            f"dist.init_process_group('wccl', init_method='wccl://{cfg}{url_tail}', rank={rank}, world_size={world})\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WCCL_")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env)
     assert proc.returncode != 0 and message in proc.stderr

@@ -5,6 +5,8 @@
     dist.init_process_group("wccl")        # rank, world size and room from `python -m wccl.launch`
     # or, without the launcher:
     dist.init_process_group("wccl", init_method="wccl://rooms/two-laptops-sim.toml?node=alice")
+    # or with the rank naming the node (rank r is the room's r-th training node):
+    dist.init_process_group("wccl", init_method="wccl://rooms/two-laptops-sim.toml", rank=0, world_size=2)
 
 Rank order is the room file's node order (observers excluded). No network is
 used, for rendezvous or anything else: the launcher's environment (RANK,
@@ -88,17 +90,23 @@ def _check_rank(cfg: WcclConfig, node: str, rank: int | None, world: int | None,
 
 
 def _wccl_rendezvous(url: str, rank: int = -1, world_size: int = -1, **kwargs):
-    """`wccl://ROOM.toml?node=NAME`: the room file names the ranks; the node says which one this is."""
+    """`wccl://ROOM.toml?node=NAME`: the room file names the ranks; the node says which one this is.
+    Without `node` (and without WCCL_NODE) the rank passed to `init_process_group` picks the node: rank r
+    is the room's r-th training node."""
     parsed = urllib.parse.urlparse(url)
     path = (parsed.netloc + parsed.path) if parsed.netloc not in ("", "localhost") else parsed.path
     query = dict(urllib.parse.parse_qsl(parsed.query))
-    node = query.get("node") or os.environ.get("WCCL_NODE")
-    if not node:
-        raise ConfigError(f"{url}: name this laptop's node: wccl://ROOM.toml?node=NAME")
     cfg = load_config(Path(path))
     # torch puts init_process_group's rank and world_size into the URL's query
     rank = int(query.get("rank", rank))
     world_size = int(query.get("world_size", world_size))
+    node = query.get("node") or os.environ.get("WCCL_NODE")
+    if not node:
+        ranks = cfg.room.ranks
+        if not 0 <= rank < len(ranks):
+            raise ConfigError(f"{url}: name this laptop's node (wccl://ROOM.toml?node=NAME) or pass "
+                              f"init_process_group a rank from 0 to {len(ranks) - 1}")
+        node = ranks[rank]
     r, w = _check_rank(cfg, node, rank, world_size, url.split("?")[0])
     _pending.update(config=cfg, node=node)
     yield dist.HashStore(), r, w
