@@ -393,7 +393,7 @@ def one_camera(tmp_path, monkeypatch):
     import cv2
     from test_webcam import FakeCapture
 
-    from wccl import devices
+    from wccl.media import webcam
 
     sysfs, dev = tmp_path / "sys", tmp_path / "dev"
     for node, index in (("video0", 0), ("video1", 1)):
@@ -402,8 +402,8 @@ def one_camera(tmp_path, monkeypatch):
         (sysfs / node / "index").write_text(f"{index}\n")
         dev.mkdir(exist_ok=True)
         (dev / node).write_text("")
-    monkeypatch.setattr(devices, "SYS_V4L", sysfs)
-    monkeypatch.setattr(devices, "DEV", dev)
+    monkeypatch.setattr(webcam, "SYS_V4L", sysfs)
+    monkeypatch.setattr(webcam, "DEV", dev)
     monkeypatch.setattr("sys.platform", "linux")
     opened = []
 

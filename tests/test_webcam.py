@@ -223,8 +223,6 @@ def test_macos_permission_is_named_when_the_camera_does_not_open(fake, monkeypat
 @pytest.fixture
 def cameras(tmp_path, monkeypatch):
     """A Linux machine with a laptop camera (a capture node and its metadata node) and a USB camera."""
-    from wccl import devices
-
     sysfs, dev = tmp_path / "sys", tmp_path / "dev"
     for node, name, index in [("video0", "Integrated Camera: Integrated C", 0),
                               ("video1", "Integrated Camera: Integrated C", 1),
@@ -234,14 +232,14 @@ def cameras(tmp_path, monkeypatch):
         (sysfs / node / "index").write_text(f"{index}\n")
         dev.mkdir(exist_ok=True)
         (dev / node).write_text("")
-    monkeypatch.setattr(devices, "SYS_V4L", sysfs)
-    monkeypatch.setattr(devices, "DEV", dev)
+    monkeypatch.setattr(webcam, "SYS_V4L", sysfs)
+    monkeypatch.setattr(webcam, "DEV", dev)
     monkeypatch.setattr("sys.platform", "linux")
     return dev
 
 
 def test_a_camera_is_found_by_part_of_its_name(cameras):
-    from wccl.devices import find_camera
+    from wccl.media.webcam import find_camera
 
     assert find_camera("c920") == str(cameras / "video2")
     assert find_camera("integrated") == str(cameras / "video0")  # the capture node, not its metadata node

@@ -15,8 +15,8 @@ status 0 even when nothing is found: finding nothing is an answer.
 Opening a camera here switches its light on for a moment; a camera busy in
 another program shows as "cannot be opened".
 
-`find_camera(name)`: the device whose name contains `name` (Linux), for a
-node's `webcam = {device = "Logitech"}`.
+The names it lists are those a node's `webcam = {device = "Logitech"}`
+matches (wccl.media.webcam.find_camera).
 
 `python -m wccl.devices --window [--config room.toml --node NAME]` shows
 the node's window as it looks at start-up (start-up frames with the
@@ -34,63 +34,13 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 from wccl.cli import HelpFormatter
-from wccl.media.display import NoCamera, NoDisplay, monitors, probe_display
+from wccl.media.display import NoDisplay, monitors, probe_display
+from wccl.media.webcam import _v4l2_name, _video_nodes
 
-SYS_V4L = Path("/sys/class/video4linux")  # the kernel's list of V4L2 devices and their names
-DEV = Path("/dev")
 PROBE_MODES = ((1280, 720), (1920, 1080), (640, 480))  # asked of a camera when v4l2-ctl cannot list its modes
-
-
-def _v4l2_name(dev: str) -> str:
-    p = SYS_V4L / Path(dev).name / "name"
-    try:
-        return p.read_text().strip()
-    except OSError:
-        return ""
-
-
-def _v4l2_index(dev: str) -> int:
-    """The node's index within its device (0: the first node, the capture node of a USB camera; a camera's
-    metadata node has the same name and index 1)."""
-    try:
-        return int((SYS_V4L / Path(dev).name / "index").read_text().strip())
-    except (OSError, ValueError):
-        return 0
-
-
-def _video_nodes() -> list[Path]:
-    return sorted((p for p in DEV.glob("video*") if re.fullmatch(r"video\d+", p.name)), key=lambda p: int(p.name[5:]))
-
-
-def camera_names() -> list[tuple[str, str]]:
-    """(device path, name) of each camera's first node, without opening any (Linux only)."""
-    return [(str(p), _v4l2_name(str(p))) for p in _video_nodes() if _v4l2_index(str(p)) == 0]
-
-
-def find_camera(name: str) -> str:
-    """The device path of the camera whose name contains `name` (case-insensitive; an exact name wins).
-
-    NoCamera when no camera or more than one matches, listing the cameras; and where names cannot be
-    read without opening the cameras (macOS, Windows: OpenCV gives no names), saying to use an index."""
-    if not sys.platform.startswith("linux"):
-        raise NoCamera(f"camera {name!r}: cameras cannot be chosen by name here (OpenCV gives no camera names "
-                       f"on {sys.platform}): give an index, webcam = {{device = 0}} for the first; "
-                       "`python -m wccl.devices` lists the cameras with their indices")
-    cams = camera_names()
-    want = name.strip().lower()
-    found = [(d, n) for d, n in cams if n.lower() == want] or [(d, n) for d, n in cams if want in n.lower()]
-    if len(found) == 1:
-        return found[0][0]
-    listed = ", ".join(f"{d} {n!r}" for d, n in cams) or "none (no /dev/video* device)"
-    if not found:
-        raise NoCamera(f"camera {name!r}: no camera has that name (cameras: {listed}); "
-                       "`python -m wccl.devices` lists the cameras")
-    raise NoCamera(f"camera {name!r}: {len(found)} cameras match ({', '.join(f'{d} {n!r}' for d, n in found)}): "
-                   "give more of the name, or the device path")
 
 
 # ----------------------------------------------------------------------------- modes and formats

@@ -1,7 +1,7 @@
 """A real webcam, read with OpenCV's VideoCapture in a thread.
 
 Consumes: a camera device (an index, a path such as /dev/video2 or a video
-file, or part of the camera's name, matched by wccl.devices.find_camera on
+file, or part of the camera's name, matched by `find_camera` on
 Linux) and its options (NodeSpec.webcam: resolution, fps, MJPEG, the
 driver's buffer count, exposure, white balance and focus locks); and, from
 the FrameDecoder through `code_seen()`, where the other screen's code is in
@@ -63,6 +63,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,59 @@ UNCOMPRESSED = ("YUYV", "YUY2", "UYVY", "NV12", "I420", "YV12", "RGB3", "BGR3", 
 AVFOUNDATION = "OpenCV's AVFoundation backend sets only size and frame rate"
 IGNORED_MEANS = ("the camera keeps adjusting it: changes of light during the run may cost frames; "
                  "keep the light steady")
+
+
+# ----------------------------------------------------------------------------- cameras by name (Linux)
+SYS_V4L = Path("/sys/class/video4linux")  # the kernel's list of V4L2 devices and their names
+DEV = Path("/dev")
+
+
+def _v4l2_name(dev: str) -> str:
+    p = SYS_V4L / Path(dev).name / "name"
+    try:
+        return p.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _v4l2_index(dev: str) -> int:
+    """The node's index within its device (0: the first node, the capture node of a USB camera; a camera's
+    metadata node has the same name and index 1)."""
+    try:
+        return int((SYS_V4L / Path(dev).name / "index").read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
+def _video_nodes() -> list[Path]:
+    return sorted((p for p in DEV.glob("video*") if re.fullmatch(r"video\d+", p.name)), key=lambda p: int(p.name[5:]))
+
+
+def camera_names() -> list[tuple[str, str]]:
+    """(device path, name) of each camera's first node, without opening any (Linux only)."""
+    return [(str(p), _v4l2_name(str(p))) for p in _video_nodes() if _v4l2_index(str(p)) == 0]
+
+
+def find_camera(name: str) -> str:
+    """The device path of the camera whose name contains `name` (case-insensitive; an exact name wins).
+
+    NoCamera when no camera or more than one matches, listing the cameras; and where names cannot be
+    read without opening the cameras (macOS, Windows: OpenCV gives no names), saying to use an index."""
+    if not sys.platform.startswith("linux"):
+        raise NoCamera(f"camera {name!r}: cameras cannot be chosen by name here (OpenCV gives no camera names "
+                       f"on {sys.platform}): give an index, webcam = {{device = 0}} for the first; "
+                       "`python -m wccl.devices` lists the cameras with their indices")
+    cams = camera_names()
+    want = name.strip().lower()
+    found = [(d, n) for d, n in cams if n.lower() == want] or [(d, n) for d, n in cams if want in n.lower()]
+    if len(found) == 1:
+        return found[0][0]
+    listed = ", ".join(f"{d} {n!r}" for d, n in cams) or "none (no /dev/video* device)"
+    if not found:
+        raise NoCamera(f"camera {name!r}: no camera has that name (cameras: {listed}); "
+                       "`python -m wccl.devices` lists the cameras")
+    raise NoCamera(f"camera {name!r}: {len(found)} cameras match ({', '.join(f'{d} {n!r}' for d, n in found)}): "
+                   "give more of the name, or the device path")
 
 
 def backend_id(name: str) -> int:
@@ -132,20 +186,16 @@ def _device_missing(device: int | str, backend: str) -> str | None:
 def resolve_device(device: int | str) -> int | str:
     """`device` as OpenCV opens it: an index (an int, or a string of digits), a path (a string with a
     slash or a file extension, or an existing file), else a camera's name, or "name:" and part of one
-    (wccl.devices.find_camera: NoCamera when none or several match)."""
+    (`find_camera`: NoCamera when none or several match)."""
     if isinstance(device, int):
         return device
     text = device.strip()
     if text.lower().startswith("name:"):
-        from wccl.devices import find_camera
-
         return find_camera(text[5:])
     if text.isdigit():
         return int(text)
     if "/" in text or "\\" in text or re.search(r"\.\w{2,4}$", text) or os.path.exists(text):
         return text
-    from wccl.devices import find_camera
-
     return find_camera(text)
 
 
