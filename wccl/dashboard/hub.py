@@ -83,6 +83,8 @@ class Hub:
     def on_message(self, node: str, msg: Message) -> None:
         """A message a node routed (called by its supervisor before delivery: keep it cheap)."""
         if isinstance(msg, Tick):
+            if msg.step >= self.config.training.steps:
+                return  # the reduce ticks up to the last step's deadline: no step of the run
             self._add({"event": "tick", "node": node, "step": msg.step, "phase": msg.phase,
                        "t": round(self._now(), 3), "start": msg.start, "end": msg.end})
         elif isinstance(msg, Capture):
