@@ -18,9 +18,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-import torch
+from protocols import lazy_import, named_subclasses
 
-from protocols import named_subclasses
+# Loaded on first use: a config names and checks its codec without it (each codec module's `import torch`
+# gets this same module).
+torch = lazy_import("torch")
 
 __all__ = ["Codec", "CodecError", "CODECS", "get_codec", "ErrorFeedback"]
 

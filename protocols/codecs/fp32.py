@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
-
-from protocols.codecs import Codec
+from protocols.codecs import Codec, torch  # torch: loaded on first use
 
 
 class Fp32(Codec):

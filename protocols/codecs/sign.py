@@ -8,9 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
-
-from protocols.codecs import Codec, CodecError
+from protocols.codecs import Codec, CodecError, torch  # torch: loaded on first use
 
 
 class SignEF(Codec):

@@ -1,15 +1,9 @@
-"""Subgroups (new_group, new_subgroups_by_enumeration): collectives on them, interleaved, checked on each rank.
-
-Run by tests/test_distributed.py through `python -m wccl.launch` with three ranks (and through torchrun with
-`--backend gloo`). Each rank knows every rank's inputs (seeded generators) and checks its results itself,
-bit for bit. Prints one JSON line: {"rank", "world", "cases": {name: ok}, "digest": sha256 of every result}.
+"""Subgroups (new_group, new_subgroups_by_enumeration), their collectives interleaved with the world's: a
+part of parts.py, on three ranks. Each rank knows every rank's inputs (seeded generators) and checks its
+results itself.
 """
 
 from __future__ import annotations
-
-import argparse
-import hashlib
-import json
 
 import torch
 import torch.distributed as dist
@@ -20,22 +14,9 @@ def data(rank: int, n: int, salt: int) -> torch.Tensor:
     return (torch.randn(n, generator=g) * 3).round()  # whole numbers: any order of sums is exact
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--backend", default="wccl")
-    a = p.parse_args()
-    torch.set_num_threads(1)
-    if a.backend == "wccl":
-        import wccl.distributed  # noqa: F401  (registers the backend)
-    dist.init_process_group(a.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    assert world == 3, "groups.py runs on three ranks"
-    cases: dict[str, bool] = {}
-    results: list[torch.Tensor] = []
-
-    def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
-        cases[name] = bool(torch.equal(got, want))
-        results.append(got.reshape(-1).double())
+def run(rank: int, world: int, checks, wd) -> dict:
+    assert world == 3, "groups runs on three ranks"
+    check = checks.check
 
     g01 = dist.new_group([0, 1])
     g12 = dist.new_group([1, 2])
@@ -88,11 +69,4 @@ def main() -> None:
     z = data(rank, 3, 9)
     dist.all_reduce(z)
     check("world/after_destroy", z, data(0, 3, 9) + data(1, 3, 9) + data(2, 3, 9))
-
-    digest = hashlib.sha256(torch.cat(results).numpy().tobytes()).hexdigest()
-    print(json.dumps({"rank": rank, "world": world, "cases": cases, "digest": digest}), flush=True)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return {}

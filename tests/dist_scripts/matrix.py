@@ -1,21 +1,15 @@
-"""Every collective, dtype, reduce op and async use the wccl backend supports, checked on each rank.
-
-Run by tests/test_distributed.py through `python -m wccl.launch`. Each rank knows every rank's inputs
-(seeded generators), so it checks its results itself: bit for bit against the same reduction in rank
-order (`--close`: floating-point results to within their precision, for an algorithm that folds in
-another order, the ring). Prints one JSON line: {"rank", "world", "cases": {name: ok}, "digest": sha256 of every result that must be the same on every rank}.
+"""Every collective, dtype, reduce op and async use the wccl backend supports: a part of parts.py, checked on
+each rank. Each rank knows every rank's inputs (seeded generators), so it checks its results itself, bit
+for bit against the same reduction in rank order. Its "digest" covers every result that must be the same
+on every rank (a reduce-scatter's is each rank's own chunk: left out).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 
 import torch
 import torch.distributed as dist
-
-import wccl.distributed  # noqa: F401
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.uint8]
 OPS = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX,
@@ -38,20 +32,8 @@ def expect(op: str, parts: list[torch.Tensor], world: int) -> torch.Tensor:
     return out / world if op == "avg" else out
 
 
-CLOSE = "--close" in sys.argv
-
-
-def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if CLOSE and a.is_floating_point():
-        return a.shape == b.shape and torch.allclose(a.double(), b.double(), rtol=2e-2, atol=2e-2)
-    return torch.equal(a, b)
-
-
-def main() -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("wccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cases: dict[str, bool] = {}
+def run(rank: int, world: int, part_checks, wd) -> dict:
+    cases = part_checks.cases
     results: list[torch.Tensor] = []
     checks = []  # (name, work or None, check())
     n = 37
@@ -65,7 +47,7 @@ def main() -> None:
             asyn = (oi % 2 == 1)
             work = dist.all_reduce(x, op=rop, async_op=asyn)
             checks.append((f"all_reduce/{dn}/{op}/{'async' if asyn else 'sync'}", work,
-                           lambda x=x, want=want: same(x, want), x))
+                           lambda x=x, want=want: torch.equal(x, want), x))
         root = world - 1
         b = data(rank, dtype, n, 90 + di)
         checks.append((f"broadcast/{dn}/root{root}", dist.broadcast(b, src=root, async_op=True),
@@ -81,12 +63,12 @@ def main() -> None:
         chunks = [data(rank, dtype, n, 70 + di + 100 * c) for c in range(world)]
         out = torch.zeros(n, dtype=dtype)
         dist.reduce_scatter(out, chunks)
-        checks.append((f"reduce_scatter/{dn}", None, lambda out=out, dtype=dtype, di=di: same(
+        checks.append((f"reduce_scatter/{dn}", None, lambda out=out, dtype=dtype, di=di: torch.equal(
             out, expect("sum", [data(r, dtype, n, 70 + di + 100 * rank) for r in range(world)], world)), None))
         inp = torch.cat([data(rank, dtype, n, 80 + di + 100 * c) for c in range(world)])
         out2 = torch.zeros(n, dtype=dtype)
         dist.reduce_scatter_tensor(out2, inp, op=dist.ReduceOp.MAX)
-        checks.append((f"reduce_scatter_tensor/{dn}/max", None, lambda out2=out2, dtype=dtype, di=di: same(
+        checks.append((f"reduce_scatter_tensor/{dn}/max", None, lambda out2=out2, dtype=dtype, di=di: torch.equal(
             out2, expect("max", [data(r, dtype, n, 80 + di + 100 * rank) for r in range(world)], world)), None))
     empty = torch.zeros(0)
     checks.append(("all_reduce/zero_elements", dist.all_reduce(empty, async_op=True),
@@ -110,9 +92,4 @@ def main() -> None:
             results.append(tensor)
     cases["future_value"] = bool(fut_val and torch.equal(fut_val[0], torch.full((3,), float(world))))
     digest = hashlib.sha256(b"".join(t.contiguous().view(torch.uint8).numpy().tobytes() for t in results)).hexdigest()
-    print(json.dumps({"rank": rank, "world": world, "cases": cases, "digest": digest}), flush=True)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"digest": digest}

@@ -1,16 +1,9 @@
-"""send, recv, isend, irecv, recv from any source, tags and batch_isend_irecv, checked on each rank.
-
-Run by tests/test_distributed.py through `python -m wccl.launch` (and through torchrun with `--backend
-gloo`). Each rank knows what every rank sends (seeded generators), so it checks what it receives itself,
-bit for bit. Prints one JSON line: {"rank", "world", "cases": {name: ok}, "digest": sha256 of everything
-received, "sources": the ranks a recv from any source named, in order}.
+"""send, recv, isend, irecv, recv from any source, tags and batch_isend_irecv: a part of parts.py. Each rank
+knows what every rank sends (seeded generators), so it checks what it receives itself. Returns "sources":
+the ranks a recv from any source named, in order.
 """
 
 from __future__ import annotations
-
-import argparse
-import hashlib
-import json
 
 import torch
 import torch.distributed as dist
@@ -23,21 +16,8 @@ def data(src: int, dst: int, n: int, salt: int, dtype=torch.float32) -> torch.Te
     return torch.randint(0, 1000, (n,), generator=g).to(dtype)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--backend", default="wccl")
-    a = p.parse_args()
-    torch.set_num_threads(1)
-    if a.backend == "wccl":
-        import wccl.distributed  # noqa: F401
-    dist.init_process_group(a.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cases: dict[str, bool] = {}
-    got: list[torch.Tensor] = []
-
-    def check(name: str, t: torch.Tensor, want: torch.Tensor) -> None:
-        cases[name] = bool(torch.equal(t, want))
-        got.append(t.reshape(-1).double())
+def run(rank: int, world: int, checks, wd) -> dict:
+    check = checks.check
 
     # 1. blocking ping-pong between ranks 0 and 1, two tags, the second message sent first
     if rank == 0:
@@ -79,7 +59,7 @@ def main() -> None:
             came[src] = t
         for src in sorted(came):  # (in rank order: the order they come in is the room's)
             check(f"any_source/from{src}", came[src], data(src, 0, 3, 20, torch.int64))
-        cases["any_source/all"] = sorted(sources) == list(range(1, world))
+        checks.cases["any_source/all"] = sorted(sources) == list(range(1, world))
     else:
         dist.send(data(rank, 0, 3, 20, torch.int64), dst=0, tag=9)
 
@@ -91,13 +71,4 @@ def main() -> None:
     for w in dist.batch_isend_irecv(ops):
         w.wait()
     check("ring", inbox, data(prv, rank, 8, 30, torch.float64))
-
-    dist.barrier()
-    digest = hashlib.sha256(torch.cat(got).numpy().tobytes() if got else b"").hexdigest()
-    print(json.dumps({"rank": rank, "world": world, "cases": cases, "digest": digest, "sources": sources}),
-          flush=True)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return {"sources": sources}

@@ -1,17 +1,11 @@
-"""scatter, all_to_all, all_to_all_single (even and uneven) and the digest-first broadcast, checked on each rank.
-
-Run by tests/test_distributed.py through `python -m wccl.launch` (and through torchrun with `--backend
-gloo`). Each rank knows every rank's inputs (seeded generators), so it checks its results itself, bit for
-bit. Prints one JSON line: {"rank", "world", "cases": {name: ok}, "digest": sha256 of every result,
-"big_equal_s", "big_equal_posted", "big_differ_posted"} (the room time and the bytes this rank posted for
-a 256 KB broadcast that every rank already holds, and for one that only the root holds).
+"""scatter, all_to_all, all_to_all_single (even and uneven) and the digest-first broadcast: a part of
+parts.py. Each rank knows every rank's inputs (seeded generators), so it checks its results itself. Returns
+the room time and the bytes this rank posted for a 256 KB broadcast that every rank already holds
+("big_equal_s", "big_equal_posted"), and for one that only the root holds ("big_differ_posted").
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import time
 
 import torch
@@ -25,23 +19,8 @@ def data(rank: int, n: int, salt: int, dtype=torch.float32) -> torch.Tensor:
     return torch.randint(0, 100, (n,), generator=g).to(dtype)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--backend", default="wccl")
-    a = p.parse_args()
-    torch.set_num_threads(1)
-    if a.backend == "wccl":
-        import wccl.distributed as wd
-    else:
-        wd = None
-    dist.init_process_group(a.backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cases: dict[str, bool] = {}
-    results: list[torch.Tensor] = []
-
-    def check(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
-        cases[name] = bool(torch.equal(got, want))
-        results.append(got.reshape(-1).float())
+def run(rank: int, world: int, checks, wd) -> dict:
+    check = checks.check
 
     for root in range(world):
         for dtype in (torch.float32, torch.int64):
@@ -95,13 +74,5 @@ def main() -> None:
     dist.broadcast(differ, src=world - 1)
     big_differ_posted = (wd.bytes_posted() if wd else 0) - posted
     check("broadcast/256KB/new", differ, data(world - 1, n, 60))
-
-    digest = hashlib.sha256(torch.cat(results).numpy().tobytes()).hexdigest()
-    print(json.dumps({"rank": rank, "world": world, "cases": cases, "digest": digest,
-                      "big_equal_s": round(big_equal_s, 3), "big_equal_posted": big_equal_posted,
-                      "big_differ_posted": big_differ_posted}), flush=True)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return {"big_equal_s": round(big_equal_s, 3), "big_equal_posted": big_equal_posted,
+            "big_differ_posted": big_differ_posted}
