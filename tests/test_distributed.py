@@ -138,11 +138,11 @@ def test_powersgd_and_compression_hooks_run_unchanged_and_equal_gloo(tmp_path):
 def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
     import numpy as np
 
-    proc, lines = launch(room_file(tmp_path, 3), EXAMPLES / "ddp_mnist.py", "--steps", "8",
+    proc, lines = launch(room_file(tmp_path, 3), EXAMPLES / "ddp_mnist.py", "--steps", "4",
                          "--save-params", str(tmp_path / "wccl-{rank}.npy"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len({d["params_sha256"] for d in lines}) == 1
-    torchrun(EXAMPLES / "ddp_mnist.py", 3, "--steps", "8", "--save-params", str(tmp_path / "gloo-{rank}.npy"))
+    torchrun(EXAMPLES / "ddp_mnist.py", 3, "--steps", "4", "--save-params", str(tmp_path / "gloo-{rank}.npy"))
     ours, ref = np.load(tmp_path / "wccl-0.npy"), np.load(tmp_path / "gloo-0.npy")
     assert np.allclose(ours, ref, rtol=1e-5, atol=1e-7), np.abs(ours - ref).max()
 
@@ -164,9 +164,9 @@ def test_a_20_mb_ddp_model_seeded_alike_starts_in_seconds(tmp_path):
 
 @pytest.mark.slow
 def test_a_two_stage_pipeline_over_send_and_recv_equals_gloo(tmp_path):
-    proc, lines = launch(room_file(tmp_path), EXAMPLES / "pipeline.py", "--steps", "6")
+    proc, lines = launch(room_file(tmp_path), EXAMPLES / "pipeline.py", "--steps", "3")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ref = torchrun(EXAMPLES / "pipeline.py", 2, "--steps", "6")
+    ref = torchrun(EXAMPLES / "pipeline.py", 2, "--steps", "3")
     assert [d["params_sha256"] for d in lines] == [d["params_sha256"] for d in ref]
     assert lines[1]["loss"] == ref[1]["loss"]
 
