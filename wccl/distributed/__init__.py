@@ -152,7 +152,7 @@ def _create(opts, backend_options=None):
     else:
         cfg, node = _pending["config"], _pending["node"]
     if _nodes:
-        raise NotImplementedError("wccl: init_process_group twice in one process (destroy the first)")
+        raise RuntimeError("wccl: init_process_group twice in one process (destroy the first)")
     clock = os.environ.get("WCCL_CLOCK")
     if clock:
         if clock not in ("virtual", "realtime"):
