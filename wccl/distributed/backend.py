@@ -145,10 +145,12 @@ class WcclWork(dist.Work):
     (torch's own future-wrapping Work would return normally from a failed future: a tensor left
     unreduced, silently)."""
 
-    def __init__(self, fut: torch.futures.Future, source: list[int] | None = None) -> None:
+    def __init__(self, fut: torch.futures.Future, source: list[int] | None = None,
+                 rank_of: Callable[[int], int] | None = None) -> None:
         super().__init__()
         self._fut = fut
         self._source = source  # a recv's: [the rank its message came from], once it came
+        self._rank_of = rank_of  # a subgroup's recv: the group rank of a world rank
 
     def wait(self, timeout=None) -> bool:
         self._fut.wait()  # raises the collective's error
@@ -177,7 +179,7 @@ class WcclWork(dist.Work):
         self.wait()
         if not self._source:
             raise RuntimeError("wccl: not a recv: no source rank")
-        return self._source[0]
+        return self._source[0] if self._rank_of is None else self._rank_of(self._source[0])
 
 
 class WcclProcessGroup(dist.ProcessGroup):
@@ -685,19 +687,4 @@ class WcclSubgroup(WcclProcessGroup):
         """Any member's next message with `tag` (a rank outside the group sending this rank that tag at
         the same time may be taken instead: keep the tags of groups apart)."""
         work = self._world_group.recv_anysource(tensors, tag)
-        source = work._source
-        return WcclWork(work.get_future(), _GroupRanks(source, self._members))
-
-
-class _GroupRanks(list):
-    """A recv's source as a group rank: the world's rank it came from, looked up among the members."""
-
-    def __init__(self, world_source: list[int], members: list[int]) -> None:
-        super().__init__()
-        self._world_source, self._members = world_source, members
-
-    def __bool__(self) -> bool:
-        return bool(self._world_source)
-
-    def __getitem__(self, i):
-        return self._members.index(self._world_source[i])
+        return WcclWork(work.get_future(), work._source, self._members.index)
