@@ -176,6 +176,13 @@ class FrameDecoder(Actor):
                           b=round(fit.lens.b, 4), fits=fit.fits)
         return through if ca >= cb else before
 
+    def _forget_edges(self, quad: reader.Quad) -> None:
+        """A read that failed: the code's edges are found again in the next capture, not taken from an
+        earlier one (edges found once in a frame that misled the search would otherwise be sampled
+        through for as long as the screen holds still: every read of it failing)."""
+        if self.lens is not None:
+            self.lens.forget(quad.corners)
+
     async def _read(self, msg: Capture, quad: reader.Quad, previous: list) -> bool:
         """Read one code in the current layout; True if this layout explains it (idle, repeated, read).
 
@@ -197,6 +204,7 @@ class FrameDecoder(Actor):
         code = reader.read_quad(msg.image, quad, self.grid, self.model, sampled=sampled)
         if code is None:
             self.stats["frames_rejected_unreadable"] += 1
+            self._forget_edges(quad)
             return False
         if code.mixed:
             self.stats["captures_mixed"] += 1
@@ -208,6 +216,8 @@ class FrameDecoder(Actor):
         delivered = await self._accept(code, msg.time)
         if delivered is not False:
             self.previous.append((centre, k, sampled[0]))
+        else:
+            self._forget_edges(quad)
         for timing in self._timings:
             await self.emit(timing)
         self._timings.clear()

@@ -108,3 +108,20 @@ def test_a_model_that_folds_the_image_over_is_no_lens():
     # What a fit to codes near the middle of the image once gave: straight sides there, nonsense beyond.
     assert not lens.plausible(lens.Lens(1280, 720, 2.82, -4.07))
     assert not lens.plausible(lens.Lens(1280, 720, 10.5, -10.7))
+
+
+def test_edges_kept_for_a_still_screen_are_found_again_once_forgotten():
+    """A code's edges are found once while its screen holds still; the FrameDecoder forgets them after a read
+    through them fails, so edges from a frame that misled the search are not sampled through for good."""
+    room, grid, truth = _circle4()
+    image = room.capture_at("alice", 1.0, k=0)
+    h, w = image.shape[:2]
+    fit = lens.LensFit(w, h, fit_at=(6,))
+    quad = reader.find_quads(image, grid)[0]
+    sides = fit.edges(image, quad.corners, grid)
+    wrong = [s + 7.0 for s in sides]  # as if found a cell off
+    fit._last[0] = (fit._last[0][0], wrong)
+    assert fit.edges(image, quad.corners, grid) is wrong  # kept: the screen held still
+    fit.forget(quad.corners)
+    again = fit.edges(image, quad.corners, grid)
+    assert again is not wrong and all(np.allclose(a, b) for a, b in zip(again, sides))

@@ -180,6 +180,10 @@ class LensFit:
                 self.used, self._votes = None, []  # a new guess: on trial again
         return sides
 
+    def forget(self, corners: np.ndarray) -> None:
+        """Drop the edges kept for a code at `corners`: the next capture of it finds them again."""
+        self._last = [(old, sd) for old, sd in self._last if np.abs(old - corners).max() >= REUSE_PX]
+
     def pixels(self, sides: list[np.ndarray], layout: GridLayout, shape: tuple[int, ...],
                lens: Lens | None = None) -> np.ndarray | None:
         """Where to sample a code's cells through `lens` (default: the fitted one; reader.sample's `pixels`),
