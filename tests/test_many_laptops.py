@@ -135,9 +135,9 @@ def test_exchange_auto_is_the_server_up_to_three_nodes_and_collectives_beyond():
 
 
 @pytest.mark.slow
-# Once in a clean-clone CI run under `-n 2` (2026-12-03) the tree's step 0 timed out on bob after 60 s with
-# nothing received from alice; three runs side by side on a loaded machine passed. The same intermittent as
-# the covered-camera test's below, not understood yet: one rerun.
+# Until 2026-12-03 a camera could stop reading one screen for good (edges kept from a frame that misled the
+# search: actors/frame_decoder.py forgets them now when a read fails), and a collective timed out after
+# 60 s, in about 1 run of 4 to 8. One rerun stays while CI has not yet shown that gone.
 @pytest.mark.flaky(reruns=1)
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_the_built_in_run_on_the_collectives_is_bit_exact_with_its_reference(algorithm):
@@ -161,9 +161,7 @@ def test_the_built_in_run_on_the_collectives_is_bit_exact_with_its_reference(alg
 
 
 @pytest.mark.slow
-# Once in a clean-clone CI run under `-n 2` (2026-12-03) the 2 s cover ended in a 60 s allgather timeout on
-# bob ("rank 0 (alice) never showed that it has them"); three runs alone and two side by side passed. An
-# intermittent of the agreement under load, not understood yet: one rerun, and the issue note says so.
+# The same intermittent as the test above (fixed 2026-12-03): one rerun while CI has not yet shown it gone.
 @pytest.mark.flaky(reruns=1)
 def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_fails_them_all(_quiet_logs):
     """Carol's camera is covered in the middle of the run. For 2 s (less than the timeout): every rank waits
