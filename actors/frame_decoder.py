@@ -8,8 +8,9 @@ from frames whose checks passed and whose bytes match the transfer's digest
 this rank has of theirs, and the handshake's echo), `HoldsKnown`,
 `SightKnown` (discovery is done: the layout and the sight graph), and
 `FrameTiming` for every trusted frame from a peer (its timestamps, for the
-clock sync; the capture time is the camera's, on this node's own clock).
-A node that only listens (an observer, `listen=True`) shows nothing: it
+clock sync; the capture time is the camera's, on this node's own clock),
+and `CodeSeen` for every capture with a code in it (for the CameraReader's
+camera, which may set its exposure on the code). A node that only listens (an observer, `listen=True`) shows nothing: it
 rebuilds every transfer its camera sees whoever it was meant for, trusts
 what the room key vouches for (it has no run nonce a peer could echo), and
 emits `TensorReceived` for the built-in run's streams only.
@@ -38,14 +39,13 @@ import numpy as np
 from protocols import discovery, fec, streams, transfer
 from protocols.frames import FrameError
 from protocols.link import LinkCodec
-from protocols.messages import (AcksChanged, Capture, FrameTiming, HoldsKnown, PeerAcks, SightKnown, TensorReceived,
-                                TransferArrived)
+from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, HoldsKnown, PeerAcks, SightKnown,
+                                TensorReceived, TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.actor import Actor, ActorContext, Overflow
 from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
-from wccl.media.webcam import CODE_SEEN
 
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 REPORT_S = 1.0  # the link's figures are logged every this many seconds (node clock), `link_report`
@@ -114,8 +114,9 @@ class FrameDecoder(Actor):
             if self.lens is None or (self.lens.lens.width, self.lens.lens.height) != (w, h):
                 self.lens = LensFit(w, h)
         quads = self.tracker(msg.image)
-        if quads and self.ctx.node in CODE_SEEN:  # a webcam whose locks wait for the code
-            CODE_SEEN[self.ctx.node](quads[0].bbox, msg.image)
+        if quads:  # (for a camera that sets its exposure on the code: CameraReader)
+            await self.emit(CodeSeen(sender=self.ctx.node, time=msg.time, bbox=quads[0].bbox, image=msg.image,
+                                     seq=msg.seq))
         for quad in quads:
             self.stats["codes_seen"] += 1
             order = [self.current] if self.current is not None else list(self._order)

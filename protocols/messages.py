@@ -60,6 +60,15 @@ class Capture(Message):
     dropped_before: int = Field(default=0, ge=0)
 
 
+class CodeSeen(Message):
+    """The FrameDecoder found a code in a capture (`seq` of its camera): the first one's bounding box (x, y,
+    w, h in camera pixels) and the image, for a camera that sets its exposure on the code it films."""
+
+    bbox: tuple[int, int, int, int]
+    image: np.ndarray
+    seq: int = Field(ge=0)
+
+
 class SendTensor(Message):
     """Send `payload` on `stream` to the nodes named in `to`, as one acknowledged transfer (its `seq`:
     `step`) that every one of them must read; the state it belongs to (`epoch`, `base`) travels sealed

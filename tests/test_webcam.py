@@ -413,12 +413,13 @@ def test_only_the_focus_lock(fake):
 
 # ------------------------------------------------------------------------------- the decoder's hook
 def test_the_decoder_tells_the_webcam_where_the_code_is():
-    """CameraReader lists a camera with code_seen while it runs; the FrameDecoder calls it with the code's box."""
+    """The FrameDecoder emits CodeSeen with the code's box; the CameraReader hands it to a camera with code_seen."""
     from actors.camera_reader import CameraReader
     from actors.frame_decoder import FrameDecoder
     from protocols import layout, transfer
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
+    from protocols.messages import CodeSeen
     from wccl.actor import ActorContext, Mailbox
 
     codec = LinkCodec(GridLayout(36, 70, 8, 16), 0.8)
@@ -438,28 +439,28 @@ def test_the_decoder_tells_the_webcam_where_the_code_is():
         def code_seen(self, bbox, image=None):
             seen.append((bbox, image))
 
-    async def sink(msg):
-        pass
-
     async def go():
         clock = NodeClock()
-        decoder = FrameDecoder(ActorContext("alice", "frame_decoder", clock, Mailbox("d", 8, "drop_oldest"), sink),
+        reader_box = Mailbox("r", 1, "drop_oldest")
+
+        async def to_reader(msg):  # the supervisor's wiring, by type: CodeSeen goes to the CameraReader
+            if isinstance(msg, CodeSeen):
+                await reader_box.put(msg)
+
+        decoder = FrameDecoder(ActorContext("alice", "frame_decoder", clock, Mailbox("d", 8, "drop_oldest"), to_reader),
                                codec, 1, ["alice", "bob"], transfer.TransferAssembler())
 
         async def emit(msg):
             await decoder.handle(msg)
 
-        reader = CameraReader(ActorContext("alice", "camera_reader", clock, Mailbox("r", 1, "block"), emit), Camera())
+        reader = CameraReader(ActorContext("alice", "camera_reader", clock, reader_box, emit), Camera())
         task = asyncio.create_task(reader.run())
         await until(lambda: seen)
-        listed = "alice" in webcam.CODE_SEEN
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        return listed
 
-    assert asyncio.run(go())
-    assert "alice" not in webcam.CODE_SEEN  # unlisted when the reader ends
+    asyncio.run(go())
     (bbox, img), = seen
     assert img is image
     x, y, w, h = bbox

@@ -4,7 +4,7 @@ Consumes: a camera device (an index, a path such as /dev/video2 or a video
 file, or part of the camera's name, matched by `find_camera` on
 Linux) and its options (NodeSpec.webcam: resolution, fps, MJPEG, the
 driver's buffer count, exposure, white balance and focus locks); and, from
-the FrameDecoder through `code_seen()`, where the other screen's code is in
+the FrameDecoder (through the CameraReader, `code_seen()`), where the other screen's code is in
 the image. Emits: through `async recv()` (ThreadedCamera), each image (BGR)
 and the node-clock time it was captured; images are dropped oldest-first
 and counted when the decoder falls behind. `lock_state` says where the locks
@@ -62,7 +62,6 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +70,6 @@ import numpy as np
 from wccl.media.capture import ThreadedCamera
 from wccl.media.display import NoCamera
 
-# node -> its camera's code_seen(bbox, image), listed by the node's CameraReader while it runs, called by its
-# FrameDecoder with each code found (cameras without code_seen are not listed)
-CODE_SEEN: dict[str, Callable[..., None]] = {}
 BACKENDS = ("auto", "v4l2", "avfoundation", "dshow", "msmf", "any")
 RATE_WINDOW_S = 2.5  # the frame rate is measured over the first captures of this long
 RATE_SHORT = 0.8  # a measured rate below this share of the rate asked is warned about
