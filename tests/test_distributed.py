@@ -171,6 +171,18 @@ def test_a_two_stage_pipeline_over_send_and_recv_equals_gloo(tmp_path):
     assert lines[1]["loss"] == ref[1]["loss"]
 
 
+@pytest.mark.slow
+def test_a_mixture_of_experts_over_all_to_all_equals_gloo(tmp_path):
+    """examples/moe.py: digits routed to the experts of both ranks and back with all_to_all_single (uneven,
+    one rank's expert may get none), the gradients back the same way; every parameter as gloo's."""
+    proc, lines = launch(room_file(tmp_path), EXAMPLES / "moe.py", "--steps", "2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = torchrun(EXAMPLES / "moe.py", 2, "--steps", "2")
+    keys = ("expert_sha256", "shared_sha256", "loss", "expert_share")
+    assert [{k: d[k] for k in keys} for d in lines] == [{k: d[k] for k in keys} for d in ref]
+    assert lines[0]["shared_sha256"] == lines[1]["shared_sha256"] != ""
+
+
 # ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------
 
 @pytest.mark.slow

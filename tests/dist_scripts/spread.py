@@ -60,6 +60,17 @@ def run(rank: int, world: int, checks, wd) -> dict:
         parts.append(xr[start:start + rows(r, rank)])
     check("all_to_all_single/uneven", y, torch.cat(parts))
 
+    # all_to_all_single where rank 0 sends no rows at all (its input is 0 x 3): the others send it none either,
+    # and one row each to every other rank
+    sends = [0] * world if rank == 0 else [0] + [1] * (world - 1)
+    x = data(rank, 3 * sum(sends), 45).reshape(-1, 3)
+    gets = [0] * world if rank == 0 else [0] + [1] * (world - 1)
+    y = torch.zeros(sum(gets), 3)
+    dist.all_to_all_single(y, x, gets, sends)
+    want = torch.zeros(0, 3) if rank == 0 else torch.cat(
+        [data(r, 3 * (world - 1), 45).reshape(-1, 3)[rank - 1:rank] for r in range(1, world)])
+    check("all_to_all_single/no_rows", y, want)
+
     # a 256 KB broadcast every rank already holds (seeded alike), then one only the root holds
     n = 64 * 1024
     posted = wd.bytes_posted() if wd else 0

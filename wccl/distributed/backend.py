@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import threading
 from collections.abc import Callable
 
@@ -344,7 +345,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         """all_to_all_single: `input` cut along its first dimension by `input_split_sizes` (equal parts
         when empty), part i to rank i; `output` filled in rank order by `output_split_sizes`."""
         rows_in = input.shape[0] if input.dim() else 1
-        row = input.numel() // rows_in if rows_in else 0
+        row = math.prod(input.shape[1:])  # elements a row (from the shape: a rank may send no rows at all)
         in_rows = list(input_split_sizes) or _even(rows_in, self._world, "input")
         out_rows = list(output_split_sizes) or _even(output.shape[0] if output.dim() else 1, self._world, "output")
         if len(in_rows) != self._world or len(out_rows) != self._world or sum(in_rows) != rows_in:
