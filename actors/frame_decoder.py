@@ -10,10 +10,11 @@ this rank has of theirs, and the handshake's echo), `HoldsKnown`,
 `FrameTiming` for every trusted frame from a peer (its timestamps, for the
 clock sync; the capture time is the camera's, on this node's own clock),
 and `CodeSeen` for every capture with a code in it (for the CameraReader's
-camera, which may set its exposure on the code). A node that only listens (an observer, `listen=True`) shows nothing: it
-rebuilds every transfer its camera sees whoever it was meant for, trusts
-what the room key vouches for (it has no run nonce a peer could echo), and
-emits `TensorReceived` for the built-in run's streams only.
+camera, which may set its exposure on the code). A node that only listens
+(an observer, `listen=True`) shows nothing: it rebuilds every transfer its
+camera sees whoever it was meant for, trusts what the room key vouches for
+(it has no run nonce a peer could echo), and emits `TensorReceived` for the
+built-in run's streams only.
 
 Per capture: find every code (wccl.imaging.reader; tracked near where it
 was, the whole image searched again when one is lost), reject captures that mix
