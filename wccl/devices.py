@@ -38,7 +38,7 @@ from typing import Any
 
 from wccl.cli import HelpFormatter
 from wccl.media.display import NoDisplay, monitors, probe_display
-from wccl.media.webcam import _v4l2_name, _video_nodes
+from wccl.media.webcam import v4l2_name, video_nodes
 
 PROBE_MODES = ((1280, 720), (1920, 1080), (640, 480))  # asked of a camera when v4l2-ctl cannot list its modes
 
@@ -176,14 +176,14 @@ def list_cameras(max_index: int = 4, read: bool = True) -> list[dict[str, Any]]:
     else, when `read`, `modes` probed with OpenCV. Without `read` nothing streams (fast)."""
     if sys.platform.startswith("linux"):
         cams = []
-        for p in _video_nodes():
+        for p in video_nodes():
             if not os.access(p, os.R_OK | os.W_OK):
-                cams.append({"device": str(p), "name": _v4l2_name(str(p)),
+                cams.append({"device": str(p), "name": v4l2_name(str(p)),
                              "status": "permission denied (add this user to the 'video' group)"})
                 continue
             formats = v4l2_formats(str(p))
             info = _probe_camera(str(p), "v4l2", read, modes=formats is None)
-            info["name"] = _v4l2_name(str(p))
+            info["name"] = v4l2_name(str(p))
             if formats:
                 info["formats"] = formats
             cams.append(info)

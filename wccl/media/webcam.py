@@ -90,7 +90,8 @@ SYS_V4L = Path("/sys/class/video4linux")  # the kernel's list of V4L2 devices an
 DEV = Path("/dev")
 
 
-def _v4l2_name(dev: str) -> str:
+def v4l2_name(dev: str) -> str:
+    """The kernel's name of a V4L2 device node ("" when it has none)."""
     p = SYS_V4L / Path(dev).name / "name"
     try:
         return p.read_text().strip()
@@ -107,13 +108,14 @@ def _v4l2_index(dev: str) -> int:
         return 0
 
 
-def _video_nodes() -> list[Path]:
+def video_nodes() -> list[Path]:
+    """Every /dev/videoN, in number order (a camera may have several: capture, metadata)."""
     return sorted((p for p in DEV.glob("video*") if re.fullmatch(r"video\d+", p.name)), key=lambda p: int(p.name[5:]))
 
 
 def camera_names() -> list[tuple[str, str]]:
     """(device path, name) of each camera's first node, without opening any (Linux only)."""
-    return [(str(p), _v4l2_name(str(p))) for p in _video_nodes() if _v4l2_index(str(p)) == 0]
+    return [(str(p), v4l2_name(str(p))) for p in video_nodes() if _v4l2_index(str(p)) == 0]
 
 
 def find_camera(name: str) -> str:
