@@ -168,7 +168,8 @@ class Collectives(Actor):
             if not dest:
                 continue
             payload = streams.wrap(msg.epoch, msg.base, msg.payload)
-            await self._post_one(max(0, msg.step), msg.stream, "uint8", len(payload), 0, dest, payload)
+            await self._post_one(max(0, msg.step), msg.stream, "uint8", len(payload), 0, dest, payload,
+                                 background=msg.background)
 
     async def _post_when_ready(self) -> None:
         while True:
@@ -232,13 +233,16 @@ class Collectives(Actor):
         for s in sends:
             await self._post_one(req.seq, req.op, req.dtype, req.numel, s.part, s.dest, s.payload)
 
-    async def _post_one(self, seq: int, op: str, dtype: str, numel: int, part: int, dest: int, payload: bytes) -> None:
-        """Number one transfer (this node's next tid) and hand it to the screen until `dest` acknowledges it."""
+    async def _post_one(self, seq: int, op: str, dtype: str, numel: int, part: int, dest: int, payload: bytes,
+                        background: bool = False) -> None:
+        """Number one transfer (this node's next tid) and hand it to the screen until `dest` acknowledges it
+        (`background`: in the screen time the others leave)."""
         tid = self._next_tid
         self._next_tid += 1
         self._dests[tid] = dest
         await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=tid, seq=seq, op=op,
-                                     dtype=dtype, numel=numel, part=part, dest=dest, payload=payload))
+                                     dtype=dtype, numel=numel, part=part, dest=dest, payload=payload,
+                                     background=background))
         self.results["transfers_posted"] += 1
         self.results["bytes_posted"] += len(payload)
 

@@ -159,7 +159,8 @@ class ParameterServer(Actor):
         return snap.encode_snapshot(snap.Snapshot(self.applied, self.epoch, self.replica.export_state()))
 
     async def _send_snapshot(self, step: int) -> None:
-        """The training state, to the nodes it is due to (observers overhear it)."""
+        """The training state, to the nodes it is due to (observers overhear it), in the screen time the
+        steps' words leave: a snapshot never holds a step back."""
         if self._snapshot_due is None or self.schedule is None:
             return
         why, to = self._snapshot_due
@@ -169,7 +170,7 @@ class ParameterServer(Actor):
         self.log.info("snapshot_shown", reason=why, applied=self.applied, epoch=self.epoch, bytes=len(payload),
                       to=list(to))
         await self.emit(SendTensor(**self.message_fields(max(0, step)), stream="params", to=to, payload=payload,
-                                   epoch=self.epoch, base=self.applied))
+                                   epoch=self.epoch, base=self.applied, background=True))
 
     async def _reduce(self, step: int) -> None:
         """Average what arrived for `step` (the quorum's rule) and send the word on it."""

@@ -158,7 +158,7 @@ class ScreenWriter(Actor):
             fountain = self.codec.fountain(sealed, k + max(4, int(k * REPAIR_SHARE)), self.world)
             header = dataclasses.replace(header, length=fountain.length, digest=fountain.digest)
             self._out[msg.tid] = (header, fountain)
-            self.plan.book(msg.tid, msg.dest, k)
+            self.plan.book(msg.tid, msg.dest, k, background=msg.background)
             self._last_tid = msg.tid
         self._wake.set()
 

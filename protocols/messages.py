@@ -79,6 +79,7 @@ class SendTensor(Message):
     payload: bytes
     epoch: int = Field(default=0, ge=0, le=0xFFFF)
     base: int = Field(default=0, ge=0)
+    background: bool = False  # shown in the screen time the other transfers leave (protocols.planner)
 
 
 class FrameTiming(Message):
@@ -206,6 +207,7 @@ class PostTransfer(Message):
     part: int = Field(default=0, ge=0)
     dest: int = Field(ge=1, le=0xFF)
     payload: bytes
+    background: bool = False  # shown in the screen time the other transfers leave (protocols.planner)
 
 
 class TransferArrived(Message):

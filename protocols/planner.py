@@ -17,6 +17,11 @@ fresh repair packets until their readers acknowledge them. So a small tensor goe
 (its first frame in the next slot), a large one streams at the link's full
 rate, and a lost frame costs one more frame, not a missed schedule.
 
+A background transfer (a training-state snapshot) goes by the same rules but
+only in the slots no other transfer wants, and at least one slot in
+`BACKGROUND_EVERY` while others keep the screen busy: a large snapshot fills
+the screen's idle time between the steps' words instead of holding them back.
+
 Pure: no clocks, no I/O. The ScreenWriter (actors/screen_writer.py) asks
 `next()` once per frame slot, every `hold_s` on its clock.
 """
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from protocols.transfer import Ack
 
 ACK_LATENCY_FRAMES = 2  # frames a transfer is typically shown after its reader has it, until the ack is seen
+BACKGROUND_EVERY = 8  # a waiting background transfer gets at least one frame slot in this many
 
 
 @dataclass
@@ -39,7 +45,8 @@ class Booking:
     budget: int  # frames booked for it
     shown: int = 0
     acked: int = 0  # bitmask of the ranks that acknowledged it
-    last_slot: int = 0  # the frame slot it was last shown in
+    last_slot: int = 0  # the frame slot it was last shown in (booked in, until shown)
+    background: bool = False  # shown only in slots the others leave (and one in BACKGROUND_EVERY)
 
     @property
     def done(self) -> bool:
@@ -59,15 +66,16 @@ class ScreenPlan:
     _last_tid: int = 0
     _slot: int = 0
 
-    def book(self, tid: int, dest: int, source: int) -> Booking:
-        """Book a transfer of `source` packets for the ranks in `dest`; returns its booking."""
+    def book(self, tid: int, dest: int, source: int, background: bool = False) -> Booking:
+        """Book a transfer of `source` packets for the ranks in `dest` (`background`: behind every other
+        transfer); returns its booking."""
         if dest <= 0:
             raise ValueError("a transfer needs at least one reader")
         if tid <= self._last_tid:
             raise ValueError(f"transfer {tid} booked after {self._last_tid}")
         self._last_tid = tid
         budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
-        b = Booking(tid, dest, source, budget)
+        b = Booking(tid, dest, source, budget, last_slot=self._slot, background=background)
         self.bookings.append(b)
         return b
 
@@ -77,17 +85,24 @@ class ScreenPlan:
         if not open_:
             return None
         self._slot += 1
+        fore = [b for b in open_ if not b.background]
+        back = [b for b in open_ if b.background]
+        if back and (not fore or self._slot - max(b.last_slot for b in back) >= BACKGROUND_EVERY):
+            return self._show(self._pick(back))
+        return self._show(self._pick(fore))
+
+    def _pick(self, open_: list[Booking]) -> Booking:
         for b in open_:
             if b.shown < b.budget:
-                return self._show(b)
+                return b
             if self._slot - b.last_slot > self.repair_after:
                 # Used its budget and still not acknowledged after the acknowledgement's usual delay: a
                 # fresh repair packet now, before younger transfers go on (a small tensor queued behind a
                 # large one is never starved of repairs).
-                return self._show(b)
+                return b
         # Every booking used its budget: the unacknowledged ones take turns with fresh repair packets.
         self._turn = (self._turn + 1) % len(open_)
-        return self._show(open_[self._turn])
+        return open_[self._turn]
 
     def _show(self, b: Booking) -> tuple[int, int]:
         b.shown += 1

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import actors  # noqa: F401  (registers the actors)
 from conftest import make_config, run_virtual
-from protocols import frames, transfer
+from protocols import frames, planner, transfer
 from protocols.messages import CollectiveRequest, Drain
 from protocols.planner import ScreenPlan
 from wccl.distributed.runtime import CollectiveNode
@@ -92,6 +92,20 @@ def test_planner_books_by_size_and_loss_and_repairs_until_acknowledged():
     assert plan.next() is None and plan.pending == 0
     with pytest.raises(ValueError):
         plan.book(2, dest=1, source=1)  # numbers only grow
+
+
+def test_a_background_transfer_takes_the_slots_the_others_leave_and_never_starves():
+    plan = ScreenPlan(loss=0.0, margin=0)
+    snap = plan.book(1, dest=0b10, source=4, background=True)
+    assert [plan.next() for _ in range(2)] == [(1, 0), (1, 1)]  # an idle screen: the snapshot goes up
+    word = plan.book(2, dest=0b10, source=1)  # a step's word, booked after it, goes first
+    assert plan.next() == (2, 0)
+    # Unacknowledged, the word keeps the screen (fresh repairs) but the snapshot gets one slot in eight.
+    shown = [plan.next()[0] for _ in range(planner.BACKGROUND_EVERY * 2)]
+    assert shown.count(1) == 2 and shown[planner.BACKGROUND_EVERY - 2] == 1, shown
+    assert plan.acknowledge(1, transfer.Ack.of({2})) == [word]
+    assert [plan.next() for _ in range(2)] == [(1, 4), (1, 5)]  # the word is home: the snapshot again
+    assert plan.acknowledge(1, transfer.Ack.of({1, 2})) == [snap] and plan.next() is None
 
 
 def test_planner_learns_the_loss_from_acknowledgements():
