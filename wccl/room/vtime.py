@@ -23,7 +23,6 @@ Emits: `idle` and `busy` messages to the room; `time()` for the node's tasks.
 
 from __future__ import annotations
 
-import asyncio
 import selectors
 from typing import Callable, Protocol
 
