@@ -170,7 +170,7 @@ def table(rows: list[dict], profile: str) -> str:
 def measured_table(rows: list[dict], profile: str) -> str:
     """The same fit run on the photos and on the simulator's captures of the same images."""
     lines = ["| photo | blur sigma (cam px) real / sim | lit noise (DN) real / sim | shading real / sim "
-             f"| colour shading real / sim | fit RMS (DN) real / sim |", "|---|---:|---:|---:|---:|---:|"]
+             "| colour shading real / sim | fit RMS (DN) real / sim |", "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         m = r.get("sim_measured", {})
         if not m:
