@@ -54,7 +54,7 @@ class Clock(Actor):
 
     def __init__(self, ctx: ActorContext, *, server: str, ranks: list[str], steps: int, phases: list | None,
                  start_s: float, work_s: float, margin_frames: int, sync_cfg: Any, greeted: asyncio.Event,
-                 greet_problem: Callable[[], str], greet_timeout_s: float, ladder: list, tensor_bytes: int,
+                 greet_problem: Callable[[float], str], greet_timeout_s: float, ladder: list, tensor_bytes: int,
                  resume: dict | None = None, truth: Callable[[float], float] | None = None,
                  drain_s: float = 10.0) -> None:
         """`ranks`: every node of the room but observers, in rank order; `phases`: fixed phases, or None to size them
@@ -135,7 +135,7 @@ class Clock(Actor):
         try:
             await asyncio.wait_for(self.greeted.wait(), self.greet_timeout_s)
         except TimeoutError:
-            raise GiveUp(f"{self.greet_problem()} within {self.greet_timeout_s:g} s") from None
+            raise GiveUp(self.greet_problem(self.greet_timeout_s)) from None
         if self.is_server:
             schedule, join = await self._server_startup()
         else:

@@ -51,9 +51,45 @@ from wccl.imaging.lens import LensFit
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 REPORT_S = 1.0  # the link's figures are logged every this many seconds (node clock), `link_report`
 COMBINE_S = 0.1  # two uncorrectable reads of a screen at most this far apart may be combined (_decode)
+BLIND_WARN_S = 10.0  # a camera that read no frame this long after its first capture says what it sees (once)
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
            "unknown_op", "unknown_dtype", "bad_length", "unknown_sender")
+
+
+@dataclasses.dataclass
+class CameraView:
+    """What one camera has seen so far: captures, captures with a code in them, frames read, and the
+    largest code found (its bounding box's width and height in camera pixels, and the image's); `cells`:
+    the codes' widths in cells (border included) in the layouts it tries."""
+
+    captures: int = 0
+    with_code: int = 0
+    frames_ok: int = 0
+    largest: tuple[int, int] = (0, 0)
+    image: tuple[int, int] = (0, 0)
+    rejected: Counter = dataclasses.field(default_factory=Counter)
+    cells: tuple[int, ...] = (1,)
+
+    def problem(self) -> str | None:
+        """Why this camera reads nothing, in a person's words (None once it has read a frame)."""
+        if self.frames_ok:
+            return None
+        if not self.captures:
+            return "its camera delivered no image"
+        if not self.with_code:
+            return (f"its camera found no code in {self.captures} captures: no screen of the room is in its "
+                    "view, or none near enough to find (turn this laptop toward the others' screens, or bring "
+                    "it closer; python -m wccl.aim shows what it sees)")
+        w, h = self.largest
+        per_cell = " to ".join(f"{w / n:.1f}" for n in sorted({max(self.cells), min(self.cells)}, reverse=True))
+        why = ", ".join(f"{n} {k.removeprefix('captures_').replace('_', ' ')}"
+                        for k, n in self.rejected.most_common(3))
+        return (f"its camera found codes in {self.with_code} of {self.captures} captures but read no frame of "
+                f"them (its reads: {why or 'none made it to a grid of cells'}); the largest was {w}x{h} camera px, "
+                f"{100 * w / max(1, self.image[0]):.0f} % of the image's width ({per_cell} camera px a cell in "
+                "the layouts it tries): too small, too oblique or too blurred to read; bring the laptops "
+                "closer or face the screens")
 
 
 class FrameDecoder(Actor):
@@ -89,8 +125,13 @@ class FrameDecoder(Actor):
         # Per sender strip: its last read that could not be corrected, its layout and when (see _decode).
         self._failed: dict[int | None, tuple[reader.ReadCode, int, float]] = {}
         self.stats: Counter = Counter()
+        # What this camera saw, for the error of a rank that cannot start (kept across restarts of this actor)
+        self.view: CameraView = ctx.results.setdefault("camera_view", CameraView())
+        self.view.cells = tuple(c.layout.outer_cells[1] for c in self.ladder)
+        self._warned_blind = False
         self._reported: Counter = Counter()  # the figures at the last `link_report`
         self._reported_at: float | None = None
+        self._first_at = 0.0  # this actor's first capture (node clock)
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
         self.transfers = transfers
         self.key = key
@@ -115,7 +156,14 @@ class FrameDecoder(Actor):
             if self.lens is None or (self.lens.lens.width, self.lens.lens.height) != (w, h):
                 self.lens = LensFit(w, h)
         quads = self.tracker(msg.image)
+        view = self.view
+        view.captures += 1
+        view.image = (msg.image.shape[1], msg.image.shape[0])
         if quads:  # (for a camera that sets its exposure on the code: CameraReader)
+            view.with_code += 1
+            _, _, w, h = quads[0].bbox
+            if w * h > view.largest[0] * view.largest[1]:
+                view.largest = (w, h)
             await self.emit(CodeSeen(sender=self.ctx.node, time=msg.time, bbox=quads[0].bbox, image=msg.image,
                                      seq=msg.seq))
         for quad in quads:
@@ -129,9 +177,16 @@ class FrameDecoder(Actor):
                         self._order = list(range(k, len(self.ladder))) + list(range(k))
                     break
         if self._reported_at is None:
-            self._reported_at = msg.time
+            self._reported_at = self._first_at = msg.time
         elif msg.time - self._reported_at >= REPORT_S:
             self._report(msg.time)
+            view.frames_ok = max(view.frames_ok, self.stats["frames_ok"])
+            view.rejected = Counter({k.removeprefix("frames_rejected_"): v for k, v in self.stats.items()
+                                     if k.startswith(("frames_rejected_", "captures_mixed"))})
+            if not self._warned_blind and msg.time - self._first_at >= BLIND_WARN_S:
+                self._warned_blind = True
+                if (problem := view.problem()) is not None:
+                    self.log.warning("camera_reads_nothing", problem=problem)
 
     def _report(self, now: float) -> None:
         """Log the link's figures since the last report (`link_report`, detail: debug on a console)."""

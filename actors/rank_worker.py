@@ -54,7 +54,7 @@ class RankWorker(Actor):
                  greeted: asyncio.Event, greet_problem, greet_timeout_s: float, quorum: int = 1,
                  eval_every: int = 1, compute_scale: float = 1.0, drain_s: float = 10.0) -> None:
         """`names`: the ranks in rank order; `greeted`: set once the run handshake and discovery are done
-        (`greet_problem()` says what is missing if they are not within `greet_timeout_s` room seconds)."""
+        (`greet_problem(greet_timeout_s)` says what is missing if they are not within `greet_timeout_s` room seconds)."""
         super().__init__(ctx)
         self.replica = replica
         self.codec = codec
@@ -89,7 +89,7 @@ class RankWorker(Actor):
         try:
             await asyncio.wait_for(self.greeted.wait(), self.greet_timeout_s)
         except TimeoutError:
-            raise GiveUp(f"{self.greet_problem()} within {self.greet_timeout_s:g} s") from None
+            raise GiveUp(self.greet_problem(self.greet_timeout_s)) from None
         self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe())
         # Node-clock time up to which this rank's compute is charged. Virtual time stands still while it
         # computes (the mark moves on by the CPU time); real time moves by itself (the mark is then behind).

@@ -79,6 +79,26 @@ def test_a_built_in_run_with_a_codec_and_a_by_class_split_is_bit_exact_with_its_
 
 
 @pytest.mark.slow
+def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
+    # 1.6 m apart: each camera finds the other's code but its cells are under 3 camera px: within the
+    # start-up time each says so (a warning), and the error at the end says it again, with the sizes.
+    nodes = [{"name": "alice", "roles": ["server", "worker"], "channel": {"position_m": [0.0, 0.0, 0.0]}},
+             {"name": "bob", "roles": ["worker"], "channel": {"position_m": [0.0, 0.0, 1.6]}}]
+    cfg = make_config(training={"steps": 3, "eval_every": 0}, sync={"timeout_s": 12.0},
+                      room={"profile": "webcam", "nodes": nodes})
+    with pytest.raises(BaseExceptionGroup) as eg:
+        run_room(cfg)
+    failed = [str(e) for e in eg.value.subgroup(NodeFailed).exceptions]
+    assert len(failed) == 2
+    for msg in failed:
+        assert "in 12 s" in msg and "found codes in" in msg and "read no frame of them" in msg, msg
+        assert "camera px a cell" in msg and "bring the laptops closer" in msg, msg
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
+    warned = {e["node"]: e for e in events if e["event"] == "camera_reads_nothing"}
+    assert set(warned) == {"alice", "bob"} and all(e["t"] <= 11.0 for e in warned.values()), warned
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("blind", ["bob", "alice"])
 def test_camera_swapped_for_a_fake_through_the_registry(blind, _quiet_logs):
     # One camera has its lens cap on. That node reads no screen, and the other is never greeted back (no
@@ -93,6 +113,7 @@ def test_camera_swapped_for_a_fake_through_the_registry(blind, _quiet_logs):
     failed = {str(e).split(":")[0]: str(e) for e in eg.value.subgroup(NodeFailed).exceptions}
     seeing = "alice" if blind == "bob" else "bob"
     assert f"never heard of {seeing}" in failed[f"node {blind}"], failed
+    assert "its camera found no code" in failed[f"node {blind}"], failed  # (what it saw: nothing)
     assert "was never greeted back" in failed[f"node {seeing}"], failed
     events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
     assert not any(e["event"] == "actor_restarted" for e in events)

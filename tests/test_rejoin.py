@@ -319,9 +319,9 @@ def test_a_rank_never_greeted_back_says_so():
 
     alice, bob = Node(0, 2), Node(1, 2)
     assert bob.rx.receive(alice.status(0.0)).refused == "unconfirmed_sender"
-    node = SimpleNamespace(handshake=bob.hs, ranks=["alice", "bob"], rank=1, key_fingerprint="0123abcd")
-    msg = CollectiveNode.greet_problem(node)
-    assert msg.startswith("was never greeted back: it reads alice, but no frame of theirs echoes its run nonce")
+    node = SimpleNamespace(handshake=bob.hs, ranks=["alice", "bob"], rank=1, key_fingerprint="0123abcd", results={})
+    msg = CollectiveNode.greet_problem(node, 60.0)
+    assert msg.startswith("was never greeted back in 60 s: it reads alice, but no frame of theirs echoes its run nonce")
     assert "0123abcd" in msg
 
 

@@ -179,17 +179,21 @@ class CollectiveNode(NodeSupervisor):
     async def submit(self, req: CollectiveRequest | Drain) -> None:
         await self.mailboxes["collectives"].put(req)
 
-    def greet_problem(self) -> str:
-        """What the run handshake (and discovery) still lacks, for the error of a rank that cannot start."""
+    def greet_problem(self, within_s: float) -> str:
+        """What the run handshake (and discovery) still lacks after `within_s` room seconds, for the error of
+        a rank that cannot start; with what its own camera saw when it read nothing."""
         hs, names = self.handshake, self.ranks
+        w = f" in {within_s:g} s"
         st = hs.sight
         key = (f"or they use another room key (this one's fingerprint: {self.key_fingerprint}; "
                "python -m wccl.keys fingerprint)")
         peers = [r for r in range(len(names)) if r != self.rank]
         silent = [names[r] for r in peers if not hs.echo()[r]]
+        view = self.results.get("camera_view")  # (actors.frame_decoder.CameraView)
+        blind = view.problem() if view is not None else None
         if silent:
-            return (f"never heard of {', '.join(silent)}: no camera in the room reads their screens (or they "
-                    f"did not start), {key}")
+            return (f"never heard of {', '.join(silent)}{w}: no camera in the room reads their screens (or they "
+                    f"did not start), {key}" + (f"; and this rank reads nothing: {blind}" if blind else ""))
         if st is not None and not st.known:
             unread = [names[r] for r in peers if r not in hs.trusted]
             if not st.rows[self.rank].reads:
@@ -197,12 +201,12 @@ class CollectiveNode(NodeSupervisor):
                 if heard and not hs.trusted:
                     # Their frames arrive, but none echoes this rank's run nonce: they have not read its screen
                     # (a rank that started again is greeted by ranks that read it, in their status frames).
-                    return (f"was never greeted back: it reads {', '.join(heard)}, but no frame of theirs echoes "
+                    return (f"was never greeted back{w}: it reads {', '.join(heard)}, but no frame of theirs echoes "
                             f"its run nonce (their cameras do not read its screen), {key}")
-                return (f"reads no screen: its camera decoded no frame of this run from "
-                        f"{', '.join(unread)} ({key})")
+                return (f"reads no screen{w}: {blind}" if blind else
+                        f"reads no screen{w}: its camera decoded no frame of this run from {', '.join(unread)} ({key})")
             waiting = [names[r] for r in range(len(names)) if not st.rows[r].final]
-            return (f"could not agree on which camera reads which screen: no final word yet from "
+            return (f"could not agree on which camera reads which screen{w}: no final word yet from "
                     f"{', '.join(waiting)} (every rank must read some screen, and their words travel "
                     "from camera to camera)")
         current = hs.current()
@@ -213,10 +217,10 @@ class CollectiveNode(NodeSupervisor):
             missing = [names[r] for r in peers if r not in current or r not in hs.trusted_by]
         again = [names[r] for r in sorted(set(hs.newer) | set(hs.renewed))]
         if again:
-            return (f"could not greet {', '.join(again)} again after they started again (a new run nonce; "
+            return (f"could not greet {', '.join(again)} again{w} after they started again (a new run nonce; "
                     f"still waiting for {', '.join(missing) or 'their new rows'}): their screens are not in "
                     f"view of this camera (or this one of theirs), {key}")
-        return (f"could not greet {', '.join(missing)}: their screens are not in view of this camera (or this "
+        return (f"could not greet {', '.join(missing)}{w}: their screens are not in view of this camera (or this "
                 f"one of theirs), {key}")
 
 
@@ -365,12 +369,9 @@ class RankNode:
             if self._error is not None:
                 raise RuntimeError(f"wccl: rank {self.node}'s node stopped: {self._error}")
             if self.loop.time() - self._t_mark > timeout_s:
-                raise RuntimeError(f"wccl: rank {self.node} {self._greet_problem()} within {timeout_s:g} s")
+                raise RuntimeError(f"wccl: rank {self.node} {self.sup.greet_problem(timeout_s)}")
         self._t_mark = max(self._t_mark, self.loop.time())  # waiting for the handshake is not compute
         self._cpu_mark = self._program_cpu()
-
-    def _greet_problem(self) -> str:
-        return self.sup.greet_problem()
 
     def close(self) -> None:
         """Let peers read what they still need (until `drain_s`), then stop the node and its thread."""
