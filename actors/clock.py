@@ -41,7 +41,7 @@ from typing import Any
 from protocols import sync
 from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
-from wccl.clocksync import OffsetEstimator
+from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.schedule import DEADLINE_STEPS, Schedule
 
 ROUND_HOLDS = 1  # a tensor's fixed cost in frame holds beyond its frames: the last one filmed, decoded, passed on
@@ -80,6 +80,8 @@ class Clock(Actor):
         self.truth = truth
         self.drain_s = drain_s
         self.estimator = OffsetEstimator(sync_cfg.window_s, sync_cfg.bin_s, sync_cfg.min_samples)
+        # The server's: how long its frames take to each worker's camera and theirs back (sizing, `_phases`)
+        self.flights: dict[str, FlightTimes] = {n: FlightTimes() for n in self.others} if self.is_server else {}
         self.sight: SightKnown | None = None
         self._sight = asyncio.Event()
         self.announce: sync.Announce | None = None
@@ -95,6 +97,10 @@ class Clock(Actor):
             self.sight = msg
             self._sight.set()
         elif isinstance(msg, FrameTiming):
+            if (flight := self.flights.get(msg.origin)) is not None:
+                flight.add_in(msg.shown, msg.captured)
+                if msg.echo_peer == self.ctx.node:
+                    flight.add_out(msg.echo_shown, msg.echo_captured)
             if not self.is_server and msg.origin == self.server:
                 self.estimator.add_down(msg.shown, msg.captured)
                 if msg.echo_peer == self.ctx.node:
@@ -225,14 +231,20 @@ class Clock(Actor):
         up = min((quality.get((self.ctx.node, w), 0.0) for w in self.others), default=1.0)  # the server reads w
         down = min((quality.get((w, self.ctx.node), 0.0) for w in self.others), default=1.0)  # w reads the server
 
+        # A frame's way from a screen to the other camera, each way: half the slowest worker's measured round
+        # trip, and never less than ROUND_HOLDS holds.
+        trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
+        flight = max([ROUND_HOLDS * hold] + [t / 2 for t in trips])
+
         def window(q: float) -> float:
             frames = codec.frames_needed(self.tensor_bytes, len(ranks))
-            return round((frames / max(q, 0.25) + ROUND_HOLDS + self.margin_frames) * hold, 4)
+            return round((frames / max(q, 0.25) + self.margin_frames) * hold + flight, 4)
 
         phases = (("compute", self.work_s), ("uplink", window(up)), ("reduce", self.work_s),
                   ("downlink", window(down)), ("apply", self.work_s))
         self.log.info("schedule_sized", layout=s.layout, uplink_frames_ok=round(up, 3),
-                      downlink_frames_ok=round(down, 3), period_s=round(sum(x for _, x in phases), 3))
+                      downlink_frames_ok=round(down, 3), round_trip_s=round(max(trips), 3) if trips else None,
+                      period_s=round(sum(x for _, x in phases), 3))
         return phases
 
     def _update_estimate(self, log: bool = False, step: int = -1) -> None:

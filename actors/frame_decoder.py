@@ -33,7 +33,7 @@ cleanly was refused: a wrong key, a replay).
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
+from collections import Counter, deque
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from wccl.imaging.lens import LensFit
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 REPORT_S = 1.0  # the link's figures are logged every this many seconds (node clock), `link_report`
 COMBINE_S = 0.1  # two uncorrectable reads of a screen at most this far apart may be combined (_decode)
+CAPTURES_FOR_PERIOD = 16  # the camera's capture period: the median interval of this many latest captures
 BLIND_WARN_S = 10.0  # a camera that read no frame this long after its first capture says what it sees (once)
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
@@ -132,6 +133,7 @@ class FrameDecoder(Actor):
         self._reported: Counter = Counter()  # the figures at the last `link_report`
         self._reported_at: float | None = None
         self._first_at = 0.0  # this actor's first capture (node clock)
+        self._capture_times: deque[float] = deque(maxlen=CAPTURES_FOR_PERIOD)  # the latest captures' times
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
         self.transfers = transfers
         self.key = key
@@ -144,6 +146,11 @@ class FrameDecoder(Actor):
 
     async def handle(self, msg: Capture) -> None:
         self.stats["captures"] += 1
+        self._capture_times.append(msg.time)
+        sight = self.receiver.handshake.sight if self.receiver is not None else None
+        if sight is not None and not sight.known and len(self._capture_times) >= CAPTURES_FOR_PERIOD:
+            # (discovery counts a layout held for too few of this camera's periods as unread)
+            sight.camera_period_s = float(np.median(np.diff(self._capture_times)))
         bad = reader.image_problem(msg.image)
         if bad is not None:
             # A camera (or a recording) that hands over something that is not a colour image: a counted

@@ -100,6 +100,11 @@ MIN_FRAMES = 4  # frames of a peer before its quality is measured
 # frames read only just would fail as the light drifts (exposure and white balance wander over minutes).
 HEADROOM = 0.5
 FIRST_FRAMES = 8  # frames of the ladder's first layout in a row, each period of the probe schedule
+# A layout whose frames are held for less than this many of a camera's capture periods does not count as
+# read by that camera, whatever it read while measuring: the screen and the camera beat, and for seconds at
+# a time every capture straddles a change of frame (a 67 ms hold at 15 frames a second reads for ten
+# seconds, then nothing for three). 1.5 periods (50 ms at 30 frames a second) reads steadily.
+MIN_HOLD_PERIODS = 1.4
 OTHER_FRAMES = 2  # and of each other layout
 
 
@@ -296,6 +301,7 @@ class SightTable:
     _alive_at: dict[int, float] = field(default_factory=dict)  # rank -> when this rank first knew it alive
     _costs: dict = field(default_factory=dict)  # (layout, edges) -> cost, as `cost` said
     adopted: int = 0  # times this rank took its own row from the room's table (it started again)
+    camera_period_s: float = 0.0  # this rank's camera: seconds between captures (0: not known yet)
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -352,9 +358,10 @@ class SightTable:
     def quality(self, sender: int, layout: int = 0) -> float:
         """The share of `sender`'s frames in `layout` read with headroom: frames read (each weighed by its
         headroom, `accepted`), per frame it showed in that layout since the first and up to the last frame
-        read of it in any layout (0 until MIN_FRAMES were shown)."""
+        read of it in any layout (0 until MIN_FRAMES were shown, and in a layout held for less than
+        MIN_HOLD_PERIODS of this camera's capture periods)."""
         s = self._seen.get((sender, layout))
-        if s is None:
+        if s is None or self.holds[layout] < MIN_HOLD_PERIODS * self.camera_period_s:
             return 0.0
         shown = self.shown(sender, layout)
         if shown < MIN_FRAMES:

@@ -483,3 +483,18 @@ def test_a_frame_read_near_the_edge_of_its_error_correction_counts_for_less():
     assert measured(discovery.HEADROOM) == pytest.approx(1.0)
     assert measured(discovery.HEADROOM / 2) == pytest.approx(0.5)
     assert measured(0.0) == 0.0 and measured(-0.3) == 0.0
+
+
+def test_a_layout_held_for_too_few_of_this_cameras_periods_counts_as_unread():
+    # Every frame of a peer read in both layouts; this camera takes 15 captures a second: a 67 ms hold
+    # (one period) beats with it and counts as unread, a 100 ms hold (1.5 periods) counts whole.
+    t = discovery.SightTable(0, 2, (0.067, 0.1))
+    for k in range(20):
+        t.accepted(1, k * 67_000, 0)
+        t.accepted(1, k * 100_000, 1)
+    fast, slow = t.quality(1, 0), t.quality(1, 1)
+    assert fast > 0.5 and slow > 0.5  # (the camera's period not known yet)
+    t.camera_period_s = 1 / 15
+    assert t.quality(1, 0) == 0.0 and t.quality(1, 1) == slow
+    t.camera_period_s = 1 / 30
+    assert t.quality(1, 0) == fast

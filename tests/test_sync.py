@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from actors.worker import Worker
 from protocols import snapshot as snap
 from protocols import sync
-from wccl.clocksync import OffsetEstimator
+from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.node import Fault, RoomRun
 from wccl.registry import REGISTRY
 
@@ -57,6 +57,22 @@ def test_estimator_recovers_injected_offset_and_drift(offset, drift_ppm, lat_a, 
             e = est.estimate(t)
             errors.append(e.offset - theta(t))
     assert np.percentile(np.abs(errors), 95) < 0.005
+
+
+@given(offset=st.floats(-10, 10), there=st.floats(0.03, 0.2), back=st.floats(0.03, 0.2), seed=st.integers(0, 2**16))
+@settings(max_examples=30, deadline=None)
+def test_the_round_trip_of_a_frame_does_not_depend_on_the_clocks_offset(offset, there, back, seed):
+    """The server's frames take `there` (plus the wait for a capture) to the peer's camera and the peer's
+    `back`; the peer's clock is `offset` ahead: the round trip comes out as their sum, whatever the offset."""
+    rng = np.random.default_rng(seed)
+    flights = FlightTimes()
+    assert flights.round_trip() is None
+    for k in range(250):
+        t = k * 0.1  # this node's time
+        flights.add_out(t, t + there + rng.uniform(0, 1 / 30) + offset)  # an echo: caught on the peer's clock
+        flights.add_out(t, t + 99.0)  # (the same frame echoed again counts once)
+        flights.add_in(t + offset, t + back + rng.uniform(0, 1 / 30))  # the peer's frame, shown on its clock
+    assert flights.round_trip() == pytest.approx(there + back + 1 / 30, abs=0.006)
 
 
 @given(t0=st.integers(-2**62, 2**62), steps=st.integers(0, 2**32 - 1), epoch=st.integers(0, 0xFFFF),

@@ -109,3 +109,31 @@ class OffsetEstimator:
             ed, sd, rd = self._line(td, vd, now_local, float("inf"))
         return Estimate(offset=(eu - ed) / 2, skew=(su - sd) / 2, pivot=now_local, err=(ru + rd) / 2,
                         up=len(self._up), down=len(self._down))
+
+
+class FlightTimes:
+    """How long frames take between this node's screen and one peer's camera and back, from the same
+    timestamps: each of the peer's frames read here (`add_in`: shown on its clock, captured on ours) and
+    each echo of one of ours (`add_out`: shown on ours, captured on its clock). Each kind alone holds the
+    clocks' offset; the sum of their medians does not: it is the typical round trip of a frame (the
+    screen's latency, the wait for a clean capture, the camera's latency, both ways)."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self._in: deque[float] = deque(maxlen=keep)
+        self._out: deque[float] = deque(maxlen=keep)
+        self._seen_out: deque[float] = deque(maxlen=keep)
+
+    def add_in(self, shown_peer: float, captured_local: float) -> None:
+        self._in.append(captured_local - shown_peer)
+
+    def add_out(self, shown_local: float, captured_peer: float) -> None:
+        if shown_local in self._seen_out:  # (every frame of the peer echoes its latest capture: once each)
+            return
+        self._seen_out.append(shown_local)
+        self._out.append(captured_peer - shown_local)
+
+    def round_trip(self, min_samples: int = 6) -> float | None:
+        """The median frame's delay there plus the median's back (seconds), None with too few samples."""
+        if min(len(self._in), len(self._out)) < min_samples:
+            return None
+        return float(np.median(self._in) + np.median(self._out))
