@@ -15,8 +15,10 @@ greeted (the run handshake and discovery, protocols.security and
 protocols.discovery: `greeted`), the server fixes the schedule (step 0 at
 `t0` on its clock, the phases, the steps) and sends it to every node as an
 acknowledged transfer; with the `auto` preset it sizes the phases from the
-tensors' frame counts in the layout discovery chose and the share of frames
-each camera reads of the server's screen and the server's of theirs. Every
+tensors' frame counts in the layout discovery chose, the share of frames
+each camera reads of the server's screen and the server's of theirs, and
+how long a frame takes from screen to camera (the round trip it measures to
+each worker from the frames' timestamps, wccl.clocksync.FlightTimes). Every
 other node says hello to the server when it has greeted (again when it
 joins after step 0, asking for a snapshot of the training state), estimates
 its clock against the server's from the frames' timestamps (wccl.clocksync:
@@ -44,7 +46,7 @@ from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.schedule import DEADLINE_STEPS, Schedule
 
-ROUND_HOLDS = 1  # a tensor's fixed cost in frame holds beyond its frames: the last one filmed, decoded, passed on
+ROUND_HOLDS = 1  # the least a frame's flight (screen to camera, read) is booked at, in frame holds
 
 
 class Clock(Actor):
@@ -220,8 +222,9 @@ class Clock(Actor):
 
     def _phases(self) -> tuple[tuple[str, float], ...]:
         """The fixed phases, or (auto) each sized for its tensor in the layout discovery chose: its frames,
-        divided by the share of frames the slowest camera reads of that screen, plus the fixed cost of a
-        round and `margin_frames`."""
+        divided by the share of frames the slowest camera reads of that screen, plus `margin_frames`, in
+        frame holds, plus a frame's flight (half the slowest worker's measured round trip, at least
+        ROUND_HOLDS holds)."""
         if self.fixed_phases is not None:
             return self.fixed_phases
         s = self.sight

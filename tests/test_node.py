@@ -296,6 +296,23 @@ def test_a_room_file_that_names_only_its_nodes_runs_as_well_as_the_shipped_one(t
     print(f"nodes-only room: step {fixed['period_s']} s, {f}")
 
 
+@pytest.mark.slow
+def test_a_dim_room_whose_webcams_take_15_frames_a_second_applies_every_step():
+    """rooms/pairs/dim.toml (15 fps, 33 ms exposure and readout): the 67 ms layouts beat with these cameras
+    (reads for seconds, then none) and are not chosen; the windows hold the frames' measured flight."""
+    p = subprocess.run([sys.executable, "-m", "wccl.node", "--config", "rooms/pairs/dim.toml", "--steps", "15",
+                        "--log-format", "json", "--log-level", "info"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-2000:]
+    events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+    (used,) = [e for e in events if e["event"] == "layout_used" and e.get("node") == "alice"]
+    (sized,) = [e for e in events if e["event"] == "schedule_sized"]
+    (f,) = [e for e in events if e["event"] == "run_finished"]
+    assert used["hold_s"] >= 1.4 / 15, used
+    assert sized["round_trip_s"] > 0.15, sized  # (two camera periods and more: measured, not assumed)
+    assert f["applied"] == 15 and f["replicas_identical"] is True, f
+
+
 def test_two_reads_that_cannot_be_corrected_alone_are_combined_cell_by_cell():
     import dataclasses
 

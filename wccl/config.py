@@ -488,7 +488,7 @@ class ScheduleConfig(_Strict):
     phases: list[Phase] | None = None  # custom: compute, uplink, reduce, downlink, apply (and guard), in order
     start_s: float = Field(default=1.0, ge=0)  # from the room's greeting (handshake, discovery) to step 0
     # auto: uplink and downlink hold the frames a tensor needs, divided by the share of frames the
-    # slowest camera read at start-up, plus a round's fixed cost and this many spare frames; compute,
+    # slowest camera read at start-up, plus this many spare frames and a frame's measured flight; compute,
     # reduce and apply last `work_s`. None spare by default: a round that a dip in the reads makes late is
     # caught up before its deadline (wccl.schedule.DEADLINE_STEPS), not lost.
     margin_frames: int = Field(default=0, ge=0, le=100)
