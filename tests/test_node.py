@@ -84,14 +84,14 @@ def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
     # start-up time each says so (a warning), and the error at the end says it again, with the sizes.
     nodes = [{"name": "alice", "roles": ["server", "worker"], "channel": {"position_m": [0.0, 0.0, 0.0]}},
              {"name": "bob", "roles": ["worker"], "channel": {"position_m": [0.0, 0.0, 1.6]}}]
-    cfg = make_config(training={"steps": 3, "eval_every": 0}, sync={"timeout_s": 12.0},
+    cfg = make_config(training={"steps": 3, "eval_every": 0}, sync={"timeout_s": 11.0},
                       room={"profile": "webcam", "nodes": nodes})
     with pytest.raises(BaseExceptionGroup) as eg:
         run_room(cfg)
     failed = [str(e) for e in eg.value.subgroup(NodeFailed).exceptions]
     assert len(failed) == 2
     for msg in failed:
-        assert "in 12 s" in msg and "found codes in" in msg and "read no frame of them" in msg, msg
+        assert "in 11 s" in msg and "found codes in" in msg and "read no frame of them" in msg, msg
         assert "camera px a cell" in msg and "bring the laptops closer" in msg, msg
     events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
     warned = {e["node"]: e for e in events if e["event"] == "camera_reads_nothing"}
