@@ -126,14 +126,14 @@ class FrameDecoder(Actor):
         # Per sender strip: its last read that could not be corrected, its layout and when (see _decode).
         self._failed: dict[int | None, tuple[reader.ReadCode, int, float]] = {}
         self.stats: Counter = Counter()
-        # What this camera saw, for the error of a rank that cannot start (kept across restarts of this actor)
-        self.view: CameraView = ctx.results.setdefault("camera_view", CameraView())
-        self.view.cells = tuple(c.layout.outer_cells[1] for c in self.ladder)
+        # What this camera saw; while it reads nothing, why, in words, for the error of a rank that cannot
+        # start (`camera_problem` in the node's results, refreshed with every `link_report`)
+        self.view = CameraView(cells=tuple(c.layout.outer_cells[1] for c in self.ladder))
         self._warned_blind = False
         self._reported: Counter = Counter()  # the figures at the last `link_report`
         self._reported_at: float | None = None
         self._first_at = 0.0  # this actor's first capture (node clock)
-        self._capture_times: deque[float] = deque(maxlen=CAPTURES_FOR_PERIOD)  # the latest captures' times
+        self._captures: deque[tuple[int, float]] = deque(maxlen=CAPTURES_FOR_PERIOD)  # the latest (seq, time)
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
         self.transfers = transfers
         self.key = key
@@ -146,11 +146,15 @@ class FrameDecoder(Actor):
 
     async def handle(self, msg: Capture) -> None:
         self.stats["captures"] += 1
-        self._capture_times.append(msg.time)
+        self._captures.append((msg.seq, msg.time))
         sight = self.receiver.handshake.sight if self.receiver is not None else None
-        if sight is not None and not sight.known and len(self._capture_times) >= CAPTURES_FOR_PERIOD:
-            # (discovery counts a layout held for too few of this camera's periods as unread)
-            sight.camera_period_s = float(np.median(np.diff(self._capture_times)))
+        if sight is not None and not sight.known and len(self._captures) >= CAPTURES_FOR_PERIOD:
+            # (discovery counts a layout held for too few of this camera's periods as unread). By the
+            # camera's own count: captures this decoder had no time for are not a slower camera.
+            steps = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(self._captures, list(self._captures)[1:])
+                     if s1 > s0]
+            if steps:
+                sight.camera_period_s = float(np.median(steps))
         bad = reader.image_problem(msg.image)
         if bad is not None:
             # A camera (or a recording) that hands over something that is not a colour image: a counted
@@ -190,9 +194,10 @@ class FrameDecoder(Actor):
             view.frames_ok = max(view.frames_ok, self.stats["frames_ok"])
             view.rejected = Counter({k.removeprefix("frames_rejected_"): v for k, v in self.stats.items()
                                      if k.startswith(("frames_rejected_", "captures_mixed"))})
+            problem = self.ctx.results["camera_problem"] = view.problem()
             if not self._warned_blind and msg.time - self._first_at >= BLIND_WARN_S:
                 self._warned_blind = True
-                if (problem := view.problem()) is not None:
+                if problem is not None:
                     self.log.warning("camera_reads_nothing", problem=problem)
 
     def _report(self, now: float) -> None:

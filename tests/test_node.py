@@ -84,8 +84,10 @@ def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
     # start-up time each says so (a warning), and the error at the end says it again, with the sizes.
     nodes = [{"name": "alice", "roles": ["server", "worker"], "channel": {"position_m": [0.0, 0.0, 0.0]}},
              {"name": "bob", "roles": ["worker"], "channel": {"position_m": [0.0, 0.0, 1.6]}}]
+    # (one layout, pinned: the cameras try it alone on every capture, as they would try each of the ladder)
     cfg = make_config(training={"steps": 3, "eval_every": 0}, sync={"timeout_s": 11.0},
-                      room={"profile": "webcam", "nodes": nodes})
+                      room={"profile": "webcam", "nodes": nodes},
+                      link={"choose": "pinned", "rows": 48, "cols": 88, "cell_px": 14, "hold_s": 0.1})
     with pytest.raises(BaseExceptionGroup) as eg:
         run_room(cfg)
     failed = [str(e) for e in eg.value.subgroup(NodeFailed).exceptions]
@@ -374,3 +376,32 @@ def test_two_reads_that_cannot_be_corrected_alone_are_combined_cell_by_cell():
             assert d.stats["captures_combined"] == 1
 
     run_virtual(go)
+
+
+def test_the_decoder_measures_its_cameras_period_by_the_cameras_own_count():
+    # A 30 fps camera whose decoder had time for every other capture (the rest dropped from its mailbox):
+    # the camera's period is still 1/30 s, so discovery keeps the 50 ms layouts; a 15 fps camera's is 1/15.
+    import numpy as np
+
+    from protocols.discovery import SightTable
+    from protocols.security import Handshake
+
+    def period(fps: float, every: int) -> float:
+        cfg = make_config()
+        sight = SightTable(0, 2, (0.05, 0.1))
+
+        async def go():
+            clock = NodeClock(origin=0.0)
+            async with ActorHarness(FrameDecoder, node="alice", clock=clock, codec=cfg.link.codec(), session=1,
+                                    node_names=["alice", "bob"], transfers=TransferAssembler(),
+                                    handshake=Handshake(0, 2, sight=sight)) as dec:
+                for seq in range(0, 40, every):
+                    await dec.send(Capture(sender="alice", time=seq / fps, image=np.zeros((72, 128, 3), np.uint8),
+                                           seq=seq))
+                await dec.settle()
+
+        run_virtual(go)
+        return sight.camera_period_s
+
+    assert period(30.0, 2) == pytest.approx(1 / 30)
+    assert period(15.0, 1) == pytest.approx(1 / 15)

@@ -189,8 +189,7 @@ class CollectiveNode(NodeSupervisor):
                "python -m wccl.keys fingerprint)")
         peers = [r for r in range(len(names)) if r != self.rank]
         silent = [names[r] for r in peers if not hs.echo()[r]]
-        view = self.results.get("camera_view")  # (actors.frame_decoder.CameraView)
-        blind = view.problem() if view is not None else None
+        blind = self.results.get("camera_problem")  # (the FrameDecoder's: why its camera reads nothing)
         if silent:
             return (f"never heard of {', '.join(silent)}{w}: no camera in the room reads their screens (or they "
                     f"did not start), {key}" + (f"; and this rank reads nothing: {blind}" if blind else ""))
