@@ -280,7 +280,7 @@ def test_an_intruder_changes_nothing(tmp_path):
     text = text.replace("session = 12", "session = 12\nreplay_window_s = 2.0")
     (rooms / "intruder.toml").write_text(text)
     filmed = tmp_path / "filmed.txt"
-    steps = ("--steps", "30")  # about 6 simulated seconds: longer than the 2 s replay window
+    steps = ("--steps", "20")  # about 4 simulated seconds: longer than the 2 s replay window
     logs = [tmp_path / "room1.log", tmp_path / "room2.log"]
     proc1, first = launch(rooms / "intruder.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600,
                           env={"WCCL_INTRUDER_RECORD": str(filmed)}, launcher_args=("--room-log", str(logs[0])))
