@@ -22,8 +22,13 @@ two frames (parity marks), skip frames identical to one already decoded from
 the same screen, then error-correct, check and reassemble (protocols.link,
 protocols.receiver: the room key's MAC, the run handshake, the sealed
 payload). Until discovery chooses the layout every layout of the start-up
-ladder is tried. A capture that is not an H x W x 3 uint8 image is a counted
-loss. Frames from another session or run, from this node itself or from an
+ladder is tried, and the camera's capture period is measured for discovery
+(which counts layouts held too briefly for it as unread). A capture that is
+not an H x W x 3 uint8 image is a counted loss. A camera that has read no
+frame `BLIND_WARN_S` after its first capture says what it saw
+(`camera_reads_nothing`: no code, or codes too small to read), and keeps
+that sentence in the node's results (`camera_problem`) for the error of a
+rank that cannot start. Frames from another session or run, from this node itself or from an
 unknown sender are ignored and counted; frames that fail are counted by
 reason, never delivered; at the end the node logs its link figures
 (`link_totals`) and `frames_refused` (a warning if any frame that read
@@ -51,7 +56,7 @@ from wccl.imaging.lens import LensFit
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
 REPORT_S = 1.0  # the link's figures are logged every this many seconds (node clock), `link_report`
 COMBINE_S = 0.1  # two uncorrectable reads of a screen at most this far apart may be combined (_decode)
-CAPTURES_FOR_PERIOD = 16  # the camera's capture period: the median interval of this many latest captures
+CAPTURES_FOR_PERIOD = 16  # the camera's capture period: over this many latest captures, by the camera's count
 BLIND_WARN_S = 10.0  # a camera that read no frame this long after its first capture says what it sees (once)
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",

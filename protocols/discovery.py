@@ -100,12 +100,12 @@ MIN_FRAMES = 4  # frames of a peer before its quality is measured
 # frames read only just would fail as the light drifts (exposure and white balance wander over minutes).
 HEADROOM = 0.5
 FIRST_FRAMES = 8  # frames of the ladder's first layout in a row, each period of the probe schedule
+OTHER_FRAMES = 2  # and of each other layout
 # A layout whose frames are held for less than this many of a camera's capture periods does not count as
 # read by that camera, whatever it read while measuring: the screen and the camera beat, and for seconds at
 # a time every capture straddles a change of frame (a 67 ms hold at 15 frames a second reads for ten
 # seconds, then nothing for three). 1.5 periods (50 ms at 30 frames a second) reads steadily.
 MIN_HOLD_PERIODS = 1.4
-OTHER_FRAMES = 2  # and of each other layout
 
 
 @dataclass(frozen=True)
