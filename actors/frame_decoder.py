@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter, deque
+from itertools import pairwise
 
 import numpy as np
 
@@ -156,8 +157,7 @@ class FrameDecoder(Actor):
         if sight is not None and not sight.known and len(self._captures) >= CAPTURES_FOR_PERIOD:
             # (discovery counts a layout held for too few of this camera's periods as unread). By the
             # camera's own count: captures this decoder had no time for are not a slower camera.
-            steps = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(self._captures, list(self._captures)[1:])
-                     if s1 > s0]
+            steps = [(t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in pairwise(self._captures) if s1 > s0]
             if steps:
                 sight.camera_period_s = float(np.median(steps))
         bad = reader.image_problem(msg.image)
