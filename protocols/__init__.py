@@ -33,17 +33,22 @@ def named_subclasses(package: str, modules: tuple[str, ...], base: type) -> dict
     return found
 
 
+class _Deferred(ModuleType):
+    """A stand-in for a module not imported yet: the first attribute read imports the module (the usual
+    way, into sys.modules) and takes over its namespace."""
+
+    def __getattr__(self, attr: str):
+        module = importlib.import_module(self.__name__)
+        self.__dict__.update(vars(module))
+        return getattr(module, attr)
+
+
 def lazy_import(name: str) -> ModuleType:
-    """Module `name`, loaded on first use of one of its attributes (importlib.util.LazyLoader): a process
-    that only checks a config (the launcher, the room) never pays torch's two seconds of import. Once
-    here, `import name` anywhere gives the same module."""
+    """Module `name`, imported on first use of one of its attributes: a process that only checks a config
+    (the launcher, the room) never pays torch's two seconds of import. Until then it stays out of
+    sys.modules, so `import name` or `import name.sub` elsewhere imports it the usual way, once."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
+    if importlib.util.find_spec(name) is None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return _Deferred(name)

@@ -246,3 +246,19 @@ def test_divergence_is_told_from_noise():
     w = DivergenceWatch(window=100)  # lenet5 under Adam at lr 0.5: 2.31, then 324,569 (it ended at chance)
     assert [w.observe(x) is not None for x in (2.31, 3.0, 324568.7)] == [False, False, True]
     assert "jumped from 2.31 at step 1 to 3.25e+05 at step 3" in w.reason
+
+
+def test_a_config_check_imports_no_torch_and_torch_imports_normally_after_it():
+    """The codecs load torch on first use, so checking a config (the launcher, the room) pays no torch
+    import; a module that then imports torch's submodules (`import torch.distributed`, as the built-in run
+    on collectives does) gets them imported once, as without the codecs (a deferred torch in sys.modules
+    ran torch.distributed's initialisation twice: the process aborted)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import wccl.config; assert 'torch' not in sys.modules; "
+            "import torch.distributed, torch.nn; from protocols.codecs import get_codec, torch as t; "
+            "x = torch.arange(4, dtype=torch.float32); c = get_codec('bf16'); "
+            "assert torch.equal(c.decode(c.encode(x), 4), x) and t.float32 is torch.float32; print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
