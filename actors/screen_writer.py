@@ -99,7 +99,8 @@ class ScreenWriter(Actor):
         self._greeting = world > 1
         self._greet_turn = False
         self._status_due = 0
-        self._rows: tuple = ()  # the discovery table (protocols.discovery), shown in status frames
+        self._rows: tuple = ()  # the discovery table (protocols.discovery), a row per rank, shown in status frames
+        self._page = 0  # the row the next status frame's page of the table starts at (a small layout's frames)
         self._wake = asyncio.Event()
         self._parity = 0
         self._blank = layout.blank(screen_w, screen_h)
@@ -140,7 +141,7 @@ class ScreenWriter(Actor):
             if msg.echo:
                 self._echo, self._trusts, self._greeting = msg.echo, msg.trusts, msg.greeting
             if msg.rows:
-                self._rows = discovery.unpack_table(msg.rows)
+                self._rows = discovery.unpack_table(msg.rows)[:self.world]
             self._status_due = STATUS_REPEATS
         elif isinstance(msg, PeerAcks):
             ack, bit = transfer.Ack(*msg.ack), 1 << msg.origin
@@ -207,12 +208,15 @@ class ScreenWriter(Actor):
             elif self.ladder is not None:  # probing: each status frame in the next layout of the ladder
                 codec, hold_s = self.ladder[self._probe]
                 self._probe = (self._probe + 1) % len(self.ladder)
-            return (transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
-                                            message_bytes=codec.message_bytes, shown_us=shown_us,
-                                            run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
-                                            rows=self._rows, holds=self._holds, layouts=self._layouts,
-                                            clock_echo=clock_echo, floor=self._floor(), key=self.key),
-                    codec, hold_s)
+            first = self._page if self._page < len(self._rows) else 0
+            message = transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
+                                              message_bytes=codec.message_bytes, shown_us=shown_us,
+                                              run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
+                                              rows=self._rows, first=first, holds=self._holds,
+                                              layouts=self._layouts, clock_echo=clock_echo, floor=self._floor(),
+                                              key=self.key)
+            self._page = first + transfer.status_rows(codec.message_bytes, len(self._acks), self._layouts)
+            return message, codec, hold_s
         return None
 
     def _floor(self) -> int:

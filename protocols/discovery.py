@@ -11,9 +11,10 @@ over; a reader knows from the shown times of the frames it read how many
 frames of each layout their sender showed between them. That is its *row*:
 the ranks it reads, their quality in each layout it has measured, the ranks
 it trusts, and flags. Every status frame carries the sender's table of rows
-(its own and the latest it has of every other rank), so rows travel along
-the cameras' lines of sight: in a ring where each camera sees one screen,
-every rank has every row after n-1 hops.
+(its own and the latest it has of every other rank; a frame of a layout too
+small for all of them, a page of them in turn), so rows travel along the
+cameras' lines of sight: in a ring where each camera sees one screen, every
+rank has every row after n-1 hops.
 
 A layout is *measured* once every peer read showed enough frames in it
 between the first and the last frame read of it (`need`: enough for a
@@ -75,8 +76,9 @@ MAX_RANKS = 8
 MAX_LAYOUTS = 6  # layouts of the start-up ladder a row measures
 QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # A row: version, flags, reads, trusts, then the quality of each rank in each layout measured (a nibble
-# each: rank r, layout k at r * layouts + k). A table measures 1 to MAX_LAYOUTS layouts: its size says how
-# many (a pinned layout's table is small enough for a coarse layout's frames).
+# each: rank r, layout k at r * layouts + k). A table measures 1 to MAX_LAYOUTS layouts (a pinned layout's
+# table is small enough for a coarse layout's frames); a status frame too small for every row of the table
+# shows it a page of consecutive rows at a time (protocols.transfer.status_message).
 ROW_HEAD = struct.Struct(">HBBB")
 
 
@@ -155,16 +157,21 @@ def _unpack_quality(b: bytes, layouts: int) -> tuple[tuple[int, ...], ...]:
 
 
 def pack_table(rows: tuple[Row, ...], layouts: int = MAX_LAYOUTS) -> bytes:
-    """The table as shown in status frames, measuring `layouts` layouts (table_bytes(layouts) bytes)."""
+    """The whole table (MAX_RANKS rows, empty ones where not given) measuring `layouts` layouts:
+    table_bytes(layouts) bytes."""
+    return pack_rows(tuple(rows) + (EMPTY,) * (MAX_RANKS - len(rows)), layouts)
+
+
+def pack_rows(rows: tuple[Row, ...], layouts: int) -> bytes:
+    """These rows, row_bytes(layouts) each: a page of the table as a status frame shows it."""
     if not 1 <= layouts <= MAX_LAYOUTS:
         raise ValueError(f"a table measures 1 to {MAX_LAYOUTS} layouts, not {layouts}")
-    rows = tuple(rows) + (EMPTY,) * (MAX_RANKS - len(rows))
     return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts) + _pack_quality(r.quality, layouts)
                     for r in rows)
 
 
 def table_layouts(size: int) -> int | None:
-    """How many layouts a table of `size` bytes measures (None: no table is that size)."""
+    """How many layouts a whole table of `size` bytes measures (None: no table is that size)."""
     for k in range(1, MAX_LAYOUTS + 1):
         if table_bytes(k) == size:
             return k
@@ -172,14 +179,23 @@ def table_layouts(size: int) -> int | None:
 
 
 def unpack_table(data: bytes) -> tuple[Row, ...]:
+    """A whole table (`pack_table`)."""
     layouts = table_layouts(len(data))
     if layouts is None:
         raise ValueError(f"no discovery table is {len(data)} bytes")
+    return unpack_rows(data, layouts, 0, MAX_RANKS)
+
+
+def unpack_rows(data: bytes, layouts: int, first: int, count: int) -> tuple[Row, ...]:
+    """A page of the table (`pack_rows`): rows first .. first + count - 1 of MAX_RANKS, the others EMPTY
+    (version 0: `SightTable.relay` takes nothing from them)."""
     n = row_bytes(layouts)
-    out = []
-    for i in range(MAX_RANKS):
+    if not 1 <= layouts <= MAX_LAYOUTS or first < 0 or count < 0 or first + count > MAX_RANKS or len(data) != n * count:
+        raise ValueError(f"no page of {count} rows from row {first} measuring {layouts} layouts is {len(data)} bytes")
+    out = [EMPTY] * MAX_RANKS
+    for i in range(count):
         v, flags, reads, trusts = ROW_HEAD.unpack_from(data, i * n)
-        out.append(Row(v, flags, reads, trusts, _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts)))
+        out[first + i] = Row(v, flags, reads, trusts, _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts))
     return tuple(out)
 
 

@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 11) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 12) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -45,14 +45,15 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 11 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      magic 0xC7 | version 12 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
     (n, the high nibble of flags: the group's size; flag 0x01: a status frame, whose seq is the sender's
-     floor; any other flag bit is refused)
+     floor, dtype the layouts L its discovery table measures (1 to 6), and part the page of the table it
+     shows: first row << 8 | rows; any other flag bit is refused)
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
-            then the discovery table: 8 rows of 5 + 4 x L bytes, L the layouts it measures, 1 to 6)
+            then that page of the discovery table: its rows, 5 + 4 x L bytes each)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     filler up to the message size: SHAKE-128 of the check (`filler`), so that every frame's cells look
     random and differ from the last frame's, however little it carries (a status frame, a short packet):
@@ -76,20 +77,18 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 11
+VERSION = 12
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQBBqq")
 _ACK = struct.Struct(">II")
 _ECHO = struct.Struct(f">{MAX_RANKS}Q")
 
 
-def status_packet(layouts: int = 1) -> int:
-    """A status frame's packet: the echo and a discovery table measuring `layouts` layouts."""
-    return _ECHO.size + discovery.table_bytes(layouts)
+def status_packet(layouts: int = 1, rows: int = MAX_RANKS) -> int:
+    """A status frame's packet: the echo and `rows` rows of a discovery table measuring `layouts` layouts."""
+    return _ECHO.size + rows * discovery.row_bytes(layouts)
 
 
-STATUS_PACKET = status_packet(discovery.MAX_LAYOUTS)  # the largest
-_STATUS_SIZES = {status_packet(k): k for k in range(1, discovery.MAX_LAYOUTS + 1)}
 _AAD = struct.Struct(">HBIIBBHI")
 PERSON = b"wccl-xfer"
 _ENTRY = _ACK.size + 4  # one rank's acknowledgement and holdings
@@ -107,6 +106,13 @@ def header_bytes(ranks: int = MAX_RANKS) -> int:
 
 HEADER_BYTES = header_bytes()  # the largest
 OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
+
+
+def status_rows(message_bytes: int, ranks: int, layouts: int) -> int:
+    """How many rows of a discovery table measuring `layouts` layouts a status frame of `message_bytes`
+    with the entries of `ranks` ranks has room for."""
+    room = message_bytes - header_bytes(ranks) - CHECK_BYTES - _ECHO.size
+    return max(0, room // discovery.row_bytes(layouts))
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet
@@ -255,18 +261,24 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
                    shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
-                   rows: tuple = (), holds: tuple[int, ...] = (), layouts: int = 1,
+                   rows: tuple = (), first: int = 0, holds: tuple[int, ...] = (), layouts: int = 1,
                    clock_echo: tuple[int, int, int] = NO_ECHO, floor: int = 0, key: RoomKey = NO_KEY) -> bytes:
     """A status frame's message: acknowledgements, the echo of every rank's run nonce, the discovery
-    table (`rows`, protocols.discovery.Row each; empty rows where not given) measuring `layouts` layouts
-    of the start-up ladder, and the sender's `floor` (its transfers up to it are settled)."""
+    table (`rows`, protocols.discovery.Row each, one per rank of the group) measuring `layouts` layouts of
+    the start-up ladder, and the sender's `floor` (its transfers up to it are settled). A frame too small
+    for every row shows a page: as many rows as fit (`status_rows`) from row `first` on."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     n, entries = _entries(acks, holds)
-    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, 0, floor, OPS["status"], 0, 0,
-                      0, 0, 0, bytes(8), status_packet(layouts), shown_us, run_nonce, trusts, *clock_echo)
+    count = min(status_rows(message_bytes, n, layouts), len(rows) - first) if rows else 0
+    if rows and count < 1:
+        raise ValueError(f"a status frame of {message_bytes} bytes holds no row of the discovery table")
+    page = tuple(rows[first:first + count])
+    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, 0, floor, OPS["status"],
+                      layouts, first << 8 | count, 0, 0, 0, bytes(8), status_packet(layouts, count), shown_us,
+                      run_nonce, trusts, *clock_echo)
     body = (head + entries + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
-            + discovery.pack_table(tuple(rows), layouts))
+            + discovery.pack_rows(page, layouts))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
     return _padded(body, key.check(body, PERSON), message_bytes)
@@ -290,7 +302,11 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     ranks = min(flags >> RANKS_SHIFT, MAX_RANKS)  # (more is refused below, once the check vouched for it)
     start = header_bytes(ranks)
     end = start + psize
-    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES) or (status and psize not in _STATUS_SIZES):
+    first, count = part >> 8, part & 0xFF  # a status frame's page of the discovery table
+    if status and not (1 <= dtype <= discovery.MAX_LAYOUTS and first + count <= MAX_RANKS
+                       and psize == status_packet(dtype, count)):
+        raise FrameError("bad_length", f"status packet_size {psize}")
+    if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES):
         raise FrameError("bad_length", f"packet_size {psize}")
     if not key.verify(msg[:end], PERSON, msg[end:end + CHECK_BYTES]):
         raise FrameError("check_mismatch")
@@ -308,7 +324,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
     if status:
         echo = _ECHO.unpack_from(msg, start)
-        rows = discovery.unpack_table(msg[start + _ECHO.size:end])
+        rows = discovery.unpack_rows(msg[start + _ECHO.size:end], dtype, first, count)
         return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, clock_echo,
                              floor=seq)
     if op not in OP_NAMES or op == OPS["status"]:

@@ -254,16 +254,72 @@ def test_the_ladder_picks_by_cost_not_by_density_alone():
 
 
 @pytest.mark.parametrize("layouts", [1, 2, 3, 5, 6])
-def test_a_table_says_how_many_layouts_it_measures_by_its_size(layouts):
+def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_measures(layouts):
     q = tuple(tuple((r + k) % 16 if k < layouts else 0 for k in range(discovery.MAX_LAYOUTS))
               for r in range(discovery.MAX_RANKS))
-    rows = (discovery.Row(3, discovery.FINAL, 0b110, 0b10, q),) * 2
-    packed = discovery.pack_table(rows, layouts)
+    rows = tuple(discovery.Row(3 + r, discovery.FINAL, 0b110, 0b10, q) for r in range(discovery.MAX_RANKS))
+    packed = discovery.pack_table(rows[:2], layouts)
     assert len(packed) == discovery.table_bytes(layouts) == 8 * (5 + 4 * layouts)
-    assert discovery.unpack_table(packed)[:2] == rows
+    assert discovery.unpack_table(packed)[:2] == rows[:2]
     msg = transfer.status_message(session=7, sender=0, acks=(), message_bytes=MESSAGE, rows=rows, layouts=layouts,
                                   key=KEY)
-    assert transfer.parse_message(msg, KEY).rows[:2] == rows
+    assert transfer.parse_message(msg, KEY).rows == rows  # the whole table fits
+    # A frame with room for three rows: pages of three, from any row; the rows not on a page come out EMPTY
+    # (version 0), which a table never takes.
+    size = transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 3) + 5
+    assert transfer.status_rows(size, 0, layouts) == 3
+    got = [discovery.EMPTY] * discovery.MAX_RANKS
+    for first in (0, 3, 6):
+        page = transfer.parse_message(transfer.status_message(session=7, sender=0, acks=(), message_bytes=size,
+                                                              rows=rows, first=first, layouts=layouts, key=KEY), KEY).rows
+        shown = [r for r in range(discovery.MAX_RANKS) if page[r].version]
+        assert shown == list(range(first, min(first + 3, discovery.MAX_RANKS)))
+        for r in shown:
+            got[r] = page[r]
+    assert tuple(got) == rows
+    with pytest.raises(ValueError, match="holds no row"):
+        transfer.status_message(session=7, sender=0, acks=(), rows=rows, layouts=layouts, key=KEY,
+                                message_bytes=transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 0))
+
+
+def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time():
+    """Eight ranks measuring six layouts, in the ladder's big-cell layout (28 x 50 cells of 22 px): a status
+    frame has room for 5 of the 8 rows, so the ScreenWriter shows the rows a page at a time, in turn, and
+    every row goes up within two frames."""
+    from actors.screen_writer import ScreenWriter
+    from conftest import run_virtual
+    from protocols.layout import GridLayout
+    from protocols.link import LinkCodec
+    from protocols.messages import AcksChanged
+    from wccl.harness import ActorHarness
+
+    class Screen:
+        def show(self, image) -> None:
+            pass
+
+    codec = LinkCodec(GridLayout(28, 50, 8, 22), 0.8)
+    rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (r ^ 1), 0) for r in range(8))
+    assert transfer.status_rows(codec.message_bytes, 8, 6) == 5
+
+    async def go():
+        async with ActorHarness(ScreenWriter, node="a0", screen=Screen(), codec=codec, screen_w=1280,
+                                screen_h=720, hold_s=0.083, session=7, rank=0, world=8, key=KEY,
+                                ladder=[(codec, 0.083)] * 6) as w:
+            await w.send(AcksChanged(sender="a0", time=0.0, acks=((0, 0),) * 8, greeting=True,
+                                     rows=discovery.pack_table(rows, 6)))
+            await w.settle()
+            pages = []
+            for i in range(4):
+                message, used, _ = w.actor._next_message(i * 0.083)
+                assert used is codec and len(message) == codec.message_bytes
+                got = transfer.parse_message(message, KEY).rows
+                pages.append([r for r in range(8) if got[r].version])
+                assert all(got[r] == rows[r] for r in pages[-1])
+            # (the screen has shown frames of its own since the table came: the turn may be at either page)
+            assert sorted(pages[:2]) == [[0, 1, 2, 3, 4], [5, 6, 7]] and pages[2:] == pages[:2]
+            await w.close()
+
+    run_virtual(go)
 
 
 # ------------------------------------------------------------------------------ stopping early

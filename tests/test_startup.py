@@ -1,8 +1,8 @@
 """Start-up of the collectives (wccl.distributed): discovery measures only the layouts of the start-up ladder
 that can change the choice. Ranks in one virtual-time loop over a simulated room (they share nothing but the
 room), as init_process_group runs them: in a room whose cameras read the fastest layout whole, every rank
-picks it after measuring it alone; in a room whose cameras cannot read its cells, the next layouts are
-measured and every rank picks one they read. And `python -m wccl.lab startup` on the shipped two-laptop room."""
+picks it after measuring it alone (a room whose cameras cannot read the first cells measures the whole
+ladder: tests/test_layout_choice.py). And `python -m wccl.lab startup` on the shipped two-laptop room."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pytest
 
 import actors  # noqa: F401  (registers the actors)
 from conftest import make_config, run_virtual
-from wccl.config import load_config
 from wccl.distributed.runtime import CollectiveNode, collective_ladder
 from wccl.room import SimulatedRoom
 
@@ -65,20 +64,6 @@ def test_a_room_that_reads_the_fastest_layout_whole_picks_it_without_measuring_t
         assert d["measured"] == dict.fromkeys(names, 1) and not d["second_round"]
         # the first layout alone is measured within a couple of periods of the probe schedule (1.3 s)
         assert d["greeted_s"] < 2.5, d
-
-
-@pytest.mark.slow
-def test_a_room_whose_cameras_do_not_read_the_finest_cells_measures_the_next_layouts():
-    """rooms/two-laptops-sim.toml with the laptops 1 m apart: neither the 10 nor the 12 px cells read, the
-    16 px ones do. Every layout is measured, and both ranks pick the first of 16 px cells (42 x 78)."""
-    cfg = load_config(ROOT / "rooms" / "two-laptops-sim.toml")
-    nodes = [n.model_copy(update={"channel": {"position_m": [0.0, 0.0, z]}})
-             for n, z in zip(cfg.room.nodes, (-0.5, 0.5))]
-    cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"nodes": nodes})})
-    found = _start(cfg)
-    for n, d in found.items():
-        assert d["layout"] == 4, (n, d)
-        assert d["measured"] == {"alice": 6, "bob": 6}, (n, d)
 
 
 @pytest.mark.slow

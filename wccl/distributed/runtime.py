@@ -63,7 +63,8 @@ def collective_ladder(cfg: WcclConfig):
     if len(ladder) > MAX_LAYOUTS:
         raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
                           f"the ladder has {len(ladder)}")
-    status = transfer.header_bytes(len(cfg.room.ranks)) + transfer.CHECK_BYTES + transfer.status_packet(len(ladder))
+    # A status frame shows the discovery table a page at a time where the whole does not fit: one row at least.
+    status = transfer.header_bytes(len(cfg.room.ranks)) + transfer.CHECK_BYTES + transfer.status_packet(len(ladder), 1)
     for c, _ in ladder:
         if c.message_bytes < status:
             lay = c.layout
