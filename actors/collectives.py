@@ -94,6 +94,7 @@ class Collectives(Actor):
         self.algorithm = algorithm
         self._chosen: dict[str, str] = {}  # op -> the algorithm it last ran (logged when it changes)
         self._dests: dict[int, int] = {}  # tid -> the ranks that must acknowledge it
+        self._collective_of: dict[int, int] = {}  # tid -> the collective (seq) it is a part of
         self.timeout_s = timeout_s
         self.names = names or [f"rank{r}" for r in range(world)]
         self.on_drained = on_drained
@@ -148,6 +149,7 @@ class Collectives(Actor):
             if any(b > a for a, b in zip(self._known, msg.holds)):
                 self._known = [max(a, b) for a, b in zip(self._known, msg.holds)]
                 await self._commit()
+                self._check_drained()
         elif isinstance(msg, Drain):
             self._drain = msg
             self._wake.set()
@@ -240,6 +242,8 @@ class Collectives(Actor):
         tid = self._next_tid
         self._next_tid += 1
         self._dests[tid] = dest
+        if op in transfer.COLLECTIVE_OPS:
+            self._collective_of[tid] = seq
         await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=tid, seq=seq, op=op,
                                      dtype=dtype, numel=numel, part=part, dest=dest, payload=payload,
                                      background=background))
@@ -399,9 +403,10 @@ class Collectives(Actor):
                                        f"{self.timeout_s:g} s waiting for {who}")
 
     def _check_drained(self) -> None:
+        """Every transfer posted is acknowledged by its readers, or part of a collective they hold."""
         last = self._next_tid - 1
-        if all(self._acks.get(r, transfer.Ack()).has(t) for t in range(1, last + 1)
-               for r in range(self.world) if self._dests.get(t, 0) >> r & 1):
+        if all(self._acks.get(r, transfer.Ack()).has(t) or 0 <= self._collective_of.get(t, -1) < self._known[r]
+               for t in range(1, last + 1) for r in range(self.world) if self._dests.get(t, 0) >> r & 1):
             self._drained.set()
 
     async def _finish_drain(self) -> None:

@@ -4,8 +4,9 @@ Consumes: `PostTransfer` (a tensor's bytes to show, with the collective it
 belongs to and the ranks that must read it), `AcksChanged` (this node's own
 acknowledgements, shown in every frame from then on), `PeerAcks` (what each
 peer has rebuilt of this node's transfers), `HoldsKnown` (how many collectives
-each rank is known to hold, shown in every frame: relayed). Emits: nothing; it drives the
-injected screen.
+each rank is known to hold, shown in every frame: relayed; a rank that holds a
+collective has its parts, whether or not this camera reads its acknowledgements).
+Emits: nothing; it drives the injected screen.
 
 Every `hold_s` (on the node's clock) the pure screen planner
 (protocols.planner) says which transfer and packet goes up next; each frame
@@ -136,6 +137,10 @@ class ScreenWriter(Actor):
                 return
             self._holds = holds
             self._status_due = STATUS_REPEATS  # a rank waits for this news: show it even when idle
+            for r, count in enumerate(holds):
+                for b in self.plan.held(r, count):
+                    self._out.pop(b.tid, None)
+                    self.results["transfers_acked"] += 1
         elif isinstance(msg, AcksChanged):
             self._acks = tuple(transfer.Ack(c, m) for c, m in msg.acks)
             if msg.echo:
@@ -159,7 +164,8 @@ class ScreenWriter(Actor):
             fountain = self.codec.fountain(sealed, k + max(4, int(k * REPAIR_SHARE)), self.world)
             header = dataclasses.replace(header, length=fountain.length, digest=fountain.digest)
             self._out[msg.tid] = (header, fountain)
-            self.plan.book(msg.tid, msg.dest, k, background=msg.background)
+            self.plan.book(msg.tid, msg.dest, k, background=msg.background,
+                           collective=msg.seq if msg.op in transfer.COLLECTIVE_OPS else -1)
             self._last_tid = msg.tid
         self._wake.set()
 

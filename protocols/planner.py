@@ -11,9 +11,12 @@ packets; `loss` the share of frames the cameras lost, measured from how many
 frames earlier transfers took until they were acknowledged). Transfers are
 shown oldest first, each up to its budget; a transfer that used its budget
 and is still unacknowledged a few slots later (the acknowledgement's usual
-delay) gets a fresh repair packet before younger transfers go on; once every
-transfer has used its budget, the ones still unacknowledged take turns with
-fresh repair packets until their readers acknowledge them. So a small tensor goes up at once
+delay) gets a fresh repair packet, taking turns with the oldest transfer not
+yet shown in full; once every transfer has used its budget, the ones still
+unacknowledged take turns with fresh repair packets until their readers
+acknowledge them. A reader whose frames this node's camera does not read
+acknowledges a collective's parts by holding the collective: its holdings
+travel camera to camera (`held`). So a small tensor goes up at once
 (its first frame in the next slot), a large one streams at the link's full
 rate, and a lost frame costs one more frame, not a missed schedule.
 
@@ -47,6 +50,7 @@ class Booking:
     acked: int = 0  # bitmask of the ranks that acknowledged it
     last_slot: int = 0  # the frame slot it was last shown in (booked in, until shown)
     background: bool = False  # shown only in slots the others leave (and one in BACKGROUND_EVERY)
+    collective: int = -1  # the collective (its seq) whose part it is; -1: not a collective's
 
     @property
     def done(self) -> bool:
@@ -63,19 +67,20 @@ class ScreenPlan:
     bookings: list[Booking] = field(default_factory=list)
     repair_after: int = ACK_LATENCY_FRAMES + 2  # frame slots an unacknowledged transfer waits for a repair
     _turn: int = 0
+    _repair_turn: bool = False
     _last_tid: int = 0
     _slot: int = 0
 
-    def book(self, tid: int, dest: int, source: int, background: bool = False) -> Booking:
+    def book(self, tid: int, dest: int, source: int, background: bool = False, collective: int = -1) -> Booking:
         """Book a transfer of `source` packets for the ranks in `dest` (`background`: behind every other
-        transfer); returns its booking."""
+        transfer; `collective`: the seq of the collective it is part of); returns its booking."""
         if dest <= 0:
             raise ValueError("a transfer needs at least one reader")
         if tid <= self._last_tid:
             raise ValueError(f"transfer {tid} booked after {self._last_tid}")
         self._last_tid = tid
         budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
-        b = Booking(tid, dest, source, budget, last_slot=self._slot, background=background)
+        b = Booking(tid, dest, source, budget, last_slot=self._slot, background=background, collective=collective)
         self.bookings.append(b)
         return b
 
@@ -92,14 +97,18 @@ class ScreenPlan:
         return self._show(self._pick(fore))
 
     def _pick(self, open_: list[Booking]) -> Booking:
-        for b in open_:
-            if b.shown < b.budget:
-                return b
-            if self._slot - b.last_slot > self.repair_after:
-                # Used its budget and still not acknowledged after the acknowledgement's usual delay: a
-                # fresh repair packet now, before younger transfers go on (a small tensor queued behind a
-                # large one is never starved of repairs).
-                return b
+        fresh = next((b for b in open_ if b.shown < b.budget), None)
+        # Used its budget and still not acknowledged after the acknowledgement's usual delay: a fresh repair
+        # packet now, before younger transfers go on (a small tensor queued behind a large one is never
+        # starved of repairs) ...
+        due = next((b for b in open_ if b.shown >= b.budget and self._slot - b.last_slot > self.repair_after), None)
+        if due is not None and fresh is not None:
+            # ... but taking turns with the oldest transfer not yet shown in full: transfers whose readers'
+            # acknowledgements this camera cannot see (they come as holdings, `held`) never hold the rest up.
+            self._repair_turn = not self._repair_turn
+            return due if self._repair_turn else fresh
+        if due is not None or fresh is not None:
+            return due or fresh
         # Every booking used its budget: the unacknowledged ones take turns with fresh repair packets.
         self._turn = (self._turn + 1) % len(open_)
         return open_[self._turn]
@@ -119,6 +128,21 @@ class ScreenPlan:
                 if b.done:
                     finished.append(b)
                     self._learn(b)
+        if finished:
+            self.bookings = [b for b in self.bookings if not b.done]
+        return finished
+
+    def held(self, rank: int, count: int) -> list[Booking]:
+        """Rank `rank` is known to hold every collective before `count` (its holdings, relayed camera to
+        camera, reach cameras its acknowledgements do not): the parts of those collectives meant for it
+        are had. Returns the bookings this completes (and forgets them)."""
+        bit = 1 << rank
+        finished = []
+        for b in self.bookings:
+            if 0 <= b.collective < count and b.dest & bit and not b.acked & bit:
+                b.acked |= bit
+                if b.done:
+                    finished.append(b)
         if finished:
             self.bookings = [b for b in self.bookings if not b.done]
         return finished

@@ -124,6 +124,7 @@ OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scat
        # torch.distributed's send/recv: `seq` numbers the sender's messages to one peer with one tag (`part`)
        "p2p": 10}
 OP_NAMES = {v: k for k, v in OPS.items()}
+COLLECTIVE_OPS = frozenset({"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"})  # `seq`: the collective
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,
           "int8": 8, "int16": 9, "bool": 10}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}

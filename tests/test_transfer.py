@@ -108,6 +108,26 @@ def test_a_background_transfer_takes_the_slots_the_others_leave_and_never_starve
     assert plan.acknowledge(1, transfer.Ack.of({1, 2})) == [snap] and plan.next() is None
 
 
+def test_transfers_whose_acknowledgements_never_come_hold_nothing_up_and_holdings_settle_them():
+    """Rank 1's camera does not read rank 1's reader back (a one-way edge of the sight graph): its
+    acknowledgements never arrive. The unacknowledged parts take turns with the next part, which still goes
+    up within two slots a frame; once rank 1 is known to hold the collective (its holdings, relayed by
+    other cameras), its parts are settled and leave the screen. A transfer of no collective is not."""
+    plan = ScreenPlan(loss=0.0, margin=0)
+    for tid in range(1, 6):  # five parts of collective 0, each shown once, never acknowledged
+        plan.book(tid, dest=0b10, source=1, collective=0)
+        assert plan.next() == (tid, 0)
+    for _ in range(plan.repair_after + 1):
+        plan.next()  # every one of them due for a repair from now on
+    plan.book(6, dest=0b10, source=3, collective=0)
+    shown = [plan.next()[0] for _ in range(6)]
+    assert shown.count(6) == 3 and 6 in shown[:2], shown  # its three frames among the repairs, not after them
+    other = plan.book(7, dest=0b10, source=1)  # not a collective's (a point-to-point message)
+    done = plan.held(1, 1)
+    assert [b.tid for b in done] == [1, 2, 3, 4, 5, 6] and [b.tid for b in plan.bookings] == [7]
+    assert plan.held(1, 5) == [] and plan.bookings == [other]
+
+
 def test_planner_learns_the_loss_from_acknowledgements():
     plan = ScreenPlan(loss=0.0, margin=0)
     for tid in range(1, 6):
