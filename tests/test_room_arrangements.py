@@ -106,7 +106,8 @@ def test_two_rows_each_camera_reads_across_and_diagonally_not_its_own_row(path):
     r, want = _rows(path)
     assert r.nodes == [f"{row}{k}" for k in range(len(r.nodes) // 2) for row in "ab"]  # rank order a0, b0, a1, ...
     cfg = load_config(path)
-    h, w = cfg.link.codec().layout.size_px
+    layout = cfg.link.ladder_codecs()[-1][0].layout  # the ladder's big cells, which start-up picks here
+    h, w = layout.size_px
     W, H = r.screen_w, r.screen_h
     grid = [[(W - w) / 2, (H - h) / 2], [(W + w) / 2, (H - h) / 2], [(W + w) / 2, (H + h) / 2], [(W - w) / 2, (H + h) / 2]]
     for n in r.nodes:
@@ -119,7 +120,7 @@ def test_two_rows_each_camera_reads_across_and_diagonally_not_its_own_row(path):
             c = r.project(n, m, grid)
             assert (c[:, 0] > 2).all() and (c[:, 0] < cam.width - 3).all(), (n, m, c)
             assert (c[:, 1] > 2).all() and (c[:, 1] < cam.height - 3).all(), (n, m, c)
-            assert np.linalg.norm(c[1] - c[0]) / (cfg.link.cols + 2) > 5.0
+            assert np.linalg.norm(c[1] - c[0]) / (layout.cols + 2) > 5.0
         # Straight across: the screen facing it, near the image centre.
         across = want[n][1] if len(want[n]) == 3 else next(m for m in want[n] if m[1:] == n[1:])
         assert across[1:] == n[1:] and r.views[(n, across)].angle_deg < 20
