@@ -86,9 +86,6 @@ def pytest_addoption(parser):
 
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--slow"):
-        # The slow tests first (in their order), so that with `-n 2` the short ones fill the end of the run
-        # and the two workers finish together.
-        items.sort(key=lambda item: "slow" not in item.keywords)
         return
     skip = pytest.mark.skip(reason="slow end-to-end test: run with --slow")
     for item in items:
