@@ -137,9 +137,12 @@ class _SilentOnce(Worker):
 @pytest.mark.slow
 def test_a_worker_silent_for_one_step_misses_it_and_the_room_goes_on(_quiet_logs):
     REGISTRY.register("actor.worker", "silent_once", _SilentOnce, replace=True)
-    nodes = [TWO[0], dict(TWO[1], actors={"worker": "silent_once"})]
-    cfg = make_config(training={"steps": 6, "eval_every": 0, "quorum": 1}, room={"nodes": nodes})
-    result = _run(cfg)
+    try:  # (registered for this test only: another test in this process lists the worker implementations)
+        nodes = [TWO[0], dict(TWO[1], actors={"worker": "silent_once"})]
+        cfg = make_config(training={"steps": 6, "eval_every": 0, "quorum": 1}, room={"nodes": nodes})
+        result = _run(cfg)
+    finally:
+        REGISTRY.unregister("actor.worker", "silent_once")
     server = result["nodes"]["alice"]["server"]
     assert server["reduced"] == 6 and server["skipped"] == 0
     # Step 3 went on at its deadline without bob; waiting for its word, bob may be late for the next one too.
