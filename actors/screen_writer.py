@@ -138,9 +138,7 @@ class ScreenWriter(Actor):
             self._holds = holds
             self._status_due = STATUS_REPEATS  # a rank waits for this news: show it even when idle
             for r, count in enumerate(holds):
-                for b in self.plan.held(r, count):
-                    self._out.pop(b.tid, None)
-                    self.results["transfers_acked"] += 1
+                self._forget(self.plan.held(r, count))
         elif isinstance(msg, AcksChanged):
             self._acks = tuple(transfer.Ack(c, m) for c, m in msg.acks)
             if msg.echo:
@@ -153,9 +151,7 @@ class ScreenWriter(Actor):
             for b in self.plan.bookings:
                 if b.acked & bit and not ack.has(b.tid):
                     b.acked &= ~bit  # a new incarnation of the peer: it has not got this one (yet)
-            for b in self.plan.acknowledge(msg.origin, ack):
-                self._out.pop(b.tid, None)
-                self.results["transfers_acked"] += 1
+            self._forget(self.plan.acknowledge(msg.origin, ack))
         else:
             header = transfer.TransferHeader(self.session, self.rank, msg.tid, msg.seq, msg.op, msg.dtype,
                                              msg.numel, 0, b"", msg.part, msg.dest)
@@ -224,6 +220,12 @@ class ScreenWriter(Actor):
             self._page = first + transfer.status_rows(codec.message_bytes, len(self._acks), self._layouts)
             return message, codec, hold_s
         return None
+
+    def _forget(self, finished) -> None:
+        """Bookings every reader has: off the screen for good."""
+        for b in finished:
+            self._out.pop(b.tid, None)
+            self.results["transfers_acked"] += 1
 
     def _floor(self) -> int:
         """The latest transfer up to which every one is acknowledged by all its readers (not shown again)."""

@@ -120,26 +120,24 @@ class ScreenPlan:
 
     def acknowledge(self, rank: int, ack: Ack) -> list[Booking]:
         """Rank `rank` shows `ack`: returns the bookings this completes (and forgets them)."""
-        bit = 1 << rank
-        finished = []
-        for b in self.bookings:
-            if b.dest & bit and not b.acked & bit and ack.has(b.tid):
-                b.acked |= bit
-                if b.done:
-                    finished.append(b)
-                    self._learn(b)
-        if finished:
-            self.bookings = [b for b in self.bookings if not b.done]
+        finished = self._had(rank, lambda b: ack.has(b.tid))
+        for b in finished:
+            self._learn(b)
         return finished
 
     def held(self, rank: int, count: int) -> list[Booking]:
         """Rank `rank` is known to hold every collective before `count` (its holdings, relayed camera to
         camera, reach cameras its acknowledgements do not): the parts of those collectives meant for it
         are had. Returns the bookings this completes (and forgets them)."""
+        return self._had(rank, lambda b: 0 <= b.collective < count)
+
+    def _had(self, rank: int, has) -> list[Booking]:
+        """Mark the bookings meant for `rank` that `has(booking)` says it has; forget and return those
+        this completes."""
         bit = 1 << rank
         finished = []
         for b in self.bookings:
-            if 0 <= b.collective < count and b.dest & bit and not b.acked & bit:
+            if b.dest & bit and not b.acked & bit and has(b):
                 b.acked |= bit
                 if b.done:
                     finished.append(b)

@@ -113,6 +113,8 @@ def status_rows(message_bytes: int, ranks: int, layouts: int) -> int:
     with the entries of `ranks` ranks has room for."""
     room = message_bytes - header_bytes(ranks) - CHECK_BYTES - _ECHO.size
     return max(0, room // discovery.row_bytes(layouts))
+
+
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet
