@@ -290,7 +290,7 @@ class Idx(_Entry):
 class CameraImages(_Entry):
     """Captures through a FrameDecoder (the one a rank runs), on its own event loop."""
 
-    FRAMES, HOLD_S, SETTLE_S = 8, 0.3, 1.0
+    FRAMES, HOLD_S, SETTLE_S = 12, 0.3, 1.0
 
     def __init__(self, rng, tmp):
         super().__init__(rng, tmp)
@@ -300,14 +300,17 @@ class CameraImages(_Entry):
         from protocols.messages import Capture, TransferArrived
         from protocols.security import Handshake, RoomKey
         from wccl.config import load_config
-        from wccl.distributed.runtime import collective_layout
+        from wccl.distributed.runtime import collective_ladder
         from wccl.harness import ActorHarness
         from wccl.lab.attack import _Rank
         from wccl.room import SimulatedRoom
 
         root = Path(__file__).resolve().parents[2]
         cfg = load_config(root / "rooms" / "two-laptops-sim.toml")
-        codec, _ = collective_layout(cfg)
+        # The ladder's first layout of cells of 14 px or more: each of its frames reads from one capture
+        # in this room (the finer ones need the several captures of a frame a real camera makes, which
+        # this entry point does not film), so alice's real frames deliver her tensors.
+        codec = next(c for c, _ in collective_ladder(cfg) if c.layout.cell_px >= 14)
         room = SimulatedRoom.from_config(cfg)
         key = RoomKey(bytes(range(32)))  # fixed, with fixed run nonces: the same captures every run
         alice = _Rank(0, key, cfg.room.session, nonce=0x0A11CE, message_bytes=codec.message_bytes)
@@ -320,7 +323,7 @@ class CameraImages(_Entry):
         self.genuine = set()
         self.images: list[np.ndarray] = []
         for i in range(3):
-            payload = rng.randbytes(4 * rng.randint(10, 300))  # one packet each (up to 1,772 B)
+            payload = rng.randbytes(4 * rng.randint(10, 300))  # a packet or two each
             self.genuine.add(payload)
             alice.post(payload, i + 1)
         # Each frame stays on alice's screen HOLD_S and is filmed 0.1 s after it went up, when the panel's
