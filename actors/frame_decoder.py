@@ -68,7 +68,9 @@ SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_ve
 class CameraView:
     """What one camera has seen so far: captures, captures with a code in them, frames read, and the
     largest code found (its bounding box's width and height in camera pixels, and the image's); `cells`:
-    the codes' widths in cells (border included) in the layouts it tries."""
+    the codes' widths in cells (border included) in the layouts it tries; the ranks whose frames it read
+    (`read_from`), where in the image it read codes (`read_at`: their centres, one per place) and the
+    latest codes that read in no layout (`unread_at`: centre, width and height)."""
 
     captures: int = 0
     with_code: int = 0
@@ -77,6 +79,39 @@ class CameraView:
     image: tuple[int, int] = (0, 0)
     rejected: Counter = dataclasses.field(default_factory=Counter)
     cells: tuple[int, ...] = (1,)
+    read_from: set[int] = dataclasses.field(default_factory=set)
+    read_at: list[np.ndarray] = dataclasses.field(default_factory=list)
+    unread_at: deque = dataclasses.field(default_factory=lambda: deque(maxlen=64))
+
+    def read_code(self, centre: np.ndarray, size: int) -> None:
+        if len(self.read_at) < 16 and not any(np.abs(c - centre).max() < size / 2 for c in self.read_at):
+            self.read_at.append(centre)
+
+    def unread_code(self, centre: np.ndarray, w: int, h: int) -> None:
+        self.unread_at.append((centre, w, h))
+
+    def _per_cell(self, w: int) -> str:
+        return " to ".join(f"{w / n:.1f}" for n in sorted({max(self.cells), min(self.cells)}, reverse=True))
+
+    def seen(self, names: list[str]) -> str:
+        """What this camera saw, in a person's words: why it reads nothing, or whose screens it reads and
+        what else it found (a code it cannot read, or none: the screens it does not read are out of view)."""
+        problem = self.problem()
+        if problem is not None:
+            return problem
+        read = ", ".join(names[r] for r in sorted(self.read_from) if r < len(names)) or "no rank"
+        # codes that read in no layout, away from every place this camera reads a screen at
+        other = [(w, h) for c, w, h in self.unread_at
+                 if not any(np.abs(r - c).max() < max(w, h) / 2 for r in self.read_at)]
+        if not other:
+            return (f"its camera reads the screens of {read} and found no other code: a screen it does not read "
+                    "is out of its view or faces away (python -m wccl.aim shows what it sees)")
+        w, h = max(other, key=lambda s: s[0] * s[1])
+        return (f"its camera reads the screens of {read}; it also found, away from those, a code it could not "
+                f"read, the largest {w}x{h} camera px, "
+                f"{100 * w / max(1, self.image[0]):.0f} % of the image's width ({self._per_cell(w)} camera px a "
+                "cell in the layouts it tries): too small, too oblique or too blurred to read; bring that laptop "
+                "closer or turn its screen toward this one")
 
     def problem(self) -> str | None:
         """Why this camera reads nothing, in a person's words (None once it has read a frame)."""
@@ -89,7 +124,7 @@ class CameraView:
                     "view, or none near enough to find (turn this laptop toward the others' screens, or bring "
                     "it closer; python -m wccl.aim shows what it sees)")
         w, h = self.largest
-        per_cell = " to ".join(f"{w / n:.1f}" for n in sorted({max(self.cells), min(self.cells)}, reverse=True))
+        per_cell = self._per_cell(w)
         why = ", ".join(f"{n} {k.removeprefix('captures_').replace('_', ' ')}"
                         for k, n in self.rejected.most_common(3))
         return (f"its camera found codes in {self.with_code} of {self.captures} captures but read no frame of "
@@ -185,6 +220,7 @@ class FrameDecoder(Actor):
         for quad in quads:
             self.stats["codes_seen"] += 1
             order = [self.current] if self.current is not None else list(self._order)
+            done = False
             for k in order:
                 self._use(k)
                 done = await self._read(msg, quad, previous)
@@ -192,6 +228,11 @@ class FrameDecoder(Actor):
                     if self.current is None and self._order[0] != k:
                         self._order = list(range(k, len(self.ladder))) + list(range(k))
                     break
+            centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
+            if done:
+                view.read_code(centre, max(w, h))
+            else:
+                view.unread_code(centre, w, h)
         if self._reported_at is None:
             self._reported_at = self._first_at = msg.time
         elif msg.time - self._reported_at >= REPORT_S:
@@ -200,6 +241,7 @@ class FrameDecoder(Actor):
             view.rejected = Counter({k.removeprefix("frames_rejected_"): v for k, v in self.stats.items()
                                      if k.startswith(("frames_rejected_", "captures_mixed"))})
             problem = self.ctx.results["camera_problem"] = view.problem()
+            self.ctx.results["camera_seen"] = view.seen(self.node_names)
             if not self._warned_blind and msg.time - self._first_at >= BLIND_WARN_S:
                 self._warned_blind = True
                 if problem is not None:
@@ -369,6 +411,7 @@ class FrameDecoder(Actor):
             self.stats["frames_foreign_session" if f.session != self.session else "frames_unknown_sender"] += 1
             return None
         self.stats["frames_ok"] += 1
+        self.view.read_from.add(f.sender)
         nonce, latest = self._heard.get(f.sender, (f.run_nonce, f.shown_us))
         if nonce != f.run_nonce:
             if f.shown_us < latest:
@@ -454,6 +497,7 @@ class FrameDecoder(Actor):
                        else f"frames_{r.refused}"] += 1
             return None
         self.stats["frames_ok"] += 1
+        self.view.read_from.add(f.sender)
         self._timing(f, captured)
         if r.holds_changed:
             await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=self.receiver.holds))

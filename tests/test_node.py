@@ -79,6 +79,52 @@ def test_a_built_in_run_with_a_codec_and_a_by_class_split_is_bit_exact_with_its_
 
 
 @pytest.mark.slow
+def test_a_laptop_facing_away_is_named_within_start_up_with_what_each_camera_saw(_quiet_logs):
+    # carol's lid faces away from the table: no camera reads her screen and hers films the wall. At the end
+    # of start-up's budget every rank says, as an error, whom it never heard of and what its own camera saw,
+    # so that a person knows which laptop to turn; then it waits until its timeout (a laptop may be moved).
+    from protocols.discovery import startup_budget_s
+
+    nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]},
+             {"name": "carol", "roles": ["worker"], "channel": {"yaw_deg": 180.0}}]
+    cfg = make_config(training={"steps": 3, "eval_every": 0}, sync={"timeout_s": 12.5},
+                      collectives={"timeout_s": 12.5}, room={"profile": "webcam", "nodes": nodes})
+    with pytest.raises(BaseExceptionGroup) as eg:
+        run_room(cfg)
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
+    said = {e["node"]: e for e in events if e["event"] == "room_not_connected"}
+    assert set(said) == {"alice", "bob", "carol"}, said
+    assert all(e["t"] <= startup_budget_s(3) + 0.1 for e in said.values()), said
+    for seeing, other in (("alice", "bob"), ("bob", "alice")):
+        problem = said[seeing]["problem"]
+        assert problem.startswith("never heard of carol in 11.7 s"), problem
+        assert f"its camera reads the screens of {other} and found no other code" in problem, problem
+        assert "out of its view or faces away" in problem, problem
+    assert said["carol"]["problem"].startswith("never heard of alice, bob"), said["carol"]
+    assert "its camera found no code" in said["carol"]["problem"], said["carol"]
+    failed = {str(e).split(":")[0]: str(e) for e in eg.value.subgroup(NodeFailed).exceptions}
+    assert "never heard of carol in 12.5 s" in failed["node alice"], failed
+    assert "its camera reads the screens of bob" in failed["node alice"], failed
+
+
+def test_a_cameras_view_names_the_screens_it_reads_and_a_code_away_from_them_that_it_cannot():
+    import numpy as np
+
+    from actors.frame_decoder import CameraView
+
+    view = CameraView(captures=50, with_code=50, frames_ok=40, image=(1280, 720), cells=(126, 52))
+    view.read_from.add(1)
+    view.read_code(np.array([300.0, 360.0]), 400)
+    view.unread_code(np.array([320.0, 350.0]), 400, 220)  # a failed read of the screen it reads: not another
+    assert "reads the screens of bob and found no other code" in view.seen(["alice", "bob", "carol"])
+    view.unread_code(np.array([1000.0, 380.0]), 104, 60)
+    seen = view.seen(["alice", "bob", "carol"])
+    assert seen.startswith("its camera reads the screens of bob; it also found, away from those, a code it could "
+                           "not read, the largest 104x60 camera px, 8 % of the image's width (0.8 to 2.0 camera px"), seen
+    assert CameraView(captures=5).seen(["a"]).startswith("its camera found no code in 5 captures")
+
+
+@pytest.mark.slow
 def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
     # 1.6 m apart: each camera finds the other's code but its cells are under 3 camera px: within the
     # start-up time each says so (a warning), and the error at the end says it again, with the sizes.

@@ -180,20 +180,44 @@ class CollectiveNode(NodeSupervisor):
     async def submit(self, req: CollectiveRequest | Drain) -> None:
         await self.mailboxes["collectives"].put(req)
 
+    async def run(self) -> Any:
+        if not self._built:
+            self.build()
+        watch = asyncio.ensure_future(self._watch_start())
+        try:
+            return await super().run()
+        finally:
+            watch.cancel()
+
+    async def _watch_start(self) -> None:
+        """At the end of start-up's budget (protocols.discovery.startup_budget_s), a rank still not greeted
+        logs what it lacks and what its camera saw (`room_not_connected`, an error naming the screens it
+        never heard of), then keeps waiting until its timeout: a laptop may still start, or be moved."""
+        if self.world == 1:
+            return
+        from protocols.discovery import startup_budget_s
+
+        structlog.contextvars.bind_contextvars(node=self.node)
+        budget = startup_budget_s(self.world)
+        await self.local_clock.sleep_until(self.local_clock.now() + budget)
+        if not self.handshake.complete:
+            structlog.get_logger("wccl").error("room_not_connected", problem=self.greet_problem(budget))
+
     def greet_problem(self, within_s: float) -> str:
         """What the run handshake (and discovery) still lacks after `within_s` room seconds, for the error of
         a rank that cannot start; with what its own camera saw when it read nothing."""
         hs, names = self.handshake, self.ranks
-        w = f" in {within_s:g} s"
+        w = f" in {round(within_s, 1):g} s"
         st = hs.sight
         key = (f"or they use another room key (this one's fingerprint: {self.key_fingerprint}; "
                "python -m wccl.keys fingerprint)")
         peers = [r for r in range(len(names)) if r != self.rank]
         silent = [names[r] for r in peers if not hs.echo()[r]]
         blind = self.results.get("camera_problem")  # (the FrameDecoder's: why its camera reads nothing)
+        seen = self.results.get("camera_seen")  # (and what it saw: whose screens it reads, what else)
         if silent:
             return (f"never heard of {', '.join(silent)}{w}: no camera in the room reads their screens (or they "
-                    f"did not start), {key}" + (f"; and this rank reads nothing: {blind}" if blind else ""))
+                    f"did not start), {key}" + (f"; what this rank saw: {seen}" if seen else ""))
         if st is not None and not st.known:
             unread = [names[r] for r in peers if r not in hs.trusted]
             if not st.rows[self.rank].reads:
