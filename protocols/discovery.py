@@ -73,7 +73,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MAX_RANKS = 8
-MAX_LAYOUTS = 6  # layouts of the start-up ladder a row measures
+MAX_LAYOUTS = 7  # layouts of the start-up ladder a row measures
 QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # A row: version, flags, reads, trusts, then the quality of each rank in each layout measured (a nibble
 # each: rank r, layout k at r * layouts + k). A table measures 1 to MAX_LAYOUTS layouts (a pinned layout's

@@ -45,14 +45,14 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 12 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      magic 0xC7 | version 13 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
     (n, the high nibble of flags: the group's size; flag 0x01: a status frame, whose seq is the sender's
      floor, dtype the layouts L its discovery table measures (1 to 6), and part the page of the table it
      shows: first row << 8 | rows; any other flag bit is refused)
-    packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, 8 x u64 run nonces,
+    packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, n x u64 run nonces,
             then that page of the discovery table: its rows, 5 + 4 x L bytes each)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     filler up to the message size: SHAKE-128 of the check (`filler`), so that every frame's cells look
@@ -77,16 +77,17 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 12
+VERSION = 13
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQBBqq")
 _ACK = struct.Struct(">II")
-_ECHO = struct.Struct(f">{MAX_RANKS}Q")
+_NONCE = struct.Struct(">Q")
 
 
-def status_packet(layouts: int = 1, rows: int = MAX_RANKS) -> int:
-    """A status frame's packet: the echo and `rows` rows of a discovery table measuring `layouts` layouts."""
-    return _ECHO.size + rows * discovery.row_bytes(layouts)
+def status_packet(layouts: int = 1, rows: int = MAX_RANKS, ranks: int = MAX_RANKS) -> int:
+    """A status frame's packet: the echo of `ranks` ranks' run nonces and `rows` rows of a discovery table
+    measuring `layouts` layouts."""
+    return ranks * _NONCE.size + rows * discovery.row_bytes(layouts)
 
 
 _AAD = struct.Struct(">HBIIBBHI")
@@ -111,7 +112,7 @@ OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 def status_rows(message_bytes: int, ranks: int, layouts: int) -> int:
     """How many rows of a discovery table measuring `layouts` layouts a status frame of `message_bytes`
     with the entries of `ranks` ranks has room for."""
-    room = message_bytes - header_bytes(ranks) - CHECK_BYTES - _ECHO.size
+    room = message_bytes - header_bytes(ranks) - CHECK_BYTES - ranks * _NONCE.size
     return max(0, room // discovery.row_bytes(layouts))
 
 
@@ -220,9 +221,10 @@ class TransferFrame:
         return int.from_bytes(self.packet[:PAYLOAD_ID_BYTES], "big")
 
 
-def _entries(acks: tuple[Ack, ...], holds: tuple[int, ...]) -> tuple[int, bytes]:
-    """How many ranks' acknowledgements and holdings a frame carries (as many as either gives), packed."""
-    n = max(len(acks), len(holds))
+def _entries(acks: tuple[Ack, ...], holds: tuple[int, ...], at_least: int = 0) -> tuple[int, bytes]:
+    """How many ranks' acknowledgements and holdings a frame carries (as many as either gives, and at least
+    `at_least`), packed."""
+    n = max(len(acks), len(holds), at_least)
     if n > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     acks = tuple(acks) + NO_ACKS[len(acks):n]
@@ -272,15 +274,15 @@ def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_
     for every row shows a page: as many rows as fit (`status_rows`) from row `first` on."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
-    n, entries = _entries(acks, holds)
+    n, entries = _entries(acks, holds, len(echo))
     count = min(status_rows(message_bytes, n, layouts), len(rows) - first) if rows else 0
     if rows and count < 1:
         raise ValueError(f"a status frame of {message_bytes} bytes holds no row of the discovery table")
     page = tuple(rows[first:first + count])
     head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, 0, floor, OPS["status"],
-                      layouts, first << 8 | count, 0, 0, 0, bytes(8), status_packet(layouts, count), shown_us,
+                      layouts, first << 8 | count, 0, 0, 0, bytes(8), status_packet(layouts, count, n), shown_us,
                       run_nonce, trusts, *clock_echo)
-    body = (head + entries + _ECHO.pack(*(tuple(echo) + (0,) * (MAX_RANKS - len(echo))))
+    body = (head + entries + struct.pack(f">{n}Q", *(tuple(echo) + (0,) * (n - len(echo))))
             + discovery.pack_rows(page, layouts))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
@@ -307,7 +309,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     end = start + psize
     first, count = part >> 8, part & 0xFF  # a status frame's page of the discovery table
     if status and not (1 <= dtype <= discovery.MAX_LAYOUTS and first + count <= MAX_RANKS
-                       and psize == status_packet(dtype, count)):
+                       and psize == status_packet(dtype, count, ranks)):
         raise FrameError("bad_length", f"status packet_size {psize}")
     if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES):
         raise FrameError("bad_length", f"packet_size {psize}")
@@ -326,8 +328,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
     holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
     if status:
-        echo = _ECHO.unpack_from(msg, start)
-        rows = discovery.unpack_rows(msg[start + _ECHO.size:end], dtype, first, count)
+        echo = struct.unpack_from(f">{ranks}Q", msg, start) + (0,) * (MAX_RANKS - ranks)
+        rows = discovery.unpack_rows(msg[start + ranks * _NONCE.size:end], dtype, first, count)
         return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, clock_echo,
                              floor=seq)
     if op not in OP_NAMES or op == OPS["status"]:

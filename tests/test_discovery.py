@@ -266,7 +266,7 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
     assert transfer.parse_message(msg, KEY).rows == rows  # the whole table fits
     # A frame with room for three rows: pages of three, from any row; the rows not on a page come out EMPTY
     # (version 0), which a table never takes.
-    size = transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 3) + 5
+    size = transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 3, 0) + 5
     assert transfer.status_rows(size, 0, layouts) == 3
     got = [discovery.EMPTY] * discovery.MAX_RANKS
     for first in (0, 3, 6):
@@ -279,7 +279,7 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
     assert tuple(got) == rows
     with pytest.raises(ValueError, match="holds no row"):
         transfer.status_message(session=7, sender=0, acks=(), rows=rows, layouts=layouts, key=KEY,
-                                message_bytes=transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 0))
+                                message_bytes=transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 0, 0))
 
 
 def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time():
