@@ -105,7 +105,8 @@ class CameraView:
                  if not any(np.abs(r - c).max() < max(w, h) / 2 for r in self.read_at)]
         if not other:
             return (f"its camera reads the screens of {read} and found no other code: a screen it does not read "
-                    "is out of its view or faces away (python -m wccl.aim shows what it sees)")
+                    "is out of its view, faces away, or is too small or slanted to find (python -m wccl.aim "
+                    "shows what it sees)")
         w, h = max(other, key=lambda s: s[0] * s[1])
         return (f"its camera reads the screens of {read}; it also found, away from those, a code it could not "
                 f"read, the largest {w}x{h} camera px, "

@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 12) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 13) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many

@@ -106,7 +106,10 @@ def test_two_rows_each_camera_reads_across_and_diagonally_not_its_own_row(path):
     r, want = _rows(path)
     assert r.nodes == [f"{row}{k}" for k in range(len(r.nodes) // 2) for row in "ab"]  # rank order a0, b0, a1, ...
     cfg = load_config(path)
-    layout = cfg.link.ladder_codecs()[-1][0].layout  # the ladder's big cells, which start-up picks here
+    from wccl.distributed.runtime import collective_ladder
+
+    layout = collective_ladder(cfg)[-1][0].layout  # the room's ladder's biggest cells, which start-up picks here
+    assert layout.cell_px == 22
     h, w = layout.size_px
     W, H = r.screen_w, r.screen_h
     grid = [[(W - w) / 2, (H - h) / 2], [(W + w) / 2, (H - h) / 2], [(W + w) / 2, (H + h) / 2], [(W - w) / 2, (H + h) / 2]]
