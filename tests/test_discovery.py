@@ -283,7 +283,7 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
 
 
 def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time():
-    """Eight ranks measuring six layouts (their ladder has no 32 px layout), in its 28 x 50 cells of 22 px: a status
+    """Eight ranks measuring six layouts in the ladder's big-cell layout (28 x 50 cells of 22 px): a status
     frame has room for 5 of the 8 rows, so the ScreenWriter shows the rows a page at a time, in turn, and
     every row goes up within two frames."""
     from actors.screen_writer import ScreenWriter
