@@ -83,6 +83,8 @@ def test_a_laptop_facing_away_is_named_within_start_up_with_what_each_camera_saw
     # carol's lid faces away from the table: no camera reads her screen and hers films the wall. At the end
     # of start-up's budget every rank says, as an error, whom it never heard of and what its own camera saw,
     # so that a person knows which laptop to turn; then it waits until its timeout (a laptop may be moved).
+    # (On a loaded machine alice once read no frame of bob's in those 11.7 s: then she names both and says
+    # that her camera found bob's code but read no frame of it.)
     from protocols.discovery import startup_budget_s
 
     nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]},
@@ -97,14 +99,17 @@ def test_a_laptop_facing_away_is_named_within_start_up_with_what_each_camera_saw
     assert all(e["t"] <= startup_budget_s(3) + 0.1 for e in said.values()), said
     for seeing, other in (("alice", "bob"), ("bob", "alice")):
         problem = said[seeing]["problem"]
-        assert problem.startswith("never heard of carol in 11.7 s"), problem
-        assert f"its camera reads the screens of {other} and found no other code" in problem, problem
-        assert "out of its view, faces away, or is too small or slanted to find" in problem, problem
+        if problem.startswith("never heard of carol in 11.7 s"):
+            assert f"its camera reads the screens of {other} and found no other code" in problem, problem
+            assert "out of its view, faces away, or is too small or slanted to find" in problem, problem
+        else:  # it read no frame of the other's either: its camera saw their code and could not read it
+            assert problem.startswith(f"never heard of {', '.join(sorted([other, 'carol']))} in 11.7 s"), problem
+            assert "its camera found codes in" in problem and "but read no frame of them" in problem, problem
     assert said["carol"]["problem"].startswith("never heard of alice, bob"), said["carol"]
     assert "its camera found no code" in said["carol"]["problem"], said["carol"]
     failed = {str(e).split(":")[0]: str(e) for e in eg.value.subgroup(NodeFailed).exceptions}
-    assert "never heard of carol in 12.5 s" in failed["node alice"], failed
-    assert "its camera reads the screens of bob" in failed["node alice"], failed
+    for node in ("alice", "bob"):
+        assert "carol in 12.5 s" in failed[f"node {node}"] and "what this rank saw: its camera" in failed[f"node {node}"]
 
 
 def test_a_cameras_view_names_the_screens_it_reads_and_a_code_away_from_them_that_it_cannot():
