@@ -50,7 +50,7 @@ sealed bytes'.
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
     (n, the high nibble of flags: the group's size; flag 0x01: a status frame, whose seq is the sender's
-     floor, dtype the layouts L its discovery table measures (1 to 6), and part the page of the table it
+     floor, dtype the layouts L its discovery table measures (1 to 7), and part the page of the table it
      shows: first row << 8 | rows; any other flag bit is refused)
     packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, n x u64 run nonces,
             then that page of the discovery table: its rows, 5 + 4 x L bytes each)

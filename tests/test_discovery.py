@@ -554,3 +554,22 @@ def test_a_layout_held_for_too_few_of_this_cameras_periods_counts_as_unread():
     assert t.quality(1, 0) == 0.0 and t.quality(1, 1) == slow
     t.camera_period_s = 1 / 30
     assert t.quality(1, 0) == fast
+
+
+def test_a_ladder_of_big_cells_holds_a_small_rooms_status_frames_and_a_big_room_is_told_it_cannot():
+    """20 x 37 cells of 32 px make 206-byte frames: a status frame of four ranks measuring seven layouts
+    (their run nonces only in its echo) fits, one of five does not, and the room file is refused saying so."""
+    from conftest import make_config
+    from wccl.config import DEFAULT_LADDER, ConfigError
+    from wccl.distributed.runtime import collective_ladder
+
+    ladder = [*DEFAULT_LADDER, dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)]
+
+    def room(n: int):
+        nodes = [{"name": f"n{i}", "roles": ["server", "worker"] if i == 0 else ["worker"]} for i in range(n)]
+        return make_config(room={"nodes": nodes}, link={"ladder": ladder})
+
+    assert collective_ladder(room(4))[-1][0].message_bytes == 206
+    assert transfer.status_rows(206, 4, 7) == 1
+    with pytest.raises(ConfigError, match="holds 206 bytes a frame, too few for the collectives' status frames"):
+        collective_ladder(room(5))

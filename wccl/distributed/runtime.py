@@ -47,14 +47,8 @@ def collective_layout(cfg: WcclConfig):
 
 def collective_ladder(cfg: WcclConfig):
     """The (codec, hold_s) of each layout discovery tries at start-up, fastest first (one when pinned): the
-    room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen or
-    whose frames are too small for its status frames (the biggest cells: a room of more than four ranks)."""
+    room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen."""
     from protocols.discovery import MAX_LAYOUTS
-
-    ranks = len(cfg.room.ranks)
-
-    def status_bytes(layouts: int) -> int:  # a status frame with one row of the discovery table, at least
-        return transfer.header_bytes(ranks) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 1, ranks)
 
     ladder = cfg.link.ladder_codecs()
     if cfg.link.choose == "auto" and not cfg.link.ladder:
@@ -66,12 +60,12 @@ def collective_ladder(cfg: WcclConfig):
                 return False
 
         ladder = [(c, h) for c, h in ladder if fits(c.layout)]
-        ladder = [(c, h) for c, h in ladder if c.message_bytes >= status_bytes(len(ladder))]
     if len(ladder) > MAX_LAYOUTS:
         raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
                           f"the ladder has {len(ladder)}")
     # A status frame shows the discovery table a page at a time where the whole does not fit: one row at least.
-    status = status_bytes(len(ladder))
+    ranks = len(cfg.room.ranks)
+    status = transfer.header_bytes(ranks) + transfer.CHECK_BYTES + transfer.status_packet(len(ladder), 1, ranks)
     for c, _ in ladder:
         if c.message_bytes < status:
             lay = c.layout
@@ -212,7 +206,7 @@ class CollectiveNode(NodeSupervisor):
 
     def greet_problem(self, within_s: float) -> str:
         """What the run handshake (and discovery) still lacks after `within_s` room seconds, for the error of
-        a rank that cannot start; with what its own camera saw when it read nothing."""
+        a rank that cannot start; with what its own camera saw (camera_problem, camera_seen: the FrameDecoder's)."""
         hs, names = self.handshake, self.ranks
         w = f" in {round(within_s, 1):g} s"
         st = hs.sight
