@@ -210,17 +210,14 @@ class ScreenWriter(Actor):
             elif self.ladder is not None:  # probing: each status frame in the next layout of the ladder
                 codec, hold_s = self.ladder[self._probe]
                 self._probe = (self._probe + 1) % len(self.ladder)
-            # A frame with room for the whole table shows it whole; a smaller one the next page of its rows.
-            fit = transfer.status_rows(codec.message_bytes, len(self._acks), self._layouts)
-            first = self._page if self._page < len(self._rows) and fit < len(self._rows) else 0
+            first = self._page if self._page < len(self._rows) else 0
             message = transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                               message_bytes=codec.message_bytes, shown_us=shown_us,
                                               run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
                                               rows=self._rows, first=first, holds=self._holds,
                                               layouts=self._layouts, clock_echo=clock_echo, floor=self._floor(),
                                               key=self.key)
-            if fit < len(self._rows):
-                self._page = first + fit
+            self._page = first + transfer.status_rows(codec.message_bytes, len(self._acks), self._layouts)
             return message, codec, hold_s
         return None
 
