@@ -99,7 +99,7 @@ class CameraView:
         problem = self.problem()
         if problem is not None:
             return problem
-        read = ", ".join(names[r] for r in sorted(self.read_from) if r < len(names)) or "no rank"
+        read = ", ".join(names[r] for r in sorted(self.read_from))  # (a frame read is from a known rank)
         # codes that read in no layout, away from every place this camera reads a screen at
         other = [(w, h) for c, w, h in self.unread_at
                  if not any(np.abs(r - c).max() < max(w, h) / 2 for r in self.read_at)]

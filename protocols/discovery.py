@@ -96,14 +96,6 @@ TABLE_BYTES = table_bytes(MAX_LAYOUTS)  # the largest table
 FINAL, COMPLETE, FULL = 0x01, 0x02, 0x04
 UNMEASURED_SHIFT, UNMEASURED_MASK = 3, 0x38
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
-
-
-def startup_budget_s(world: int) -> float:
-    """The room seconds start-up (the greeting and discovery) has on a table of `world` ranks: 10 s for
-    two, 20 s for eight, in proportion between. A rank not started by then says what it lacks."""
-    return 10.0 + 10.0 * max(0, world - 2) / 6
-
-
 MIN_FRAMES = 4  # frames of a peer before its quality is measured
 # A frame read with at least this share of its code's error correction to spare counts whole in a quality;
 # one read nearer the edge counts less, down to nothing at the edge (LinkCodec.margin): a layout chosen on
@@ -116,6 +108,12 @@ OTHER_FRAMES = 2  # and of each other layout
 # a time every capture straddles a change of frame (a 67 ms hold at 15 frames a second reads for ten
 # seconds, then nothing for three). 1.5 periods (50 ms at 30 frames a second) reads steadily.
 MIN_HOLD_PERIODS = 1.4
+
+
+def startup_budget_s(world: int) -> float:
+    """The room seconds start-up (the greeting and discovery) has on a table of `world` ranks: 10 s for
+    two, 20 s for eight, in proportion between. A rank not started by then says what it lacks."""
+    return 10.0 + 10.0 * max(0, world - 2) / 6
 
 
 @dataclass(frozen=True)

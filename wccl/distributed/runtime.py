@@ -206,7 +206,8 @@ class CollectiveNode(NodeSupervisor):
 
     def greet_problem(self, within_s: float) -> str:
         """What the run handshake (and discovery) still lacks after `within_s` room seconds, for the error of
-        a rank that cannot start; with what its own camera saw (camera_problem, camera_seen: the FrameDecoder's)."""
+        a rank that cannot start; with what its own camera saw (the FrameDecoder's camera_problem and
+        camera_seen)."""
         hs, names = self.handshake, self.ranks
         w = f" in {round(within_s, 1):g} s"
         st = hs.sight
