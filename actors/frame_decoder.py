@@ -68,8 +68,8 @@ SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_ve
 class CameraView:
     """What one camera has seen so far: captures, captures with a code in them, frames read, and the
     largest code found (its bounding box's width and height in camera pixels, and the image's); `cells`:
-    the codes' widths in cells (border included) in the layouts it tries; the ranks whose frames it read
-    (`read_from`), where in the image it read codes (`read_at`: their centres, one per place) and the
+    the codes' widths in cells (border included) in the layouts it tries; the ranks whose frames of this run
+    it read under the room key (`read_from`: accepted, or waiting for their sender's echo), where in the image it read codes (`read_at`: their centres, one per place) and the
     latest codes that read in no layout (`unread_at`: centre, width and height)."""
 
     captures: int = 0
@@ -115,8 +115,8 @@ class CameraView:
                 "closer or turn its screen toward this one")
 
     def problem(self) -> str | None:
-        """Why this camera reads nothing, in a person's words (None once it has read a frame)."""
-        if self.frames_ok:
+        """Why this camera reads nothing, in a person's words (None once it has read a frame of this run)."""
+        if self.frames_ok or self.read_from:
             return None
         if not self.captures:
             return "its camera delivered no image"
@@ -247,6 +247,17 @@ class FrameDecoder(Actor):
                 self._warned_blind = True
                 if problem is not None:
                     self.log.warning("camera_reads_nothing", problem=problem)
+
+    def _read_from(self, sender: int) -> None:
+        """A frame of this run from `sender` read under the room key (accepted, or still waiting for its
+        sender to echo this rank's nonce). The first from a rank updates what this camera saw at once (the
+        rest waits for the next report), so that a rank that has heard of a peer never says its camera read
+        no frame of it."""
+        view = self.view
+        if sender not in view.read_from:
+            view.read_from.add(sender)
+            self.ctx.results["camera_problem"] = None
+            self.ctx.results["camera_seen"] = view.seen(self.node_names)
 
     def _report(self, now: float) -> None:
         """Log the link's figures since the last report (`link_report`, detail: debug on a console)."""
@@ -412,7 +423,7 @@ class FrameDecoder(Actor):
             self.stats["frames_foreign_session" if f.session != self.session else "frames_unknown_sender"] += 1
             return None
         self.stats["frames_ok"] += 1
-        self.view.read_from.add(f.sender)
+        self._read_from(f.sender)
         nonce, latest = self._heard.get(f.sender, (f.run_nonce, f.shown_us))
         if nonce != f.run_nonce:
             if f.shown_us < latest:
@@ -493,12 +504,14 @@ class FrameDecoder(Actor):
                                                             for r_, s_, q in edges},
                                                      captures=self.stats["captures"])
                 await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k))
+        if r.refused == "unconfirmed_sender":
+            self._read_from(f.sender)  # (its screen reads: it has not read this rank's nonce yet)
         if r.refused:
             self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")
                        else f"frames_{r.refused}"] += 1
             return None
         self.stats["frames_ok"] += 1
-        self.view.read_from.add(f.sender)
+        self._read_from(f.sender)
         self._timing(f, captured)
         if r.holds_changed:
             await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=self.receiver.holds))

@@ -456,15 +456,20 @@ def test_the_decoder_tells_the_webcam_where_the_code_is():
         reader = CameraReader(ActorContext("alice", "camera_reader", clock, reader_box, emit), Camera())
         task = asyncio.create_task(reader.run())
         await until(lambda: seen)
+        await until(lambda: "camera_seen" in decoder.ctx.results)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        return decoder.ctx.results
 
-    asyncio.run(go())
+    results = asyncio.run(go())
     (bbox, img), = seen
     assert img is image
     x, y, w, h = bbox
     assert w > 600 and h > 300 and 0 <= x < 1280 and 0 <= y < 720  # the code fills most of the image
+    # its first frame from bob is in what its camera saw at once, before any link report (a rank that has
+    # heard of a peer never says its camera read no frame of it)
+    assert results["camera_problem"] is None and "reads the screens of bob" in results["camera_seen"], results
 
 
 # ------------------------------------------------------------------------------ a recorded video
