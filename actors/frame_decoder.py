@@ -69,8 +69,9 @@ class CameraView:
     """What one camera has seen so far: captures, captures with a code in them, frames read, and the
     largest code found (its bounding box's width and height in camera pixels, and the image's); `cells`:
     the codes' widths in cells (border included) in the layouts it tries; the ranks whose frames of this run
-    it read under the room key (`read_from`: accepted, or waiting for their sender's echo), where in the image it read codes (`read_at`: their centres, one per place) and the
-    latest codes that read in no layout (`unread_at`: centre, width and height)."""
+    it read under the room key (`read_from`: accepted, or waiting for their sender's echo), where in the
+    image it read codes (`read_at`: their centres, one per place) and the latest codes that read in no
+    layout (`unread_at`: centre, width and height)."""
 
     captures: int = 0
     with_code: int = 0
