@@ -152,6 +152,7 @@ class FrameDecoder(Actor):
         self.layout_cost = layout_cost or (lambda k, edges: float(k))
         self.lens_mode = lens
         self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
+        self._vote: tuple[float, float] | None = None  # the lens trial's reads of the code in the layout tried
         self.ladder = ladder or [codec]
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
         # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
@@ -225,15 +226,21 @@ class FrameDecoder(Actor):
             done = False
             for k in order:
                 self._use(k)
+                self._vote = None
                 done = await self._read(msg, quad, previous)
                 if done:
                     if self.current is None and self._order[0] != k:
                         self._order = list(range(k, len(self.ladder))) + list(range(k))
+                    if self._vote is not None:
+                        self._lens_vote(*self._vote)
                     break
             centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
             if done:
                 view.read_code(centre, max(w, h))
             else:
+                # Found again in the next capture, not taken from this one: edges found in a frame that
+                # misled the search would otherwise be sampled through for as long as the screen holds still.
+                self._forget_edges(quad)
                 view.unread_code(centre, w, h)
         if self._reported_at is None:
             self._reported_at = self._first_at = msg.time
@@ -299,16 +306,19 @@ class FrameDecoder(Actor):
         if a is None or b is None:
             return before if a is None else through
         ca, cb = float(a.confidence.mean()), float(b.confidence.mean())
-        fit.vote(ca, cb)
+        self._vote = (ca, cb)  # cast once the layout is known to explain the code (a wrong one's is noise)
+        return through if ca >= cb else before
+
+    def _lens_vote(self, with_lens: float, before: float) -> None:
+        fit = self.lens
+        fit.vote(with_lens, before)
         if fit.used is not None:
             self.log.info("lens_chosen", lens="fit" if fit.used else "pinhole", a=round(fit.lens.a, 4),
                           b=round(fit.lens.b, 4), fits=fit.fits)
-        return through if ca >= cb else before
 
     def _forget_edges(self, quad: reader.Quad) -> None:
-        """A read that failed: the code's edges are found again in the next capture, not taken from an
-        earlier one (edges found once in a frame that misled the search would otherwise be sampled
-        through for as long as the screen holds still: every read of it failing)."""
+        """A code no layout read in this capture: its edges are found again in the next capture, not taken
+        from an earlier one."""
         if self.lens is not None:
             self.lens.forget(quad.corners)
 
@@ -333,7 +343,6 @@ class FrameDecoder(Actor):
         code = reader.read_quad(msg.image, quad, self.grid, self.model, sampled=sampled)
         if code is None:
             self.stats["frames_rejected_unreadable"] += 1
-            self._forget_edges(quad)
             return False
         if code.mixed:
             self.stats["captures_mixed"] += 1
@@ -345,8 +354,6 @@ class FrameDecoder(Actor):
         delivered = await self._accept(code, msg.time)
         if delivered is not False:
             self.previous.append((centre, k, sampled[0]))
-        else:
-            self._forget_edges(quad)
         for timing in self._timings:
             await self.emit(timing)
         self._timings.clear()

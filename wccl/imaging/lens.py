@@ -137,7 +137,8 @@ class LensFit:
     """One camera's lens, fitted from the edges of the codes it saw, and whether it reads better.
 
     `edges(image, quad, layout)` finds a code's edges and keeps the last `keep` codes'; the fit runs when
-    `fit_at` codes were seen (the lens does not change: a few fits early on, a fraction of a second
+    `fit_at` codes were seen (a code counts once a capture, in however many layouts it is tried; the lens
+    does not change: a few fits early on, a fraction of a second
     each, then none). A fit is only a guess until it reads better: for the next `trial` codes the
     reader samples each code both through it and the way it read before (through the lens `kept` from
     an earlier fit, or a pinhole), reads the better, and `vote`s the colour model's mean confidence of
@@ -156,6 +157,7 @@ class LensFit:
         self._votes: list[float] = []
         self.kept: Lens | None = None  # the lens used before the one on trial (None: a pinhole)
         self._last: list[tuple[np.ndarray, list[np.ndarray]]] = []  # the last captures' codes: corners, edges
+        self._seen_last: tuple[np.ndarray, list[np.ndarray]] | None = None  # the last capture and code counted
         # Pixels to sample the last codes' cells at: (edges, lens, layout, image size, pixel_index)
         self._pixels: list[tuple] = []
 
@@ -169,6 +171,10 @@ class LensFit:
             if sides is None:
                 return None
             self._last = [(np.array(corners, np.float64), sides)] + self._last[:7]
+        seen = (image, sides)  # a code is seen once a capture, however many layouts it is read in
+        if self._seen_last is not None and self._seen_last[0] is image and self._seen_last[1] is sides:
+            return sides
+        self._seen_last = seen
         if not self.settled:
             self._sides.append(sides)
             self._seen += 1
