@@ -100,9 +100,8 @@ class Intruder(Actor):
             tr = frames.fountain(data, message_bytes=mb, count=frames.source_packets(len(data), psize),
                                  packet_size=psize)
             # What anyone can read off a real frame's header (the check vouches for it, but hides nothing).
-            fields = transfer._HEAD.unpack_from(last) if transfer.is_transfer_message(last) else None
-            nonce = fields[16] if fields else 0
-            tid = (fields[5] if fields else 0) + self.rng.randint(0, 2)
+            nonce, tid = transfer.peek(last)
+            tid += self.rng.randint(0, 2)
             h = transfer.TransferHeader(self.session, sender % self.world, max(tid, 1), self.rng.randrange(1, 50),
                                         "allreduce", "float32", len(data) // 4, tr.length, tr.digest, 0,
                                         (1 << self.world) - 1)

@@ -76,14 +76,15 @@ MAX_RANKS = 8
 MAX_LAYOUTS = 7  # layouts of the start-up ladder a row measures
 QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # A row: version, flags, reads, trusts, then the quality of each rank in each layout measured (a nibble
-# each: rank r, layout k at r * layouts + k). A table measures 1 to MAX_LAYOUTS layouts (a pinned layout's
+# each: rank r, layout k at r * layouts + k; on a frame, the group's ranks only, to a whole byte). A table measures 1 to MAX_LAYOUTS layouts (a pinned layout's
 # table is small enough for a coarse layout's frames); a status frame too small for every row of the table
 # shows it a page of consecutive rows at a time (protocols.transfer.status_message).
 ROW_HEAD = struct.Struct(">HBBB")
 
 
-def row_bytes(layouts: int) -> int:
-    return ROW_HEAD.size + MAX_RANKS * layouts // 2
+def row_bytes(layouts: int, ranks: int = MAX_RANKS) -> int:
+    """A row measuring `layouts` layouts of a group of `ranks` ranks (the qualities of those ranks only)."""
+    return ROW_HEAD.size + (ranks * layouts + 1) // 2
 
 
 def table_bytes(layouts: int) -> int:
@@ -151,29 +152,32 @@ class Row:
 EMPTY = Row()
 
 
-def _pack_quality(q: tuple[tuple[int, ...], ...], layouts: int) -> bytes:
-    flat = [min(QUALITY_LEVELS, max(0, per[k])) for per in q for k in range(layouts)]
+def _pack_quality(q: tuple[tuple[int, ...], ...], layouts: int, ranks: int) -> bytes:
+    flat = [min(QUALITY_LEVELS, max(0, per[k])) for per in q[:ranks] for k in range(layouts)]
+    flat += [0] * (len(flat) % 2)
     return bytes(flat[i] << 4 | flat[i + 1] for i in range(0, len(flat), 2))
 
 
-def _unpack_quality(b: bytes, layouts: int) -> tuple[tuple[int, ...], ...]:
+def _unpack_quality(b: bytes, layouts: int, ranks: int) -> tuple[tuple[int, ...], ...]:
     flat = [v for byte in b for v in (byte >> 4, byte & 15)]
-    return tuple(tuple(flat[r * layouts:(r + 1) * layouts]) + (0,) * (MAX_LAYOUTS - layouts)
-                 for r in range(MAX_RANKS))
+    return tuple(tuple(flat[r * layouts:(r + 1) * layouts]) + (0,) * (MAX_LAYOUTS - layouts) if r < ranks
+                 else (0,) * MAX_LAYOUTS for r in range(MAX_RANKS))
 
 
 def pack_table(rows: tuple[Row, ...], layouts: int = MAX_LAYOUTS) -> bytes:
     """The whole table (MAX_RANKS rows, empty ones where not given) measuring `layouts` layouts:
     table_bytes(layouts) bytes."""
-    return pack_rows(tuple(rows) + (EMPTY,) * (MAX_RANKS - len(rows)), layouts)
+    return pack_rows(tuple(rows) + (EMPTY,) * (MAX_RANKS - len(rows)), layouts, MAX_RANKS)
 
 
-def pack_rows(rows: tuple[Row, ...], layouts: int) -> bytes:
-    """These rows, row_bytes(layouts) each: a page of the table as a status frame shows it."""
-    if not 1 <= layouts <= MAX_LAYOUTS:
-        raise ValueError(f"a table measures 1 to {MAX_LAYOUTS} layouts, not {layouts}")
-    return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts) + _pack_quality(r.quality, layouts)
-                    for r in rows)
+def pack_rows(rows: tuple[Row, ...], layouts: int, ranks: int = MAX_RANKS) -> bytes:
+    """These rows, row_bytes(layouts, ranks) each, with the qualities of the group's `ranks` ranks: a page
+    of the table as a status frame shows it."""
+    if not 1 <= layouts <= MAX_LAYOUTS or not len(rows) <= ranks <= MAX_RANKS:
+        raise ValueError(f"a page of a table of up to {MAX_RANKS} ranks measures 1 to {MAX_LAYOUTS} layouts and has "
+                         f"a row per rank at most, not {layouts} layouts and {len(rows)} rows of {ranks} ranks")
+    return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts)
+                    + _pack_quality(r.quality, layouts, ranks) for r in rows)
 
 
 def table_layouts(size: int) -> int | None:
@@ -192,16 +196,19 @@ def unpack_table(data: bytes) -> tuple[Row, ...]:
     return unpack_rows(data, layouts, 0, MAX_RANKS)
 
 
-def unpack_rows(data: bytes, layouts: int, first: int, count: int) -> tuple[Row, ...]:
-    """A page of the table (`pack_rows`): rows first .. first + count - 1 of MAX_RANKS, the others EMPTY
-    (version 0: `SightTable.relay` takes nothing from them)."""
-    n = row_bytes(layouts)
-    if not 1 <= layouts <= MAX_LAYOUTS or first < 0 or count < 0 or first + count > MAX_RANKS or len(data) != n * count:
-        raise ValueError(f"no page of {count} rows from row {first} measuring {layouts} layouts is {len(data)} bytes")
+def unpack_rows(data: bytes, layouts: int, first: int, count: int, ranks: int = MAX_RANKS) -> tuple[Row, ...]:
+    """A page of the table (`pack_rows`) of a group of `ranks` ranks: rows first .. first + count - 1 of
+    MAX_RANKS, the others EMPTY (version 0: `SightTable.relay` takes nothing from them)."""
+    n = row_bytes(layouts, ranks)
+    if (not 1 <= layouts <= MAX_LAYOUTS or not 0 <= ranks <= MAX_RANKS or first < 0 or count < 0
+            or first + count > ranks or len(data) != n * count):
+        raise ValueError(f"no page of {count} rows from row {first} of {ranks} ranks measuring {layouts} layouts "
+                         f"is {len(data)} bytes")
     out = [EMPTY] * MAX_RANKS
     for i in range(count):
         v, flags, reads, trusts = ROW_HEAD.unpack_from(data, i * n)
-        out[first + i] = Row(v, flags, reads, trusts, _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts))
+        out[first + i] = Row(v, flags, reads, trusts,
+                             _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts, ranks))
     return tuple(out)
 
 

@@ -24,7 +24,10 @@ NO_PEER = 0xFF
 CHECK_BYTES = 8
 PAYLOAD_ID_BYTES = 4
 SYMBOL_ALIGN = 8
-MIN_SYMBOL = 64  # the raptorq package pads smaller packets beyond the size asked for
+# The smallest symbol a frame's packet carries (`raptorq_size`: the package makes symbols of 8 bytes and
+# up); below 32 a frame's header outweighs its packet several times over.
+MIN_SYMBOL = 32
+MIN_PACKET = PAYLOAD_ID_BYTES + MIN_SYMBOL  # the smallest packet a frame carries
 
 
 class FrameError(ValueError):
@@ -45,7 +48,7 @@ def packet_size_for(message_bytes: int, overhead: int) -> int:
     symbol = (message_bytes - overhead - PAYLOAD_ID_BYTES) // SYMBOL_ALIGN * SYMBOL_ALIGN
     if symbol < MIN_SYMBOL:
         raise ValueError(f"a frame message of {message_bytes} bytes is too small for a packet "
-                         f"(at least {overhead + PAYLOAD_ID_BYTES + MIN_SYMBOL} bytes)")
+                         f"(at least {overhead + MIN_PACKET} bytes)")
     return min(symbol + PAYLOAD_ID_BYTES, 0xFFFF)
 
 
@@ -57,6 +60,14 @@ class Timing:
     echo_peer: int = NO_PEER  # the node whose frame is echoed (NO_PEER: none)
     echo_shown_us: int = 0  # that frame's shown_us (the peer's clock)
     echo_captured_us: int = 0  # when the sender's camera caught it (the sender's clock)
+
+
+def raptorq_size(packet_size: int) -> int:
+    """The size to give raptorq's `with_defaults` (encoder and decoder alike) for packets of `packet_size`
+    bytes: their symbol. The package makes symbols of a size under 64 as asked and rounds a bigger one down
+    to a multiple of 8, then adds the payload id; a symbol, a multiple of 8, is the one size it keeps at
+    every size."""
+    return packet_size - PAYLOAD_ID_BYTES
 
 
 def source_packets(transfer_len: int, packet_size: int) -> int:
@@ -84,7 +95,7 @@ def fountain(data: bytes, *, message_bytes: int, count: int, packet_size: int) -
         raise ValueError(f"a packet of {packet_size} bytes does not fit a message of {message_bytes}")
     psize = packet_size
     k = source_packets(len(data), psize)
-    enc = raptorq.Encoder.with_defaults(data, psize)
+    enc = raptorq.Encoder.with_defaults(data, raptorq_size(psize))
     packets = [bytes(p) for p in enc.get_encoded_packets(max(0, count - k))][:count]
     for p in packets:
         if len(p) != psize:

@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 13) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 14) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -26,7 +26,7 @@ rank is known to hold it (actors.collectives), so a frame that reached some
 cameras and not others never leaves the ranks disagreeing. A *status* frame
 (tid 0, no packet) carries acknowledgements alone, the sender's echo of every
 rank's run nonce (the handshake of protocols.security), its discovery table:
-which screens each rank reads (protocols.discovery), and in its `seq` field
+which screens each rank reads (protocols.discovery), and
 the sender's *floor*: every transfer of its numbered up to it is acknowledged
 by every rank it was meant for and will not be shown again. A reader counts
 the transfers up to the floor as had (`TransferAssembler.settle`), so one
@@ -45,15 +45,19 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 13 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
+      magic 0xC7 | version 14 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
       part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
       packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
       echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
-    (n, the high nibble of flags: the group's size; flag 0x01: a status frame, whose seq is the sender's
-     floor, dtype the layouts L its discovery table measures (1 to 7), and part the page of the table it
-     shows: first row << 8 | rows; any other flag bit is refused)
-    packet (packet_size bytes: RaptorQ payload id + symbol; in a status frame: echo, n x u64 run nonces,
-            then that page of the discovery table: its rows, 5 + 4 x L bytes each)
+    (n, the high nibble of flags: the group's size; any flag bit but 0x01 is refused)
+    packet (packet_size bytes: RaptorQ payload id + symbol)
+
+    a status frame's header (flag 0x01; no transfer, so none of a transfer's fields)
+      magic 0xC7 | version 14 | session u16 | sender u8 | flags u8 | floor u32 | layouts u8 (1 to 7: L, what
+      its discovery table measures) | page u16 (first row << 8 | rows) | shown_us i64 | run_nonce u64 |
+      trusts u8 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | acks and holds as above
+    packet (its size follows from n, L and the page: status_packet): the echo, n x u64 run nonces, then
+      that page of the discovery table, 5 + (n x L + 1) / 2 bytes a row (the qualities of the n ranks)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     filler up to the message size: SHAKE-128 of the check (`filler`), so that every frame's cells look
     random and differ from the last frame's, however little it carries (a status frame, a short packet):
@@ -77,17 +81,19 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 13
+VERSION = 14
 MAX_RANKS = 8
 _HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQBBqq")
+_STATUS_HEAD = struct.Struct(">BBHBBIBHqQBBqq")  # a status frame's: no transfer's fields
+_FLAGS_AT = 5  # where the flags are in either header
 _ACK = struct.Struct(">II")
 _NONCE = struct.Struct(">Q")
 
 
 def status_packet(layouts: int = 1, rows: int = MAX_RANKS, ranks: int = MAX_RANKS) -> int:
-    """A status frame's packet: the echo of `ranks` ranks' run nonces and `rows` rows of a discovery table
-    measuring `layouts` layouts."""
-    return ranks * _NONCE.size + rows * discovery.row_bytes(layouts)
+    """A status frame's packet: the echo of `ranks` ranks' run nonces and `rows` rows of their discovery
+    table measuring `layouts` layouts."""
+    return ranks * _NONCE.size + rows * discovery.row_bytes(layouts, ranks)
 
 
 _AAD = struct.Struct(">HBIIBBHI")
@@ -100,9 +106,9 @@ def entry_bytes(ranks: int) -> int:
     return ranks * _ENTRY
 
 
-def header_bytes(ranks: int = MAX_RANKS) -> int:
-    """A frame's header with the entries of `ranks` ranks."""
-    return _HEAD.size + entry_bytes(ranks)
+def header_bytes(ranks: int = MAX_RANKS, status: bool = False) -> int:
+    """A transfer frame's header (or a status frame's, shorter) with the entries of `ranks` ranks."""
+    return (_STATUS_HEAD if status else _HEAD).size + entry_bytes(ranks)
 
 
 HEADER_BYTES = header_bytes()  # the largest
@@ -112,8 +118,8 @@ OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 def status_rows(message_bytes: int, ranks: int, layouts: int) -> int:
     """How many rows of a discovery table measuring `layouts` layouts a status frame of `message_bytes`
     with the entries of `ranks` ranks has room for."""
-    room = message_bytes - header_bytes(ranks) - CHECK_BYTES - ranks * _NONCE.size
-    return max(0, room // discovery.row_bytes(layouts))
+    room = message_bytes - header_bytes(ranks, status=True) - CHECK_BYTES - ranks * _NONCE.size
+    return max(0, room // discovery.row_bytes(layouts, ranks))
 
 
 ACK_WINDOW = 32
@@ -274,16 +280,15 @@ def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_
     for every row shows a page: as many rows as fit (`status_rows`) from row `first` on."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
-    n, entries = _entries(acks, holds, len(echo))
+    n, entries = _entries(acks, holds, max(len(echo), len(rows)))
     count = min(status_rows(message_bytes, n, layouts), len(rows) - first) if rows else 0
     if rows and count < 1:
         raise ValueError(f"a status frame of {message_bytes} bytes holds no row of the discovery table")
     page = tuple(rows[first:first + count])
-    head = _HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, 0, floor, OPS["status"],
-                      layouts, first << 8 | count, 0, 0, 0, bytes(8), status_packet(layouts, count, n), shown_us,
-                      run_nonce, trusts, *clock_echo)
+    head = _STATUS_HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, floor, layouts,
+                             first << 8 | count, shown_us, run_nonce, trusts, *clock_echo)
     body = (head + entries + struct.pack(f">{n}Q", *(tuple(echo) + (0,) * (n - len(echo))))
-            + discovery.pack_rows(page, layouts))
+            + (discovery.pack_rows(page, layouts, n) if page else b""))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
     return _padded(body, key.check(body, PERSON), message_bytes)
@@ -294,23 +299,44 @@ def is_transfer_message(msg: bytes) -> bool:
     return len(msg) >= 2 and msg[0] == MAGIC and msg[1] == VERSION
 
 
+def peek(msg: bytes) -> tuple[int, int]:
+    """(run nonce, tid) of a frame message, unchecked (what anyone filming a frame can read off it: the
+    check vouches for the header but hides nothing); (0, 0) for what is no transfer frame."""
+    if not is_transfer_message(msg) or len(msg) < _STATUS_HEAD.size:
+        return 0, 0
+    if msg[_FLAGS_AT] & FLAG_STATUS:
+        return _STATUS_HEAD.unpack_from(msg)[9], 0
+    if len(msg) < _HEAD.size:
+        return 0, 0
+    fields = _HEAD.unpack_from(msg)
+    return fields[16], fields[5]
+
+
 def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     """Check and decode one transfer frame message; raises FrameError for anything untrustworthy."""
-    if len(msg) < _HEAD.size + CHECK_BYTES:
+    if len(msg) < _STATUS_HEAD.size + CHECK_BYTES:
         raise FrameError("short_frame", f"{len(msg)} bytes")
-    (magic, version, session, sender, flags, tid, seq, op, dtype, part, dest, length, numel, dig, psize,
-     shown, nonce, trusts, echo_peer, echo_shown, echo_captured) = _HEAD.unpack_from(msg)
-    clock_echo = (echo_peer, echo_shown, echo_captured)
-    if magic != MAGIC:
+    if msg[0] != MAGIC:
         raise FrameError("bad_magic")
+    flags = msg[_FLAGS_AT]
     status = bool(flags & FLAG_STATUS)
     ranks = min(flags >> RANKS_SHIFT, MAX_RANKS)  # (more is refused below, once the check vouched for it)
-    start = header_bytes(ranks)
+    if status:
+        (_, version, session, sender, _, seq, dtype, part, shown, nonce, trusts, echo_peer, echo_shown,
+         echo_captured) = _STATUS_HEAD.unpack_from(msg)
+        first, count = part >> 8, part & 0xFF  # the page of the discovery table
+        if not (1 <= dtype <= discovery.MAX_LAYOUTS and first + count <= ranks):
+            raise FrameError("bad_length", f"status page {first}+{count} of {ranks} ranks, {dtype} layouts")
+        psize = status_packet(dtype, count, ranks)
+    else:
+        if len(msg) < _HEAD.size + CHECK_BYTES:
+            raise FrameError("short_frame", f"{len(msg)} bytes")
+        (_, version, session, sender, _, tid, seq, op, dtype, part, dest, length, numel, dig, psize,
+         shown, nonce, trusts, echo_peer, echo_shown, echo_captured) = _HEAD.unpack_from(msg)
+    clock_echo = (echo_peer, echo_shown, echo_captured)
+    head = _STATUS_HEAD.size if status else _HEAD.size
+    start = header_bytes(ranks, status)
     end = start + psize
-    first, count = part >> 8, part & 0xFF  # a status frame's page of the discovery table
-    if status and not (1 <= dtype <= discovery.MAX_LAYOUTS and first + count <= MAX_RANKS
-                       and psize == status_packet(dtype, count, ranks)):
-        raise FrameError("bad_length", f"status packet_size {psize}")
     if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES):
         raise FrameError("bad_length", f"packet_size {psize}")
     if not key.verify(msg[:end], PERSON, msg[end:end + CHECK_BYTES]):
@@ -325,11 +351,11 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_flags", str(flags))
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
-    acks = tuple(Ack(*_ACK.unpack_from(msg, _HEAD.size + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
-    holds = struct.unpack_from(f">{ranks}I", msg, _HEAD.size + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
+    acks = tuple(Ack(*_ACK.unpack_from(msg, head + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
+    holds = struct.unpack_from(f">{ranks}I", msg, head + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
     if status:
         echo = struct.unpack_from(f">{ranks}Q", msg, start) + (0,) * (MAX_RANKS - ranks)
-        rows = discovery.unpack_rows(msg[start + ranks * _NONCE.size:end], dtype, first, count)
+        rows = discovery.unpack_rows(msg[start + ranks * _NONCE.size:end], dtype, first, count, ranks)
         return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, clock_echo,
                              floor=seq)
     if op not in OP_NAMES or op == OPS["status"]:
@@ -380,7 +406,7 @@ class TransferAssembler:
             del self._decoders[key]
             return None
         if entry is None:
-            entry = (meta, raptorq.Decoder.with_defaults(h.length, len(f.packet)), set())
+            entry = (meta, raptorq.Decoder.with_defaults(h.length, frames.raptorq_size(len(f.packet))), set())
             self._decoders[key] = entry
             while len(self._decoders) > self.max_pending:
                 del self._decoders[min(self._decoders, key=lambda k: k[1])]

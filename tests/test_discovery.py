@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from protocols import discovery, transfer
+from protocols import discovery, frames, transfer
 from protocols.algorithms import Sight, choose
 from protocols.receiver import TransferReceiver
 from protocols.security import Handshake, RoomKey
@@ -266,8 +266,9 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
     assert transfer.parse_message(msg, KEY).rows == rows  # the whole table fits
     # A frame with room for three rows: pages of three, from any row; the rows not on a page come out EMPTY
     # (version 0), which a table never takes.
-    size = transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 3, 0) + 5
-    assert transfer.status_rows(size, 0, layouts) == 3
+    n = discovery.MAX_RANKS
+    size = transfer.header_bytes(n, status=True) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 3, n) + 5
+    assert transfer.status_rows(size, n, layouts) == 3
     got = [discovery.EMPTY] * discovery.MAX_RANKS
     for first in (0, 3, 6):
         page = transfer.parse_message(transfer.status_message(session=7, sender=0, acks=(), message_bytes=size,
@@ -279,12 +280,13 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
     assert tuple(got) == rows
     with pytest.raises(ValueError, match="holds no row"):
         transfer.status_message(session=7, sender=0, acks=(), rows=rows, layouts=layouts, key=KEY,
-                                message_bytes=transfer.header_bytes(0) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 0, 0))
+                                message_bytes=transfer.header_bytes(n, status=True) + transfer.CHECK_BYTES
+                                + transfer.status_packet(layouts, 0, n))
 
 
 def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time():
     """Eight ranks measuring six layouts in the ladder's big-cell layout (28 x 50 cells of 22 px): a status
-    frame has room for 5 of the 8 rows, so the ScreenWriter shows the rows a page at a time, in turn, and
+    frame has room for 6 of the 8 rows, so the ScreenWriter shows the rows a page at a time, in turn, and
     every row goes up within two frames."""
     from actors.screen_writer import ScreenWriter
     from conftest import run_virtual
@@ -299,7 +301,7 @@ def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time(
 
     codec = LinkCodec(GridLayout(28, 50, 8, 22), 0.8)
     rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (r ^ 1), 0) for r in range(8))
-    assert transfer.status_rows(codec.message_bytes, 8, 6) == 5
+    assert transfer.status_rows(codec.message_bytes, 8, 6) == 6
 
     async def go():
         async with ActorHarness(ScreenWriter, node="a0", screen=Screen(), codec=codec, screen_w=1280,
@@ -316,7 +318,7 @@ def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time(
                 pages.append([r for r in range(8) if got[r].version])
                 assert all(got[r] == rows[r] for r in pages[-1])
             # (the screen has shown frames of its own since the table came: the turn may be at either page)
-            assert sorted(pages[:2]) == [[0, 1, 2, 3, 4], [5, 6, 7]] and pages[2:] == pages[:2]
+            assert sorted(pages[:2]) == [[0, 1, 2, 3, 4, 5], [6, 7]] and pages[2:] == pages[:2]
             await w.close()
 
     run_virtual(go)
@@ -556,20 +558,43 @@ def test_a_layout_held_for_too_few_of_this_cameras_periods_counts_as_unread():
     assert t.quality(1, 0) == fast
 
 
-def test_a_ladder_of_big_cells_holds_a_small_rooms_status_frames_and_a_big_room_is_told_it_cannot():
-    """20 x 37 cells of 32 px make 206-byte frames: a status frame of four ranks measuring seven layouts
-    (their run nonces only in its echo) fits, one of five does not, and the room file is refused saying so."""
+def test_the_ladders_biggest_cells_serve_rooms_their_frames_hold_and_a_rooms_own_layout_too_small_is_refused():
+    """20 x 37 cells of 32 px make 206-byte frames: a status frame of six ranks measuring seven layouts (a
+    status frame's short header, the group's ranks only in its echo and rows) and a transfer's smallest
+    packet with their acknowledgements fit, seven ranks' status frames do not: the default ladder keeps the
+    layout for rooms of up to six ranks and leaves it out of bigger ones; a room's own ladder with it is
+    refused, saying why."""
     from conftest import make_config
     from wccl.config import DEFAULT_LADDER, ConfigError
     from wccl.distributed.runtime import collective_ladder
 
-    ladder = [*DEFAULT_LADDER, dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)]
+    big = DEFAULT_LADDER[-1]
+    assert big["cell_px"] == 32
 
-    def room(n: int):
+    def room(n: int, link: dict | None = None):
         nodes = [{"name": f"n{i}", "roles": ["server", "worker"] if i == 0 else ["worker"]} for i in range(n)]
-        return make_config(room={"nodes": nodes}, link={"ladder": ladder})
+        return make_config(room={"nodes": nodes}, link=link or {})
 
-    assert collective_ladder(room(4))[-1][0].message_bytes == 206
-    assert transfer.status_rows(206, 4, 7) == 1
-    with pytest.raises(ConfigError, match="holds 206 bytes a frame, too few for the collectives' status frames"):
-        collective_ladder(room(5))
+    for n in range(2, 7):
+        assert [c.message_bytes for c, _ in collective_ladder(room(n))][-1] == 206, n
+        assert transfer.status_rows(206, n, 7) >= 1 and transfer.packet_size_for(206, n) >= frames.MIN_PACKET
+    assert transfer.status_rows(206, 7, 7) == 0
+    for n in (7, 8):
+        assert [c.layout.cell_px for c, _ in collective_ladder(room(n))] == [d["cell_px"] for d in DEFAULT_LADDER[:-1]]
+    with pytest.raises(ConfigError, match="holds 206 bytes a frame, too few for the frames of 7 ranks"):
+        collective_ladder(room(7, {"ladder": list(DEFAULT_LADDER)}))
+
+
+def test_a_small_groups_status_frame_carries_its_ranks_qualities_only():
+    """Two ranks measuring seven layouts: a row on the frame holds the two ranks' fourteen qualities (12
+    bytes a row, not 33), the status header has no transfer's fields, and the table crosses whole."""
+    q = tuple(tuple((r + 2 * k + 1) % 16 for k in range(7)) if r < 2 else (0,) * 7 for r in range(discovery.MAX_RANKS))
+    rows = tuple(discovery.Row(5 + r, discovery.FINAL, 0b11, 0b11, q) for r in range(2))
+    assert discovery.row_bytes(7, 2) == 12
+    size = transfer.header_bytes(2, status=True) + transfer.CHECK_BYTES + transfer.status_packet(7, 2, 2)
+    assert size == 47 + 2 * 12 + 8 + 2 * 8 + 2 * 12
+    msg = transfer.status_message(session=7, sender=1, acks=(), message_bytes=size, rows=rows, layouts=7,
+                                  echo=(11, 12), key=KEY)
+    got = transfer.parse_message(msg, KEY)
+    assert got.rows[:2] == rows and got.rows[2:] == (discovery.EMPTY,) * 6 and got.echo[:2] == (11, 12)
+    assert transfer.peek(msg)[1] == 0

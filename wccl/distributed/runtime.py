@@ -31,7 +31,7 @@ from typing import Any
 
 import structlog
 
-from protocols import transfer
+from protocols import frames, transfer
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain, Message
 from wccl.config import ConfigError, WcclConfig
 from wccl.registry import REGISTRY
@@ -47,11 +47,15 @@ def collective_layout(cfg: WcclConfig):
 
 def collective_ladder(cfg: WcclConfig):
     """The (codec, hold_s) of each layout discovery tries at start-up, fastest first (one when pinned): the
-    room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen."""
+    room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen or
+    whose frames are too small for the room's (a big room's frames carry more ranks' acknowledgements: the
+    ladder's biggest cells serve rooms of up to three ranks). A room's own layout too small for its frames is
+    a ConfigError that says what it lacks."""
     from protocols.discovery import MAX_LAYOUTS
 
     ladder = cfg.link.ladder_codecs()
-    if cfg.link.choose == "auto" and not cfg.link.ladder:
+    default = cfg.link.choose == "auto" and not cfg.link.ladder
+    if default:
         def fits(layout) -> bool:
             try:
                 layout.check_fits(cfg.screen.width, cfg.screen.height)
@@ -63,15 +67,24 @@ def collective_ladder(cfg: WcclConfig):
     if len(ladder) > MAX_LAYOUTS:
         raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
                           f"the ladder has {len(ladder)}")
-    # A status frame shows the discovery table a page at a time where the whole does not fit: one row at least.
     ranks = len(cfg.room.ranks)
-    status = transfer.header_bytes(ranks) + transfer.CHECK_BYTES + transfer.status_packet(len(ladder), 1, ranks)
+    # A status frame shows the discovery table a page at a time where the whole does not fit: one row at
+    # least. A transfer's frame holds the smallest packet the fountain code makes.
+    status = (transfer.header_bytes(ranks, status=True) + transfer.CHECK_BYTES
+              + transfer.status_packet(len(ladder), 1, ranks))
+    packet = transfer.header_bytes(ranks) + transfer.CHECK_BYTES + frames.MIN_PACKET
+    need = max(status, packet)
+    if default:
+        ladder = [(c, h) for c, h in ladder if c.message_bytes >= need]
     for c, _ in ladder:
-        if c.message_bytes < status:
+        if c.message_bytes < need:
             lay = c.layout
             raise ConfigError(f"link: a {lay.rows} x {lay.cols} layout of {lay.colours} colours holds "
-                              f"{c.message_bytes} bytes a frame, too few for the collectives' status frames "
-                              f"({status} bytes)")
+                              f"{c.message_bytes} bytes a frame, too few for the frames of {ranks} ranks "
+                              f"(a status frame takes {status} bytes, a transfer's at least {packet})")
+    if not ladder:
+        raise ConfigError(f"link: no layout of the default ladder fits a {cfg.screen.width} x "
+                          f"{cfg.screen.height} screen with the frames of {ranks} ranks")
     return ladder
 
 
