@@ -174,3 +174,38 @@ def test_covered_s_in_a_room_file_is_checked():
     name = data["room"]["nodes"][1]["name"]
     room.camera_started(0.0)
     assert room.covered(name, 4.5) and not room.covered(name, 5.5)
+
+
+def test_screens_far_apart_at_a_slant_read_in_the_ladders_biggest_cells_only():
+    """rooms/far-slanted.toml (13.3-inch screens 1.2 m apart, each turned 30 degrees, 78-degree lenses):
+    alice's camera reads bob's frames in 32 px cells, the ladder's last layout, and not in 22 px cells."""
+    import cv2
+
+    from protocols.layout import render
+    from wccl.distributed.runtime import collective_ladder
+    from wccl.imaging import reader
+
+    cv2.setNumThreads(1)
+    cfg = load_config("rooms/far-slanted.toml")
+    ladder = [c for c, _ in collective_ladder(cfg)]
+    r = SimulatedRoom.from_config(cfg)
+    rng = np.random.default_rng(0)
+    read = {}
+    for codec in (ladder[-2], ladder[-1]):
+        grid, model, ok = codec.layout, reader.ColourModel(codec.layout), 0
+        for i in range(4):
+            frame = codec.encode(rng.bytes(codec.payload_per_frame), count=1, session=1, sender=1, stream="grad",
+                                 step=i)[0]
+            t = 10.0 * len(read) + i
+            r.show_at("bob", render(frame, grid, cfg.screen.width, cfg.screen.height, sender=1, parity=i & 1), t)
+            img = r.capture_at("alice", t + 0.5, k=i)
+            for q in reader.find_quads(img, grid):
+                code = reader.read_quad(img, q, grid, model)
+                if code is not None and not code.mixed:
+                    try:
+                        codec.decode(code.symbols, code.confidence)
+                        ok += 1
+                    except ValueError:
+                        pass
+        read[grid.cell_px] = ok
+    assert read == {22: 0, 32: 4}
