@@ -76,9 +76,10 @@ MAX_RANKS = 8
 MAX_LAYOUTS = 7  # layouts of the start-up ladder a row measures
 QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # A row: version, flags, reads, trusts, then the quality of each rank in each layout measured (a nibble
-# each: rank r, layout k at r * layouts + k; on a frame, the group's ranks only, to a whole byte). A table measures 1 to MAX_LAYOUTS layouts (a pinned layout's
-# table is small enough for a coarse layout's frames); a status frame too small for every row of the table
-# shows it a page of consecutive rows at a time (protocols.transfer.status_message).
+# each: rank r, layout k at r * layouts + k; on a frame, the group's ranks only, to a whole byte). A table
+# measures 1 to MAX_LAYOUTS layouts (a pinned layout's table is small enough for a coarse layout's
+# frames); a status frame too small for every row of the table shows it a page of consecutive rows at a
+# time (protocols.transfer.status_message).
 ROW_HEAD = struct.Struct(">HBBB")
 
 

@@ -24,9 +24,9 @@ has every part of; its own count, and the others' as read from their frames,
 relayed camera to camera): a rank applies collective `seq` only once every
 rank is known to hold it (actors.collectives), so a frame that reached some
 cameras and not others never leaves the ranks disagreeing. A *status* frame
-(tid 0, no packet) carries acknowledgements alone, the sender's echo of every
-rank's run nonce (the handshake of protocols.security), its discovery table:
-which screens each rank reads (protocols.discovery), and
+(no transfer: a header of its own) carries acknowledgements, the sender's
+echo of every rank's run nonce (the handshake of protocols.security), its
+discovery table: which screens each rank reads (protocols.discovery), and
 the sender's *floor*: every transfer of its numbered up to it is acknowledged
 by every rank it was meant for and will not be shown again. A reader counts
 the transfers up to the floor as had (`TransferAssembler.settle`), so one
