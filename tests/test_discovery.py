@@ -558,31 +558,27 @@ def test_a_layout_held_for_too_few_of_this_cameras_periods_counts_as_unread():
     assert t.quality(1, 0) == fast
 
 
-def test_the_ladders_biggest_cells_serve_rooms_their_frames_hold_and_a_rooms_own_layout_too_small_is_refused():
+def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger_room_is_told_it_cannot():
     """20 x 37 cells of 32 px make 206-byte frames: a status frame of six ranks measuring seven layouts (a
     status frame's short header, the group's ranks only in its echo and rows) and a transfer's smallest
-    packet with their acknowledgements fit, seven ranks' status frames do not: the default ladder keeps the
-    layout for rooms of up to six ranks and leaves it out of bigger ones; a room's own ladder with it is
-    refused, saying why."""
+    packet with their acknowledgements fit; seven ranks' status frames do not, and the room file is refused
+    saying why."""
     from conftest import make_config
     from wccl.config import DEFAULT_LADDER, ConfigError
     from wccl.distributed.runtime import collective_ladder
 
-    big = DEFAULT_LADDER[-1]
-    assert big["cell_px"] == 32
+    ladder = [*DEFAULT_LADDER, dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)]
 
-    def room(n: int, link: dict | None = None):
+    def room(n: int):
         nodes = [{"name": f"n{i}", "roles": ["server", "worker"] if i == 0 else ["worker"]} for i in range(n)]
-        return make_config(room={"nodes": nodes}, link=link or {})
+        return make_config(room={"nodes": nodes}, link={"ladder": ladder})
 
     for n in range(2, 7):
-        assert [c.message_bytes for c, _ in collective_ladder(room(n))][-1] == 206, n
+        assert collective_ladder(room(n))[-1][0].message_bytes == 206, n
         assert transfer.status_rows(206, n, 7) >= 1 and transfer.packet_size_for(206, n) >= frames.MIN_PACKET
     assert transfer.status_rows(206, 7, 7) == 0
-    for n in (7, 8):
-        assert [c.layout.cell_px for c, _ in collective_ladder(room(n))] == [d["cell_px"] for d in DEFAULT_LADDER[:-1]]
     with pytest.raises(ConfigError, match="holds 206 bytes a frame, too few for the frames of 7 ranks"):
-        collective_ladder(room(7, {"ladder": list(DEFAULT_LADDER)}))
+        collective_ladder(room(7))
 
 
 def test_a_small_groups_status_frame_carries_its_ranks_qualities_only():

@@ -111,8 +111,9 @@ def test_a_model_that_folds_the_image_over_is_no_lens():
 
 
 def test_edges_kept_for_a_still_screen_are_found_again_once_forgotten():
-    """A code's edges are found once while its screen holds still; the FrameDecoder forgets them after a read
-    through them fails, so edges from a frame that misled the search are not sampled through for good."""
+    """A code's edges are found once per layout while its screen holds still; the FrameDecoder forgets them
+    once no layout read the code, so edges from a frame that misled the search are not sampled through for
+    good. Edges found for one layout are not another's."""
     room, grid, truth = _circle4()
     image = room.capture_at("alice", 1.0, k=0)
     h, w = image.shape[:2]
@@ -120,8 +121,10 @@ def test_edges_kept_for_a_still_screen_are_found_again_once_forgotten():
     quad = reader.find_quads(image, grid)[0]
     sides = fit.edges(image, quad.corners, grid)
     wrong = [s + 7.0 for s in sides]  # as if found a cell off
-    fit._last[0] = (fit._last[0][0], wrong)
+    fit._last[0] = (fit._last[0][0], grid, wrong)
     assert fit.edges(image, quad.corners, grid) is wrong  # kept: the screen held still
+    other = GridLayout(grid.rows + 2, grid.cols + 4, grid.colours, grid.cell_px)
+    assert fit.edges(image, quad.corners, other) is not wrong  # found for that layout
     fit.forget(quad.corners)
     again = fit.edges(image, quad.corners, grid)
     assert again is not wrong and all(np.allclose(a, b) for a, b in zip(again, sides))

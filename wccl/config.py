@@ -389,14 +389,15 @@ class LadderStep(_Strict):
 # less of it would be filmed brighter (whites clipped) in the run than during start-up, when the ladder's
 # layouts take turns, and would not read as well as it measured there. 68 x 124 cells of 10 px held 50 ms,
 # 61 x 112 of 11 px held 67 ms, 56 x 103 of 12 px held 83 ms, 48 x 88 of 14 px held 100 ms; then, for
-# hard rooms, 42 x 78 of 16 px in 4 colours held 200 ms (the whole 1280 x 720 screen); then big cells for
+# hard rooms, 42 x 78 of 16 px in 4 colours held 200 ms (the whole 1280 x 720 screen); last, big cells for
 # screens seen small or at a slant (the far diagonals of a table of laptops): 28 x 50 of 22 px held 83 ms,
-# 1144 x 660 px, which also fits a screen a little smaller; last, 20 x 37 of 32 px held 100 ms, for a
-# 13.3-inch screen 1.2 m away seen at a slant through a wide lens. The big cells' frames hold too little for
-# the whole discovery table of a big room: status frames show it a page at a time. The 32 px frames (206
-# bytes) hold the frames of up to six ranks: bigger rooms leave that layout out
-# (wccl.distributed.runtime.collective_ladder). (Every layout of a ladder has its own grid: a frame's grid
-# says which it is.)
+# 1144 x 660 px, which also fits a screen a little smaller. Its frames hold too little for the whole
+# discovery table of a big room: status frames show it a page at a time. (Every layout of a ladder has its
+# own grid: a frame's grid says which it is.) A room's own ladder may add a seventh layout of bigger cells:
+# 20 x 37 of 32 px held 100 ms reads a 13.3-inch screen 1.2 m away, turned 30 degrees, through a 78-degree
+# lens (rooms/far-slanted.toml), and its 206-byte frames hold the frames of up to six ranks. It is not in
+# the default ladder: in the harsh pair, which reads the 16 px layout on some of its frames, start-up
+# picked it and steps took 3.7 s, not 1.8 s (BENCHMARKS.md).
 DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
     dict(rows=61, cols=112, colours=8, cell_px=11, hold_s=0.067, code_rate=0.8),
@@ -404,7 +405,6 @@ DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=48, cols=88, colours=8, cell_px=14, hold_s=0.1, code_rate=0.8),
     dict(rows=42, cols=78, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
     dict(rows=28, cols=50, colours=8, cell_px=22, hold_s=0.083, code_rate=0.8),
-    dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8),
 )
 
 

@@ -47,15 +47,13 @@ def collective_layout(cfg: WcclConfig):
 
 def collective_ladder(cfg: WcclConfig):
     """The (codec, hold_s) of each layout discovery tries at start-up, fastest first (one when pinned): the
-    room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen or
-    whose frames are too small for the room's (a big room's frames carry more ranks' acknowledgements: the
-    ladder's biggest cells serve rooms of up to three ranks). A room's own layout too small for its frames is
-    a ConfigError that says what it lacks."""
+    room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen. A
+    layout whose frames are too small for the room's (a big room's frames carry more ranks'
+    acknowledgements) is a ConfigError that says what it lacks."""
     from protocols.discovery import MAX_LAYOUTS
 
     ladder = cfg.link.ladder_codecs()
-    default = cfg.link.choose == "auto" and not cfg.link.ladder
-    if default:
+    if cfg.link.choose == "auto" and not cfg.link.ladder:
         def fits(layout) -> bool:
             try:
                 layout.check_fits(cfg.screen.width, cfg.screen.height)
@@ -74,17 +72,12 @@ def collective_ladder(cfg: WcclConfig):
               + transfer.status_packet(len(ladder), 1, ranks))
     packet = transfer.header_bytes(ranks) + transfer.CHECK_BYTES + frames.MIN_PACKET
     need = max(status, packet)
-    if default:
-        ladder = [(c, h) for c, h in ladder if c.message_bytes >= need]
     for c, _ in ladder:
         if c.message_bytes < need:
             lay = c.layout
             raise ConfigError(f"link: a {lay.rows} x {lay.cols} layout of {lay.colours} colours holds "
                               f"{c.message_bytes} bytes a frame, too few for the frames of {ranks} ranks "
                               f"(a status frame takes {status} bytes, a transfer's at least {packet})")
-    if not ladder:
-        raise ConfigError(f"link: no layout of the default ladder fits a {cfg.screen.width} x "
-                          f"{cfg.screen.height} screen with the frames of {ranks} ranks")
     return ladder
 
 

@@ -26,6 +26,7 @@ from wccl.imaging.reader import SAMPLE_OFFSETS, _brightest_channel, grid_homogra
 
 PROFILES = 24  # normal profiles per side
 REUSE_PX = 0.5  # a code whose corners moved less than this keeps the edges found before
+MAX_KEPT_LAYOUTS = 8  # edges are kept for four codes in up to this many layouts each
 _S = np.linspace(2.0, -0.8, 57)  # outward offsets (cells) along a profile: outside (dark) into the white ring
 _NORMALS = (np.array([0.0, -1.0]), np.array([1.0, 0.0]), np.array([0.0, 1.0]), np.array([-1.0, 0.0]))
 
@@ -156,25 +157,28 @@ class LensFit:
         self.used: bool | None = None  # None: on trial
         self._votes: list[float] = []
         self.kept: Lens | None = None  # the lens used before the one on trial (None: a pinhole)
-        self._last: list[tuple[np.ndarray, list[np.ndarray]]] = []  # the last captures' codes: corners, edges
-        self._seen_last: tuple[np.ndarray, list[np.ndarray]] | None = None  # the last capture and code counted
+        # the last captures' codes: corners, the layout their edges were found for, the edges
+        self._last: list[tuple[np.ndarray, GridLayout, list[np.ndarray]]] = []
+        self._seen_last: tuple[np.ndarray, np.ndarray] | None = None  # the last capture and code counted
         # Pixels to sample the last codes' cells at: (edges, lens, layout, image size, pixel_index)
         self._pixels: list[tuple] = []
 
     def edges(self, image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
-        """The code's edge points (see edge_points), found in a crop of `image` around `corners`. A code
-        whose corners moved less than REUSE_PX since a recent capture keeps the edges found then (a screen
-        holds still: its edges are found once, not in every capture)."""
-        sides = next((sd for old, sd in self._last if np.abs(old - corners).max() < REUSE_PX), None)
+        """The code's edge points for `layout` (see edge_points), found in a crop of `image` around
+        `corners`. A code whose corners moved less than REUSE_PX since a recent capture keeps the edges
+        found then for that layout (a screen holds still: its edges are found once, not in every capture).
+        The fit counts a code once a capture, in however many layouts it is tried."""
+        sides = next((sd for old, lay, sd in self._last if lay == layout and np.abs(old - corners).max() < REUSE_PX),
+                     None)
         if sides is None:
             sides = self._find(image, corners, layout)
             if sides is None:
                 return None
-            self._last = [(np.array(corners, np.float64), sides)] + self._last[:7]
-        seen = (image, sides)  # a code is seen once a capture, however many layouts it is read in
-        if self._seen_last is not None and self._seen_last[0] is image and self._seen_last[1] is sides:
+            self._last = [(np.array(corners, np.float64), layout, sides)] + self._last[:4 * MAX_KEPT_LAYOUTS - 1]
+        last = self._seen_last
+        if last is not None and last[0] is image and np.abs(last[1] - corners).max() < REUSE_PX:
             return sides
-        self._seen_last = seen
+        self._seen_last = (image, np.array(corners, np.float64))
         if not self.settled:
             self._sides.append(sides)
             self._seen += 1
@@ -188,7 +192,7 @@ class LensFit:
 
     def forget(self, corners: np.ndarray) -> None:
         """Drop the edges kept for a code at `corners`: the next capture of it finds them again."""
-        self._last = [(old, sd) for old, sd in self._last if np.abs(old - corners).max() >= REUSE_PX]
+        self._last = [(old, lay, sd) for old, lay, sd in self._last if np.abs(old - corners).max() >= REUSE_PX]
 
     def pixels(self, sides: list[np.ndarray], layout: GridLayout, shape: tuple[int, ...],
                lens: Lens | None = None) -> np.ndarray | None:
