@@ -139,8 +139,7 @@ class LensFit:
 
     `edges(image, quad, layout)` finds a code's edges and keeps the last `keep` codes'; the fit runs when
     `fit_at` codes were seen (a code counts once a capture, in however many layouts it is tried; the lens
-    does not change: a few fits early on, a fraction of a second
-    each, then none). A fit is only a guess until it reads better: for the next `trial` codes the
+    does not change: a few fits early on, a fraction of a second each, then none). A fit is only a guess until it reads better: for the next `trial` codes the
     reader samples each code both through it and the way it read before (through the lens `kept` from
     an earlier fit, or a pinhole), reads the better, and `vote`s the colour model's mean confidence of
     each; the fitted lens is `used` if it won on average, else the one before it comes back (a later fit
