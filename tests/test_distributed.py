@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -181,6 +182,23 @@ def test_a_mixture_of_experts_over_all_to_all_equals_gloo(tmp_path):
     keys = ("expert_sha256", "shared_sha256", "loss", "expert_share")
     assert [{k: d[k] for k in keys} for d in lines] == [{k: d[k] for k in keys} for d in ref]
     assert lines[0]["shared_sha256"] == lines[1]["shared_sha256"] != ""
+
+
+@pytest.mark.slow
+def test_hybrid_sharding_over_subgroups_equals_gloo(tmp_path):
+    """examples/hsdp.py on four ranks: shard groups from new_subgroups, replica groups across them from
+    new_subgroups_by_enumeration, their collectives interleaved; every rank ends on gloo's parameters, and
+    the launcher counts the subgroups' collectives."""
+    proc, lines = launch(room_file(tmp_path, 4), EXAMPLES / "hsdp.py", "--steps", "3", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ref = torchrun(EXAMPLES / "hsdp.py", 4, "--steps", "3")
+    keys = ("params_sha256", "loss", "shard_group", "replica_group")
+    assert [{k: d[k] for k in keys} for d in lines] == [{k: d[k] for k in keys} for d in ref]
+    assert len({d["params_sha256"] for d in lines}) == 1
+    assert lines[0]["shard_group"] == [0, 1] and lines[0]["replica_group"] == [0, 2]
+    # 3 a step and the last gather, each on a subgroup (new_subgroups' own barriers may add to them)
+    counts = [int(n) for n in re.findall(r"exit 0; (\d+) collectives", proc.stderr)]
+    assert len(counts) == 4 and min(counts) >= 10, proc.stderr[-2000:]
 
 
 # ---- failures: a dead rank, bad arguments, Ctrl-C ----------------------------------------------------

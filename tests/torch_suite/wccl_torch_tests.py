@@ -34,7 +34,15 @@ if "BACKEND" not in os.environ:  # started by hand: the runner's environment, in
                                        Path(tempfile.mkdtemp(prefix="wccl-torch-suite-")),
                                        os.environ.get("WCCL_SUITE_PROFILE", "exact")))
 
+from torch.testing._internal.common_distributed import DistTestCases
 from torch.testing._internal.common_utils import run_tests
+
+# The features torch's tests gate on that the wccl backend has, declared before torch's module reads them
+# (its decorators read these sets at import): DistributedDataParallel on CPU tensors, and subgroups.
+# Not "gpu" or "cuda": wccl moves CPU tensors only.
+DistTestCases.backend_feature["ddp"].add("wccl")
+DistTestCases.backend_feature["subgroup"].add("wccl")
+
 from torch.testing._internal.distributed.distributed_test import (
     INIT_METHOD,
     DistributedTest,

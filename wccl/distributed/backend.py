@@ -629,7 +629,7 @@ class WcclSubgroup(WcclProcessGroup):
     may complete it."""
 
     def __init__(self, world_group: WcclProcessGroup, members: list[int], rank: int, index: int) -> None:
-        super().__init__(rank, len(members), world_group._node, status=None)
+        super().__init__(rank, len(members), world_group._node, status=world_group._status)  # counted there too
         self._world_group = world_group
         self._members = list(members)  # global ranks, in group rank order
         self._tag = group_tag(self._members, index)
@@ -665,13 +665,17 @@ class WcclSubgroup(WcclProcessGroup):
         out: torch.futures.Future = torch.futures.Future()
 
         def combine(_all) -> None:
+            ok = False
             try:
                 for f in futures:
                     f.value()  # raises the first error
                 parts = [received[r].value() if r in received else mine for r in range(self._world)]
                 out.set_result(finish(parts))
+                ok = True
             except Exception as e:  # noqa: BLE001 - the future carries it to the program
                 out.set_exception(e)
+            if self._status is not None:
+                self._status.collective_done(mine.numel() * mine.element_size(), ok, world._node.sim_seconds())
 
         torch.futures.collect_all(futures).add_done_callback(combine)
         return WcclWork(out)
