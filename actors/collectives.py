@@ -62,6 +62,7 @@ class _PointToPoint:
     req: CollectiveRequest
     deadline: float
     tid: int = 0  # a send's transfer
+    hop: int = -1  # a send's first reader: its peer, or the first rank relaying it there
 
 
 @dataclass
@@ -130,7 +131,9 @@ class Collectives(Actor):
         elif isinstance(msg, TransferArrived):
             self._heard[msg.origin] = self.clock.now()
             self.results["bytes_received"] += len(msg.payload)
-            if msg.op == "p2p":
+            if msg.op == "relay":
+                await self._relayed(msg)
+            elif msg.op == "p2p":
                 self._inbox.append(msg)
                 await self._match()
             elif msg.seq in self._pending:
@@ -317,8 +320,12 @@ class Collectives(Actor):
     # -- point to point (torch.distributed's send and recv) ----------------------------------------
     async def _point_to_point(self, req: CollectiveRequest) -> None:
         """A send: one transfer (op "p2p", `seq` its number to that peer with that tag, `part` the tag) shown
-        until the peer acknowledges it, which completes it. A recv: matched with the first message from its
-        source (any source: the first to arrive) and tag that no earlier recv took, in the sender's order."""
+        until the peer acknowledges it, which completes it. Where the two do not read each other's screens
+        (an acknowledgement shown where the sender's camera cannot read it never comes), the message goes
+        as a "relay" transfer along the sight graph's route (Sight.route): each rank on the way shows it to
+        the next, and the send completes once the first of them has it. A recv:
+        matched with the first message from its source (any source: the first to arrive) and tag that no
+        earlier recv took, in the sender's order."""
         deadline = self.clock.now() + self.timeout_s
         if req.op == "recv":
             self._recvs.append(_PointToPoint(req, deadline))
@@ -327,14 +334,45 @@ class Collectives(Actor):
         if not 0 <= req.root < self.world or req.root == self.rank:
             await self._p2p_done(req, error=f"send to rank {req.root}: not another rank of the group (0..{self.world - 1})")
             return
-        pending = _PointToPoint(req, deadline, tid=self._next_tid)
-        self._sends_out.append(pending)
         payload = req.inputs[0] if len(req.inputs) == 1 else b"".join(req.inputs)
-        await self._post_one(req.seq, "p2p", req.dtype, req.numel, req.tag, 1 << req.root, payload)
+        if self.sight is None or self.sight.both_ways(req.root, self.rank):
+            self._sends_out.append(_PointToPoint(req, deadline, tid=self._next_tid, hop=req.root))
+            await self._post_one(req.seq, "p2p", req.dtype, req.numel, req.tag, 1 << req.root, payload)
+            return
+        route = self.sight.route(self.rank, req.root)
+        if route is None:
+            await self._p2p_done(req, error=f"send to rank {req.root} ({self.names[req.root]}): no chain of "
+                                            "laptops that read each other's screens leads there from this one "
+                                            "(the room's sight graph)")
+            return
+        self._sends_out.append(_PointToPoint(req, deadline, tid=self._next_tid, hop=route[0]))
+        self.log.debug("message_relayed", peer=req.root, tag=req.tag, route=route)
+        await self._post_one(req.seq, "relay", req.dtype, req.numel, req.tag, 1 << route[0],
+                             transfer.RELAY_HEAD.pack(self.rank, req.root) + payload)
+
+    async def _relayed(self, msg: TransferArrived) -> None:
+        """A message on its way from one rank to another: received here if it is this rank's, else shown to
+        the next rank of its route."""
+        if len(msg.payload) < transfer.RELAY_HEAD.size:
+            return
+        src, dst = transfer.RELAY_HEAD.unpack_from(msg.payload)
+        if not (0 <= src < self.world and 0 <= dst < self.world) or src == dst:
+            return
+        if dst == self.rank:
+            self._inbox.append(msg.model_copy(update={"origin": src, "op": "p2p",
+                                                      "payload": msg.payload[transfer.RELAY_HEAD.size:]}))
+            await self._match()
+            return
+        route = self.sight.route(self.rank, dst) if self.sight is not None else None
+        if route is None:
+            self.log.error("relay_impossible", source=src, destination=dst)
+            return
+        self.results["relayed"] = self.results.get("relayed", 0) + 1
+        await self._post_one(msg.seq, "relay", msg.dtype, msg.numel, msg.part, 1 << route[0], msg.payload)
 
     async def _sends_acknowledged(self) -> None:
         for p in list(self._sends_out):
-            if self._acks.get(p.req.root, transfer.Ack()).has(p.tid):
+            if self._acks.get(p.hop, transfer.Ack()).has(p.tid):
                 self._sends_out.remove(p)
                 await self._p2p_done(p.req)
 
@@ -369,9 +407,9 @@ class Collectives(Actor):
         for p in [p for p in self._sends_out if p.deadline <= now]:
             self._sends_out.remove(p)
             who = f"rank {p.req.root} ({self.names[p.req.root]})"
-            await self._p2p_done(p.req, error=f"send to {who}, tag {p.req.tag}: not acknowledged after "
-                                              f"{self.timeout_s:g} s (does its camera read this screen? "
-                                              "point-to-point messages are not relayed)")
+            by = "" if p.hop == p.req.root else f" by rank {p.hop} ({self.names[p.hop]}), the first on its way there,"
+            await self._p2p_done(p.req, error=f"send to {who}, tag {p.req.tag}: not acknowledged{by} after "
+                                              f"{self.timeout_s:g} s (does its camera read this screen?)")
         for p in [p for p in self._recvs if p.deadline <= now]:
             self._recvs.remove(p)
             src = "any rank" if p.req.root < 0 else f"rank {p.req.root} ({self.names[p.req.root]})"

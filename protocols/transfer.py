@@ -131,7 +131,11 @@ OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scat
        # the built-in run's (protocols.streams): a worker's gradient, the server's average, a snapshot, sync
        "grad": 6, "avg": 7, "params": 8, "sync": 9,
        # torch.distributed's send/recv: `seq` numbers the sender's messages to one peer with one tag (`part`)
-       "p2p": 10}
+       "p2p": 10,
+       # a send/recv message on its way through ranks whose cameras chain from its source to its destination:
+       # the payload starts with those two ranks (RELAY_HEAD); `seq`, `part`, dtype and numel are the message's
+       "relay": 11}
+RELAY_HEAD = struct.Struct(">BB")  # a relayed message's (source, destination) ranks
 OP_NAMES = {v: k for k, v in OPS.items()}
 COLLECTIVE_OPS = frozenset({"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"})  # `seq`: the collective
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,

@@ -74,6 +74,34 @@ class Sight:
     def readers_of(self, shown: int) -> list[int]:
         return [r for r in range(self.world) if r != shown and self.reads(r, shown)]
 
+    def both_ways(self, a: int, b: int) -> bool:
+        """Each of `a` and `b` reads the other's screen: what one shows the other, it sees acknowledged."""
+        return self.reads(a, b) and self.reads(b, a)
+
+    def route(self, src: int, dst: int) -> list[int] | None:
+        """The ranks a point-to-point message from `src` passes through to reach `dst`, ending with `dst`.
+        Each hop joins two ranks that read each other's screens (a transfer is shown until its reader's
+        acknowledgement is read back); the fewest hops, and of those the one whose slowest edge is fastest
+        (ties: the lower ranks). None if no such chain leads there."""
+        best: dict[int, tuple[int, float, list[int]]] = {src: (0, float("inf"), [])}
+        frontier = [src]
+        while frontier and dst not in best:
+            nxt: list[int] = []
+            for last in frontier:
+                hops, slowest, path = best[last]
+                for r in self.readers_of(last):
+                    if not self.reads(last, r):
+                        continue
+                    cand = (hops + 1, min(slowest, self.rate(r, last)), path + [r])
+                    old = best.get(r)
+                    if old is None or (old[0] == cand[0] and (cand[1], [-x for x in cand[2]])
+                                       > (old[1], [-x for x in old[2]])):
+                        if old is None:
+                            nxt.append(r)
+                        best[r] = cand
+            frontier = sorted(set(nxt))
+        return best[dst][2] if dst in best and dst != src else None
+
     def ring(self) -> list[int] | None:
         """A cycle through every rank along which each rank's screen is read by the next (data flows
         forward): the best of the cycles found (the one whose slowest edge is fastest), or None."""

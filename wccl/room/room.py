@@ -73,6 +73,7 @@ class SimulatedRoom:
         self.captures = 0
         # A hand over a camera: (start, end) in room seconds after the first camera started; it sees black.
         self._covers: dict[str, list[tuple[float, float]]] = {n: [] for n in self.nodes}
+        self._hidden: set[tuple[str, str]] = set()  # (camera, screen) pairs kept apart (the exact profile)
         self._t0: float | None = None  # when the first camera started (room time)
         if not self.exact:
             self._build(channel or {}, node_channels)
@@ -171,6 +172,15 @@ class SimulatedRoom:
         if not 0 <= start_s < end_s:
             raise ValueError(f"cover of {node}'s camera: need 0 <= start < end, got {start_s}, {end_s}")
         self._covers[node].append((start_s, end_s))
+
+    def hide(self, camera: str, screen: str) -> None:
+        """Exact profile: `camera` never sees `screen` (something stands between them), as a camera of a
+        rendered room does not see a screen out of its view; the other screens stay side by side."""
+        self._check(camera)
+        self._check(screen)
+        if not self.exact:
+            raise ValueError("hide: the rendered profiles hide screens by where the laptops stand (poses)")
+        self._hidden.add((camera, screen))
 
     def covered(self, node: str, t: float) -> bool:
         """Is `node`'s camera covered at true time `t`?"""
@@ -282,15 +292,15 @@ class SimulatedRoom:
         return self._images[node][max(i, 0)]
 
     def visible_from(self, node: str) -> list[str]:
-        """The other nodes whose screens `node`'s camera sees (all of them in the exact profile)."""
+        """The other nodes whose screens `node`'s camera sees (in the exact profile all but those hidden)."""
         if self.exact:
-            return [n for n in self.nodes if n != node]
+            return [n for n in self.nodes if n != node and (node, n) not in self._hidden]
         return [n for n in self.nodes if n != node and self.views[(node, n)].visible]
 
     def hidden_from(self, node: str) -> dict[str, str]:
         """The other nodes whose screens `node`'s camera cannot see, with the reason."""
         if self.exact:
-            return {}
+            return {n: "kept apart (SimulatedRoom.hide)" for n in self.nodes if (node, n) in self._hidden}
         return {n: self.views[(node, n)].reason for n in self.nodes if n != node and not self.views[(node, n)].visible}
 
     def project(self, viewer: str, shown: str, pts: np.ndarray) -> np.ndarray:

@@ -1,0 +1,90 @@
+"""Point-to-point messages between two laptops that do not read each other's screens go through laptops
+that do: a send from alice to carol, whose camera does not see alice's screen, is shown to bob (bob and
+alice read each other, and so do bob and carol) and passed on by him; carol receives it as alice's, in
+alice's order. Her answer to alice goes round by bob too: alice reads carol's screen, but carol could
+never read alice's acknowledgement.
+
+Three ranks in one virtual-time loop share nothing but an exact room in which carol's camera is kept from
+alice's screen (SimulatedRoom.hide): discovery finds that, and the route follows the sight graph it found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from conftest import make_config, run_virtual
+
+import actors  # noqa: F401  (registers the actors)
+from protocols.algorithms import Sight
+from protocols.messages import CollectiveRequest, Drain
+from wccl.distributed.runtime import CollectiveNode
+from wccl.room import SimulatedRoom
+
+NAMES = ("alice", "bob", "carol")
+ROOM3 = {"nodes": [{"name": n, "roles": ["server", "worker"] if i == 0 else ["worker"]} for i, n in enumerate(NAMES)],
+         "session": 6, "profile": "exact"}
+
+
+def test_a_route_takes_the_fewest_hops_over_screens_read_both_ways_then_the_widest():
+    both = {(1, 0): 10.0, (0, 1): 10.0, (2, 1): 9.0, (1, 2): 9.0, (3, 0): 10.0, (0, 3): 10.0,
+            (2, 3): 1.0, (3, 2): 1.0}  # a square 0-1-2-3-0, the 2-3 side slow
+    s = Sight(4, both, 0.1)
+    assert s.route(0, 1) == [1]  # direct
+    assert s.route(0, 2) == [1, 2]  # two hops either way; through 1, whose edge to 2 is faster
+    assert s.route(3, 1) == [0, 1]
+    assert s.route(2, 0) == [1, 0]
+    one_way = Sight(4, {**both, (2, 0): 50.0}, 0.1)  # 2 reads 0, but 0 does not read 2: no hop
+    assert one_way.route(0, 2) == [1, 2] and not one_way.both_ways(0, 2)
+    assert Sight(3, {(1, 0): 1.0, (0, 1): 1.0, (2, 0): 1.0}, 0.1).route(0, 2) is None  # 0 never sees 2's acks
+
+
+def _p2p(node, op: str, seq: int, peer: int, tag: int, data: bytes = b"", numel: int = 0, handle: int = 0):
+    return CollectiveRequest(sender=node.node, time=0.0, seq=seq, op=op, dtype="uint8", numel=numel or len(data),
+                             inputs=(data,) if data else (), root=peer, tag=tag, ready_at=node.local_clock.now(),
+                             handle=handle)
+
+
+def test_a_send_to_a_camera_that_does_not_read_this_screen_is_relayed():
+    cfg = make_config(room=ROOM3, link={"choose": "pinned"})
+    first, second, back = bytes(range(256)) * 12, b"second message" * 40, b"straight back" * 10
+
+    async def go():
+        room = SimulatedRoom.from_config(cfg)
+        room.hide("carol", "alice")  # carol's camera never sees alice's screen
+        done: dict[str, list] = {n: [] for n in NAMES}
+        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=30.0, on_done=done[n].append)
+                 for n in NAMES}
+
+        async def until(node, handle):
+            while not any(m.handle == handle for m in done[node]):
+                await asyncio.sleep(0.01)
+            return next(m for m in done[node] if m.handle == handle)
+
+        for s in nodes.values():
+            s.build()
+        async with asyncio.TaskGroup() as tg:
+            for s in nodes.values():
+                tg.create_task(s.run())
+            a, c = nodes["alice"], nodes["carol"]
+            # alice: two messages to carol with tag 3; carol: one recv from alice, one from any source
+            await a.submit(_p2p(a, "send", 0, 2, 3, first, handle=1))
+            await a.submit(_p2p(a, "send", 1, 2, 3, second, handle=2))
+            await c.submit(_p2p(c, "recv", 0, 0, 3, numel=len(first), handle=1))
+            await c.submit(_p2p(c, "recv", 0, -1, 3, numel=len(second), handle=2))
+            await c.submit(_p2p(c, "send", 0, 0, 0, back, handle=3))  # (alice's acks: carol cannot read them)
+            await a.submit(_p2p(a, "recv", 0, 2, 0, numel=len(back), handle=3))
+            got = {(n, h): await until(n, h) for n, h in (("alice", 1), ("alice", 2), ("carol", 1), ("carol", 2),
+                                                          ("carol", 3), ("alice", 3))}
+            for n, s in nodes.items():
+                await s.submit(Drain(sender=n, time=0.0, timeout_s=5.0))
+        return got, {n: s.results for n, s in nodes.items()}
+
+    got, results = run_virtual(go)
+    assert all(m.error is None for m in got.values()), {k: m.error for k, m in got.items() if m.error}
+    assert got[("carol", 1)].parts == ((first,),) and got[("carol", 1)].source == 0
+    assert got[("carol", 2)].parts == ((second,),) and got[("carol", 2)].source == 0
+    assert got[("alice", 3)].parts == ((back,),) and got[("alice", 3)].source == 2
+    # bob passed on alice's two messages and carol's one (alice reads carol, but carol could never read
+    # alice's acknowledgement); nobody else relayed anything
+    assert results["bob"]["collectives"].get("relayed") == 3
+    assert "relayed" not in results["alice"]["collectives"] and "relayed" not in results["carol"]["collectives"]
