@@ -72,7 +72,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MAX_RANKS = 8
+MAX_RANKS = 16
 MAX_LAYOUTS = 7  # layouts of the start-up ladder a row measures
 QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # A row: version, flags, reads, trusts, then the quality of each rank in each layout measured (a nibble
@@ -80,7 +80,7 @@ QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # measures 1 to MAX_LAYOUTS layouts (a pinned layout's table is small enough for a coarse layout's
 # frames); a status frame too small for every row of the table shows it a page of consecutive rows at a
 # time (protocols.transfer.status_message).
-ROW_HEAD = struct.Struct(">HBBB")
+ROW_HEAD = struct.Struct(">HBHH")  # version, flags, reads and trusts (a bit a rank)
 
 
 def row_bytes(layouts: int, ranks: int = MAX_RANKS) -> int:

@@ -173,7 +173,7 @@ class CollectiveRequest(Message):
     inputs: tuple[bytes, ...]
     root: int = 0
     reduce_op: str = "sum"  # for allreduce/reduce_scatter: how an algorithm that reduces on the way folds
-    tag: int = Field(default=0, ge=0, le=0xFFFF)  # point-to-point only
+    tag: int = Field(default=0, ge=0, le=0xFFFFFFFF)  # point-to-point only (a subgroup's tags above 0xFFFF)
     ready_at: float
     handle: int
 
@@ -205,7 +205,7 @@ class PostTransfer(Message):
     dtype: str
     numel: int = Field(ge=0)
     part: int = Field(default=0, ge=0)
-    dest: int = Field(ge=1, le=0xFF)
+    dest: int = Field(ge=1, le=0xFFFF)  # one bit a rank
     payload: bytes
     background: bool = False  # shown in the screen time the other transfers leave (protocols.planner)
 

@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 14) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 15) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -45,19 +45,19 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 14 | session u16 | sender u8 | flags u8 | tid u32 | seq u32 | op u8 | dtype u8 |
-      part u16 | dest u8 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes, frames.digest) |
-      packet_size u16 | shown_us i64 | run_nonce u64 | trusts u8 | echo_peer u8 | echo_shown_us i64 |
-      echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
-    (n, the high nibble of flags: the group's size; any flag bit but 0x01 is refused)
+      magic 0xC7 | version 15 | session u16 | sender u8 | flags u8 | n u8 | tid u32 | seq u32 | op u8 |
+      dtype u8 | part u32 | dest u16 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes,
+      frames.digest) | packet_size u16 | shown_us i64 | run_nonce u64 | trusts u16 | echo_peer u8 |
+      echo_shown_us i64 | echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
+    (n: the group's size, 0 to 16; `dest` and `trusts` one bit a rank; any flag bit but 0x01 is refused)
     packet (packet_size bytes: RaptorQ payload id + symbol)
 
     a status frame's header (flag 0x01; no transfer, so none of a transfer's fields)
-      magic 0xC7 | version 14 | session u16 | sender u8 | flags u8 | floor u32 | layouts u8 (1 to 7: L, what
-      its discovery table measures) | page u16 (first row << 8 | rows) | shown_us i64 | run_nonce u64 |
-      trusts u8 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | acks and holds as above
+      magic 0xC7 | version 15 | session u16 | sender u8 | flags u8 | n u8 | floor u32 | layouts u8 (1 to 7: L,
+      what its discovery table measures) | page u16 (first row << 8 | rows) | shown_us i64 | run_nonce u64 |
+      trusts u16 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | acks and holds as above
     packet (its size follows from n, L and the page: status_packet): the echo, n x u64 run nonces, then
-      that page of the discovery table, 5 + (n x L + 1) / 2 bytes a row (the qualities of the n ranks)
+      that page of the discovery table, 7 + (n x L + 1) / 2 bytes a row (the qualities of the n ranks)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
     filler up to the message size: SHAKE-128 of the check (`filler`), so that every frame's cells look
     random and differ from the last frame's, however little it carries (a status frame, a short packet):
@@ -81,11 +81,11 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 14
-MAX_RANKS = 8
-_HEAD = struct.Struct(">BBHBBIIBBHBII8sHqQBBqq")
-_STATUS_HEAD = struct.Struct(">BBHBBIBHqQBBqq")  # a status frame's: no transfer's fields
-_FLAGS_AT = 5  # where the flags are in either header
+VERSION = 15
+MAX_RANKS = 16
+_HEAD = struct.Struct(">BBHBBBIIBBIHII8sHqQHBqq")
+_STATUS_HEAD = struct.Struct(">BBHBBBIBHqQHBqq")  # a status frame's: no transfer's fields
+_FLAGS_AT = 5  # where the flags are in either header (and the group's size after them)
 _ACK = struct.Struct(">II")
 _NONCE = struct.Struct(">Q")
 
@@ -96,7 +96,7 @@ def status_packet(layouts: int = 1, rows: int = MAX_RANKS, ranks: int = MAX_RANK
     return ranks * _NONCE.size + rows * discovery.row_bytes(layouts, ranks)
 
 
-_AAD = struct.Struct(">HBIIBBHI")
+_AAD = struct.Struct(">HBIIBBII")
 PERSON = b"wccl-xfer"
 _ENTRY = _ACK.size + 4  # one rank's acknowledgement and holdings
 
@@ -125,7 +125,6 @@ def status_rows(message_bytes: int, ranks: int, layouts: int) -> int:
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet
-RANKS_SHIFT = 4  # flags' high nibble: how many ranks' acknowledgements and holdings follow (0 .. 8)
 
 OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5,
        # the built-in run's (protocols.streams): a worker's gradient, the server's average, a snapshot, sync
@@ -265,7 +264,7 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
     n, entries = _entries(acks, holds)
-    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, n << RANKS_SHIFT, header.tid, header.seq,
+    head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, 0, n, header.tid, header.seq,
                       OPS[header.op], DTYPES[header.dtype], header.part, header.dest, header.length, header.numel,
                       header.digest, transfer.packet_size, shown_us, run_nonce, trusts, *clock_echo)
     body = head + entries + transfer.packets[index]
@@ -289,7 +288,7 @@ def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_
     if rows and count < 1:
         raise ValueError(f"a status frame of {message_bytes} bytes holds no row of the discovery table")
     page = tuple(rows[first:first + count])
-    head = _STATUS_HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | n << RANKS_SHIFT, floor, layouts,
+    head = _STATUS_HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, n, floor, layouts,
                              first << 8 | count, shown_us, run_nonce, trusts, *clock_echo)
     body = (head + entries + struct.pack(f">{n}Q", *(tuple(echo) + (0,) * (n - len(echo))))
             + (discovery.pack_rows(page, layouts, n) if page else b""))
@@ -309,11 +308,11 @@ def peek(msg: bytes) -> tuple[int, int]:
     if not is_transfer_message(msg) or len(msg) < _STATUS_HEAD.size:
         return 0, 0
     if msg[_FLAGS_AT] & FLAG_STATUS:
-        return _STATUS_HEAD.unpack_from(msg)[9], 0
+        return _STATUS_HEAD.unpack_from(msg)[10], 0
     if len(msg) < _HEAD.size:
         return 0, 0
     fields = _HEAD.unpack_from(msg)
-    return fields[16], fields[5]
+    return fields[17], fields[6]
 
 
 def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
@@ -324,9 +323,9 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_magic")
     flags = msg[_FLAGS_AT]
     status = bool(flags & FLAG_STATUS)
-    ranks = min(flags >> RANKS_SHIFT, MAX_RANKS)  # (more is refused below, once the check vouched for it)
+    ranks = min(msg[_FLAGS_AT + 1], MAX_RANKS)  # (more is refused below, once the check vouched for it)
     if status:
-        (_, version, session, sender, _, seq, dtype, part, shown, nonce, trusts, echo_peer, echo_shown,
+        (_, version, session, sender, _, _, seq, dtype, part, shown, nonce, trusts, echo_peer, echo_shown,
          echo_captured) = _STATUS_HEAD.unpack_from(msg)
         first, count = part >> 8, part & 0xFF  # the page of the discovery table
         if not (1 <= dtype <= discovery.MAX_LAYOUTS and first + count <= ranks):
@@ -335,7 +334,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     else:
         if len(msg) < _HEAD.size + CHECK_BYTES:
             raise FrameError("short_frame", f"{len(msg)} bytes")
-        (_, version, session, sender, _, tid, seq, op, dtype, part, dest, length, numel, dig, psize,
+        (_, version, session, sender, _, _, tid, seq, op, dtype, part, dest, length, numel, dig, psize,
          shown, nonce, trusts, echo_peer, echo_shown, echo_captured) = _HEAD.unpack_from(msg)
     clock_echo = (echo_peer, echo_shown, echo_captured)
     head = _STATUS_HEAD.size if status else _HEAD.size
@@ -351,8 +350,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))
-    if flags & ~FLAG_STATUS & ~(0xF << RANKS_SHIFT) or flags >> RANKS_SHIFT > MAX_RANKS:
-        raise FrameError("bad_flags", str(flags))
+    if flags & ~FLAG_STATUS or msg[_FLAGS_AT + 1] > MAX_RANKS:
+        raise FrameError("bad_flags", f"{flags}, {msg[_FLAGS_AT + 1]} ranks")
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
     acks = tuple(Ack(*_ACK.unpack_from(msg, head + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]

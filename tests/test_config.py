@@ -223,8 +223,8 @@ def test_the_messages_read_in_the_users_words():
         "(did you mean 'webcam'?)")
     assert message(room={"nodes": nodes[:1]}) == (
         "R.toml: room.nodes: a room needs at least 2 nodes; this one names 1 (alice)")
-    assert message(room={"nodes": [dict(nodes[0], name=f"n{i}") for i in range(9)]}).startswith(
-        "R.toml: room.nodes: a room takes at most 8 nodes; this one names 9 (n0, n1, ")
+    assert message(room={"nodes": [dict(nodes[0], name=f"n{i}") for i in range(17)]}).startswith(
+        "R.toml: room.nodes: a room takes at most 16 nodes; this one names 17 (n0, n1, ")
     assert message(camera={"fps": -1}) == "R.toml: camera.fps: -1 is out of range; it must be > 0 and <= 240"
     assert message(room={"nodes": [dict(nodes[0], name="Alice"), *nodes[1:]]}) == (
         "R.toml: room.nodes[0].name: 'Alice' is not a node name (a lowercase letter, then up to 31 lowercase "

@@ -259,7 +259,7 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
               for r in range(discovery.MAX_RANKS))
     rows = tuple(discovery.Row(3 + r, discovery.FINAL, 0b110, 0b10, q) for r in range(discovery.MAX_RANKS))
     packed = discovery.pack_table(rows[:2], layouts)
-    assert len(packed) == discovery.table_bytes(layouts) == 8 * (5 + 4 * layouts)
+    assert len(packed) == discovery.table_bytes(layouts) == 16 * (7 + 8 * layouts)
     assert discovery.unpack_table(packed)[:2] == rows[:2]
     msg = transfer.status_message(session=7, sender=0, acks=(), message_bytes=MESSAGE, rows=rows, layouts=layouts,
                                   key=KEY)
@@ -270,7 +270,7 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
     size = transfer.header_bytes(n, status=True) + transfer.CHECK_BYTES + transfer.status_packet(layouts, 3, n) + 5
     assert transfer.status_rows(size, n, layouts) == 3
     got = [discovery.EMPTY] * discovery.MAX_RANKS
-    for first in (0, 3, 6):
+    for first in range(0, n, 3):
         page = transfer.parse_message(transfer.status_message(session=7, sender=0, acks=(), message_bytes=size,
                                                               rows=rows, first=first, layouts=layouts, key=KEY), KEY).rows
         shown = [r for r in range(discovery.MAX_RANKS) if page[r].version]
@@ -286,7 +286,7 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
 
 def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time():
     """Eight ranks measuring six layouts in the ladder's big-cell layout (28 x 50 cells of 22 px): a status
-    frame has room for 6 of the 8 rows, so the ScreenWriter shows the rows a page at a time, in turn, and
+    frame has room for 5 of the 8 rows, so the ScreenWriter shows the rows a page at a time, in turn, and
     every row goes up within two frames."""
     from actors.screen_writer import ScreenWriter
     from conftest import run_virtual
@@ -301,7 +301,7 @@ def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time(
 
     codec = LinkCodec(GridLayout(28, 50, 8, 22), 0.8)
     rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (r ^ 1), 0) for r in range(8))
-    assert transfer.status_rows(codec.message_bytes, 8, 6) == 6
+    assert transfer.status_rows(codec.message_bytes, 8, 6) == 5
 
     async def go():
         async with ActorHarness(ScreenWriter, node="a0", screen=Screen(), codec=codec, screen_w=1280,
@@ -318,7 +318,7 @@ def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time(
                 pages.append([r for r in range(8) if got[r].version])
                 assert all(got[r] == rows[r] for r in pages[-1])
             # (the screen has shown frames of its own since the table came: the turn may be at either page)
-            assert sorted(pages[:2]) == [[0, 1, 2, 3, 4, 5], [6, 7]] and pages[2:] == pages[:2]
+            assert sorted(pages[:2]) == [[0, 1, 2, 3, 4], [5, 6, 7]] and pages[2:] == pages[:2]
             await w.close()
 
     run_virtual(go)
@@ -582,15 +582,15 @@ def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger
 
 
 def test_a_small_groups_status_frame_carries_its_ranks_qualities_only():
-    """Two ranks measuring seven layouts: a row on the frame holds the two ranks' fourteen qualities (12
-    bytes a row, not 33), the status header has no transfer's fields, and the table crosses whole."""
+    """Two ranks measuring seven layouts: a row on the frame holds the two ranks' fourteen qualities (14
+    bytes a row, not 63), the status header has no transfer's fields, and the table crosses whole."""
     q = tuple(tuple((r + 2 * k + 1) % 16 for k in range(7)) if r < 2 else (0,) * 7 for r in range(discovery.MAX_RANKS))
     rows = tuple(discovery.Row(5 + r, discovery.FINAL, 0b11, 0b11, q) for r in range(2))
-    assert discovery.row_bytes(7, 2) == 12
+    assert discovery.row_bytes(7, 2) == 14 and discovery.row_bytes(7, 16) == 63
     size = transfer.header_bytes(2, status=True) + transfer.CHECK_BYTES + transfer.status_packet(7, 2, 2)
-    assert size == 47 + 2 * 12 + 8 + 2 * 8 + 2 * 12
+    assert size == 49 + 2 * 12 + 8 + 2 * 8 + 2 * 14
     msg = transfer.status_message(session=7, sender=1, acks=(), message_bytes=size, rows=rows, layouts=7,
                                   echo=(11, 12), key=KEY)
     got = transfer.parse_message(msg, KEY)
-    assert got.rows[:2] == rows and got.rows[2:] == (discovery.EMPTY,) * 6 and got.echo[:2] == (11, 12)
+    assert got.rows[:2] == rows and got.rows[2:] == (discovery.EMPTY,) * 14 and got.echo[:2] == (11, 12)
     assert transfer.peek(msg)[1] == 0

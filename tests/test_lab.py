@@ -184,7 +184,8 @@ def test_collectives_room_copy_sets_the_algorithm_in_its_own_table_and_reads_bac
     from pathlib import Path
 
     from wccl.config import parse_config
-    from wccl.lab.__main__ import RANK_NAMES, _room_variant, _toml_dump
+    from wccl.config import NODE_NAMES
+    from wccl.lab.__main__ import _room_variant, _toml_dump
 
     for name in ("rooms/two-laptops-sim.toml", "rooms/three-laptops.toml", "config.toml"):
         data = tomllib.loads((ROOT / name).read_text())
@@ -198,7 +199,7 @@ def test_collectives_room_copy_sets_the_algorithm_in_its_own_table_and_reads_bac
     linked = tomllib.loads((ROOT / "config.toml").read_text())  # a room with a [link] table keeps it
     assert _room_variant(linked, ROOT, 3, "ring")["link"] == linked["link"]
     cfg = parse_config(back, "variant", ROOT / "rooms")
-    assert cfg.room.ranks == list(RANK_NAMES[:5]) and cfg.room.server == "alice"
+    assert cfg.room.ranks == list(NODE_NAMES[:5]) and cfg.room.server == "alice"
     assert cfg.collectives.algorithm == "ring"
     # a room without a [collectives] table gets one; a relative key file still names the same file
     data = {"room": {"key_file": "demo-room.key", "nodes": [{"name": "a", "roles": ["server", "worker"]},

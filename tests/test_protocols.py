@@ -314,3 +314,32 @@ def test_a_frames_margin_is_the_share_of_its_error_correction_left():
     assert codec.margin(0) == 1.0
     assert codec.margin(correctable // 2) == pytest.approx(1 - (correctable // 2) / correctable)
     assert codec.margin(correctable) == 0.0
+
+
+def test_frames_of_a_sixteen_rank_room_carry_every_ranks_fields():
+    """A room of 16 laptops (transfer.MAX_RANKS): the sender 15, a transfer meant for rank 15 with a tag
+    above 0xFFFF (a subgroup's), acknowledgements, holdings, trusts and run nonces of all 16, and a status
+    frame's discovery rows about rank 15, all come back as sent; a 17th rank is refused."""
+    from protocols import discovery
+
+    n, key = transfer.MAX_RANKS, RoomKey(bytes(range(32)))
+    assert n == 16
+    data = bytes(range(256)) * 3
+    fnt = frames.fountain(data, message_bytes=1500, count=2, packet_size=transfer.packet_size_for(1500, n))
+    header = transfer.TransferHeader(session=3, sender=15, tid=9, seq=4, op="relay", dtype="uint8", numel=len(data),
+                                     length=fnt.length, digest=fnt.digest, part=0x1F00A, dest=1 << 15)
+    acks = tuple(transfer.Ack(cum=r, mask=r << 3) for r in range(n))
+    holds = tuple(100 + r for r in range(n))
+    got = transfer.parse_message(transfer.frame_message(header, fnt, 0, message_bytes=1500, acks=acks, holds=holds,
+                                                        trusts=0xFFFE, run_nonce=77, key=key), key)
+    assert got.header == header and got.acks == acks and got.holds == holds and got.trusts == 0xFFFE
+    assert transfer.peek(transfer.frame_message(header, fnt, 1, message_bytes=1500, run_nonce=77, key=key)) == (77, 9)
+    q = tuple(tuple((r + k) % 16 for k in range(discovery.MAX_LAYOUTS)) for r in range(n))
+    rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (15 - r), 0xFFFF ^ 1 << r,
+                               tuple(qr[:2] + (0,) * (discovery.MAX_LAYOUTS - 2) for qr in q)) for r in range(n))
+    status = transfer.parse_message(transfer.status_message(session=3, sender=15, acks=acks, holds=holds, rows=rows,
+                                                            layouts=2, echo=tuple(range(1, n + 1)), trusts=0x8001,
+                                                            message_bytes=1500, key=key), key)
+    assert status.rows == rows and status.echo == tuple(range(1, n + 1)) and status.trusts == 0x8001
+    with pytest.raises(ValueError, match="at most 16 ranks"):
+        transfer.frame_message(header, fnt, 0, message_bytes=1500, acks=acks + (transfer.Ack(),), key=key)

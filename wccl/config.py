@@ -277,7 +277,7 @@ class RoomConfig(_Strict):
     security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this
-    nodes: list[NodeSpec] = Field(min_length=2, max_length=8)  # the laptops, in rank order (a frame names 1 of 8)
+    nodes: list[NodeSpec] = Field(min_length=2, max_length=16)  # the laptops, in rank order (a frame names 1 of 16)
     desktop: DesktopOptions = DesktopOptions()  # medium "desktop" only
 
     @model_validator(mode="after")
@@ -398,6 +398,11 @@ class LadderStep(_Strict):
 # lens (rooms/far-slanted.toml), and its 206-byte frames hold the frames of up to six ranks. It is not in
 # the default ladder: in the harsh pair, which reads the 16 px layout on some of its frames, start-up
 # picked it and steps took 3.7 s, not 1.8 s (BENCHMARKS.md).
+# Names of the laptops of a room made up on the spot, in rank order (`python -m wccl.lab collectives --ranks
+# N`, the rooms of the torch suite's harness): as many as a room may have.
+NODE_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo",
+              "mia", "nick", "olga", "pat")
+
 DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
     dict(rows=61, cols=112, colours=8, cell_px=11, hold_s=0.067, code_rate=0.8),

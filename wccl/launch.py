@@ -531,10 +531,15 @@ class _Launch:
             parts.append(_count(most, "collective") if least == most else f"{least}-{most} collectives")
             parts.append(_size(max(r.nbytes for r in ready)))
             parts.append(f"{max(r.t or 0.0 for r in ready):.1f} s simulated")
-        waiting = [f"{r.node} {'starting' if r.phase == 'starting' else 'greeting its peers'}"
-                   for r in self.ranks if r.phase != "ready" and r.exit is None]
-        if waiting:
-            parts.append(", ".join(waiting))
+        waiting: dict[str, list[str]] = {}
+        for r in self.ranks:
+            if r.phase != "ready" and r.exit is None:
+                waiting.setdefault("starting" if r.phase == "starting" else "greeting", []).append(r.node)
+        for what, nodes in waiting.items():  # (a classroom's ranks are counted, not named)
+            if len(nodes) <= 3:
+                parts.append(", ".join(f"{n} {what if what == 'starting' else 'greeting its peers'}" for n in nodes))
+            else:
+                parts.append(f"{len(nodes)} ranks {what if what == 'starting' else 'greeting their peers'}")
         return " | ".join(parts)
 
     def report_failure(self, who: str, rc: int, tail: collections.deque[str], closed: threading.Event | None,

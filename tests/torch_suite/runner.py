@@ -27,9 +27,10 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from wccl.config import NODE_NAMES
+
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = Path(__file__).resolve().parent / "wccl_torch_tests.py"
-NODE_NAMES = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 
 
 def room_file(directory: Path, world_size: int, profile: str = "exact") -> Path:

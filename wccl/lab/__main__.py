@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 
 from wccl.cli import HelpFormatter
-from wccl.config import LAYOUT_KEYS, ConfigError, load_config
+from wccl.config import LAYOUT_KEYS, NODE_NAMES, ConfigError, load_config
 
-RANK_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi")  # collectives --ranks N
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--algorithms", help="run the bench once per collective algorithm, e.g. auto,all_see_all,ring,star "
                                         "(default: once, with the room file's [collectives] algorithm)")
     c.add_argument("--ranks", type=int, help="run on an `exact`-profile room of N ranks (alice, bob, carol, ...; 2 to "
-                                             f"{len(RANK_NAMES)}) built from the room file's other settings")
+                                             f"{len(NODE_NAMES)}) built from the room file's other settings")
     c.add_argument("--sizes", default="4,2048,65536,1048576", help="tensor sizes in bytes")
     c.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier", help="collectives to time")
     c.add_argument("--repeat", type=int, default=3, help="runs of each collective of 2 KB or less (the worst counts)")
@@ -205,7 +204,7 @@ def _room_variant(data: dict, base: Path, ranks: int | None, algorithm: str | No
         room.pop("channel", None)  # the exact profile takes no channel parameters
         room.pop("desktop", None)
         room["nodes"] = [{"name": n, "roles": ["server", "worker"] if i == 0 else ["worker"]}
-                         for i, n in enumerate(RANK_NAMES[:ranks])]
+                         for i, n in enumerate(NODE_NAMES[:ranks])]
     if algorithm is not None:
         if not isinstance(d.get("collectives"), dict):
             d["collectives"] = {}
@@ -279,8 +278,8 @@ def _collectives(args: argparse.Namespace) -> int:
     configure_logging("json", "warning", stream=sys.stderr)
     room = Path(args.room)
     multi = args.algorithms is not None
-    if args.ranks is not None and not 2 <= args.ranks <= len(RANK_NAMES):
-        print(f"wccl.lab: --ranks {args.ranks}: 2 to {len(RANK_NAMES)} ranks", file=sys.stderr)
+    if args.ranks is not None and not 2 <= args.ranks <= len(NODE_NAMES):
+        print(f"wccl.lab: --ranks {args.ranks}: 2 to {len(NODE_NAMES)} ranks", file=sys.stderr)
         return 2
     try:
         base = load_config(room)
