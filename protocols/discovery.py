@@ -114,7 +114,8 @@ MIN_HOLD_PERIODS = 1.4
 
 def startup_budget_s(world: int) -> float:
     """The room seconds start-up (the greeting and discovery) has on a table of `world` ranks: 10 s for
-    two, 20 s for eight, in proportion between. A rank not started by then says what it lacks."""
+    two, 20 s for eight, in proportion between and beyond (about 33 s for sixteen). A rank not started by
+    then says what it lacks."""
     return 10.0 + 10.0 * max(0, world - 2) / 6
 
 
