@@ -119,7 +119,8 @@ class Collectives(Actor):
         self._broken: str | None = None  # why the group cannot agree any more (a collective failed here)
         self._drained = asyncio.Event()
         self.results = ctx.results.setdefault("collectives", {"done": 0, "failed": 0, "transfers_posted": 0,
-                                                              "bytes_posted": 0, "bytes_received": 0})
+                                                              "bytes_posted": 0, "bytes_received": 0,
+                                                              "relayed": 0, "relay_refused": 0})
 
     async def run(self) -> None:
         await self.run_beside(self._post_when_ready(), self._watchdog())
@@ -323,9 +324,9 @@ class Collectives(Actor):
         until the peer acknowledges it, which completes it. Where the two do not read each other's screens
         (an acknowledgement shown where the sender's camera cannot read it never comes), the message goes
         as a "relay" transfer along the sight graph's route (Sight.route): each rank on the way shows it to
-        the next, and the send completes once the first of them has it. A recv:
-        matched with the first message from its source (any source: the first to arrive) and tag that no
-        earlier recv took, in the sender's order."""
+        the next, and the send completes once the first of them has it. A recv: matched with the first
+        message from its source (any source: the first to arrive) and tag that no earlier recv took, in the
+        sender's order."""
         deadline = self.clock.now() + self.timeout_s
         if req.op == "recv":
             self._recvs.append(_PointToPoint(req, deadline))
@@ -353,10 +354,12 @@ class Collectives(Actor):
     async def _relayed(self, msg: TransferArrived) -> None:
         """A message on its way from one rank to another: received here if it is this rank's, else shown to
         the next rank of its route."""
-        if len(msg.payload) < transfer.RELAY_HEAD.size:
-            return
-        src, dst = transfer.RELAY_HEAD.unpack_from(msg.payload)
+        src, dst = (transfer.RELAY_HEAD.unpack_from(msg.payload) if len(msg.payload) >= transfer.RELAY_HEAD.size
+                    else (-1, -1))
         if not (0 <= src < self.world and 0 <= dst < self.world) or src == dst:
+            # (its frames passed the room key's check: a rank that sent it is broken; nothing to pass on)
+            self.results["relay_refused"] += 1
+            self.log.error("relay_refused", origin=msg.origin, source=src, destination=dst, bytes=len(msg.payload))
             return
         if dst == self.rank:
             self._inbox.append(msg.model_copy(update={"origin": src, "op": "p2p",
@@ -365,9 +368,11 @@ class Collectives(Actor):
             return
         route = self.sight.route(self.rank, dst) if self.sight is not None else None
         if route is None:
-            self.log.error("relay_impossible", source=src, destination=dst)
+            self.results["relay_refused"] += 1
+            self.log.error("relay_refused", origin=msg.origin, source=src, destination=dst,
+                           reason="no route from this rank")
             return
-        self.results["relayed"] = self.results.get("relayed", 0) + 1
+        self.results["relayed"] += 1
         await self._post_one(msg.seq, "relay", msg.dtype, msg.numel, msg.part, 1 << route[0], msg.payload)
 
     async def _sends_acknowledged(self) -> None:

@@ -86,5 +86,5 @@ def test_a_send_to_a_camera_that_does_not_read_this_screen_is_relayed():
     assert got[("alice", 3)].parts == ((back,),) and got[("alice", 3)].source == 2
     # bob passed on alice's two messages and carol's one (alice reads carol, but carol could never read
     # alice's acknowledgement); nobody else relayed anything
-    assert results["bob"]["collectives"].get("relayed") == 3
-    assert "relayed" not in results["alice"]["collectives"] and "relayed" not in results["carol"]["collectives"]
+    assert [results[n]["collectives"]["relayed"] for n in NAMES] == [0, 3, 0]
+    assert [results[n]["collectives"]["relay_refused"] for n in NAMES] == [0, 0, 0]
