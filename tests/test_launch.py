@@ -184,3 +184,20 @@ def test_torchs_own_backends_keep_torchs_env_error():
                           env=_bare_env())
     assert proc.returncode != 0
     assert "environment variable RANK expected" in proc.stderr and "wccl.launch" not in proc.stderr
+
+
+def test_the_progress_line_names_a_few_waiting_ranks_and_counts_a_classroom():
+    from types import SimpleNamespace
+
+    from wccl.launch import _Launch
+
+    def rank(node, phase):
+        return SimpleNamespace(node=node, phase=phase, exit=None, count=0, nbytes=0, t=0.0)
+
+    few = SimpleNamespace(elapsed=lambda: "5 s", ranks=[rank("alice", "ready"), rank("bob", "starting"),
+                                                        rank("carol", "greeting")])
+    assert _Launch.progress_text(few) == ("5 s | 0 collectives | 0 B | 0.0 s simulated | bob starting | "
+                                          "carol greeting its peers")
+    many = SimpleNamespace(elapsed=lambda: "1 min 00 s",
+                           ranks=[rank("alice", "starting")] + [rank(f"n{i}", "greeting") for i in range(15)])
+    assert _Launch.progress_text(many) == "1 min 00 s | alice starting | 15 ranks greeting their peers"

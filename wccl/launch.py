@@ -531,15 +531,14 @@ class _Launch:
             parts.append(_count(most, "collective") if least == most else f"{least}-{most} collectives")
             parts.append(_size(max(r.nbytes for r in ready)))
             parts.append(f"{max(r.t or 0.0 for r in ready):.1f} s simulated")
-        waiting: dict[str, list[str]] = {}
+        waiting: dict[tuple[str, str], list[str]] = {}  # (what one rank does, what several do) -> the ranks
         for r in self.ranks:
             if r.phase != "ready" and r.exit is None:
-                waiting.setdefault("starting" if r.phase == "starting" else "greeting", []).append(r.node)
-        for what, nodes in waiting.items():  # (a classroom's ranks are counted, not named)
-            if len(nodes) <= 3:
-                parts.append(", ".join(f"{n} {what if what == 'starting' else 'greeting its peers'}" for n in nodes))
-            else:
-                parts.append(f"{len(nodes)} ranks {what if what == 'starting' else 'greeting their peers'}")
+                what = ("starting",) * 2 if r.phase == "starting" else ("greeting its peers", "greeting their peers")
+                waiting.setdefault(what, []).append(r.node)
+        for (one, several), nodes in waiting.items():  # (a classroom's ranks are counted, not named)
+            parts.append(", ".join(f"{n} {one}" for n in nodes) if len(nodes) <= 3
+                         else f"{len(nodes)} ranks {several}")
         return " | ".join(parts)
 
     def report_failure(self, who: str, rc: int, tail: collections.deque[str], closed: threading.Event | None,
