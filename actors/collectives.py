@@ -175,7 +175,7 @@ class Collectives(Actor):
                 continue
             payload = streams.wrap(msg.epoch, msg.base, msg.payload)
             await self._post_one(max(0, msg.step), msg.stream, "uint8", len(payload), 0, dest, payload,
-                                 background=msg.background)
+                                 background=msg.background, overheard=msg.overheard)
 
     async def _post_when_ready(self) -> None:
         while True:
@@ -240,9 +240,9 @@ class Collectives(Actor):
             await self._post_one(req.seq, req.op, req.dtype, req.numel, s.part, s.dest, s.payload)
 
     async def _post_one(self, seq: int, op: str, dtype: str, numel: int, part: int, dest: int, payload: bytes,
-                        background: bool = False) -> None:
+                        background: bool = False, overheard: bool = False) -> None:
         """Number one transfer (this node's next tid) and hand it to the screen until `dest` acknowledges it
-        (`background`: in the screen time the others leave)."""
+        (`background`: in the screen time the others leave; `overheard`: lingering after, for observers)."""
         tid = self._next_tid
         self._next_tid += 1
         self._dests[tid] = dest
@@ -250,7 +250,7 @@ class Collectives(Actor):
             self._collective_of[tid] = seq
         await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=tid, seq=seq, op=op,
                                      dtype=dtype, numel=numel, part=part, dest=dest, payload=payload,
-                                     background=background))
+                                     background=background, overheard=overheard))
         self.results["transfers_posted"] += 1
         self.results["bytes_posted"] += len(payload)
 

@@ -16,14 +16,19 @@ does: when every average was read, its parameters equal the server's bit for
 bit. It has no other channel: light only. Every average names the state it
 applies to (the server's `epoch`, and `base`: how many updates that state
 had seen). When one arrives for a later state than the replica's, an update
-went by unread: applying more would drift silently, so the observer says so
-and stops applying until a snapshot lets it start again from the server's
-state (then it applies the averages it kept since). A snapshot of the state
-it is in is checked against its own (`observer_snapshot_checked`).
+has not been read (yet): applying more would drift silently, so the observer
+says so (`observer_missed_step`) and stops applying, keeping the averages
+that come, until the one it lacks arrives after all (`observer_caught_up`:
+frames are read in any order, and the server's words linger on its screen
+for observers) or a snapshot lets it start again from the server's state
+(then it applies the averages it kept since). A snapshot of the state it is
+in is checked against its own (`observer_snapshot_checked`); one that
+differs stalls it until a snapshot of a later state.
 
 It has no schedule of its own: its run ends once it has applied the last
 step's average (`steps` from config), or when its node is ended (the room's
-run is over) or stopped. A stalled observer waits for a snapshot until then.
+run is over) or stopped. A stalled observer waits until then; one that ends
+before the last step's average says so (`observer_incomplete`).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Observer(Actor):
             "snapshots_checked": 0, "last_step": -1})
         self._averages: dict[tuple[int, int], tuple[int, bytes]] = {}  # (epoch, base) -> (step, payload)
         self._digests: dict[tuple[int, int], str] = {}  # (epoch, applied) -> digest of the replica's state then
+        self._drifted = False  # stalled on a state it cannot go on from (only a snapshot helps), not on a gap
 
     @property
     def done(self) -> bool:
@@ -98,6 +104,12 @@ class Observer(Actor):
         self._averages[key] = (msg.step, msg.payload)
         if len(self._averages) > KEEP_AVERAGES:
             del self._averages[min(self._averages)]
+        if key == (r["epoch"], r["applied"]) and r["stalled"] and not self._drifted:
+            # The average it lacked came after a later one (frames are read in any order): the ones kept
+            # follow on from it.
+            r["stalled"] = False
+            r["recovered"] += 1
+            self.log.info("observer_caught_up", applied=r["applied"], epoch=r["epoch"], kept=len(self._averages))
         if r["stalled"]:
             return
         if key != (r["epoch"], r["applied"]):
@@ -119,7 +131,7 @@ class Observer(Actor):
                 avg = self.codec.decode(payload, self.replica.numel)
             except CodecError as e:
                 self.log.error("average_undecodable", error=str(e), codec=self.codec.describe())
-                r["stalled"] = True  # never applied from a guess: a snapshot brings it back
+                r["stalled"] = self._drifted = True  # never applied from a guess: a snapshot brings it back
                 break
             self.replica.apply(avg)
             r["applied"] += 1
@@ -165,11 +177,12 @@ class Observer(Actor):
             if identical:
                 return
             if s.applied < r["applied"]:
-                r["stalled"] = True  # drifted since then: wait for a snapshot of a state not yet applied
+                r["stalled"] = self._drifted = True  # drifted since then: wait for a snapshot of a later state
                 return
         was = r["applied"]
         self.replica.import_state(s.arrays)
         r.update(epoch=s.epoch, applied=s.applied, stalled=False)
+        self._drifted = False
         r["recovered"] += 1
         self._digests = {(s.epoch, s.applied): s.digest()}
         self.log.info("observer_recovered", applied=s.applied, epoch=s.epoch, from_applied=was)
@@ -190,3 +203,8 @@ class Observer(Actor):
                  params_sha256=hashlib.sha256(params.numpy().tobytes()).hexdigest())
         self.log.info("observer_finished", test_accuracy=round(acc, 4), applied=r["applied"], epoch=r["epoch"],
                       missed=r["missed"], recovered=r["recovered"], stalled=r["stalled"])
+        if not self.done:
+            # Ended before the last step's average (the run is over): its model is not the trainers' last.
+            self.log.warning("observer_incomplete", last_step=r["last_step"], steps=self.steps, applied=r["applied"],
+                             stalled=r["stalled"], hint="its camera read too few of the server's frames: aim it at "
+                             "the server's screen (python -m wccl.aim), or bring it closer")

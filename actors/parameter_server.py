@@ -53,7 +53,9 @@ class ParameterServer(Actor):
     def __init__(self, ctx: ActorContext, workers: list[str], quorum: int, numel: int, replica: Any,
                  snapshot_every: int = 10, checkpoint_every: int = 0, checkpoint: Path | None = None,
                  session: int = 0, key: RoomKey = NO_KEY, resume: tuple[dict, snap.Snapshot, bytes] | None = None,
-                 codec: Codec | None = None, compute_scale: float = 1.0) -> None:
+                 codec: Codec | None = None, compute_scale: float = 1.0, observed: bool = False) -> None:
+        """`observed`: the room has observers, which overhear its words and snapshots (they linger on its
+        screen once the workers have them: protocols.planner)."""
         super().__init__(ctx)
         if not 1 <= quorum <= len(workers):
             raise ValueError(f"quorum must be between 1 and {len(workers)}")
@@ -71,6 +73,7 @@ class ParameterServer(Actor):
         self.key = key
         self.resume = resume
         self.compute_scale = compute_scale
+        self.observed = observed
         self.local_worker = ctx.node in workers
         self.schedule: Schedule | None = None
         self.phases: tuple = ()
@@ -170,7 +173,8 @@ class ParameterServer(Actor):
         self.log.info("snapshot_shown", reason=why, applied=self.applied, epoch=self.epoch, bytes=len(payload),
                       to=list(to))
         await self.emit(SendTensor(**self.message_fields(max(0, step)), stream="params", to=to, payload=payload,
-                                   epoch=self.epoch, base=self.applied, background=True))
+                                   epoch=self.epoch, base=self.applied, background=True,
+                                   overheard=self.observed))
 
     async def _reduce(self, step: int) -> None:
         """Average what arrived for `step` (the quorum's rule) and send the word on it."""
@@ -206,7 +210,7 @@ class ParameterServer(Actor):
             await self.emit(AveragedGradient(**fields, payload=payload, contributors=tuple(r.used), epoch=self.epoch,
                                              base=base))
         await self.emit(SendTensor(**fields, stream="avg", to=self.others, payload=payload, epoch=self.epoch,
-                                   base=base))
+                                   base=base, overheard=self.observed))
         if r.payload is None:
             self.results["skipped"] += 1
             self.log.warning("step_skipped", step=step, arrived=len(got), usable=len(r.used), quorum=self.quorum)

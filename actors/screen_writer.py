@@ -17,7 +17,10 @@ capture that mixes two frames is recognised. A transfer stays booked until
 every reader acknowledges it; when nothing is left to show but this node's
 acknowledgements changed, it shows a few status frames (acknowledgements
 only), and again whenever a peer still shows a transfer this node already
-has (that peer missed them). While the run handshake is not complete (a peer
+has (that peer missed them). A transfer that nodes overhear
+(`PostTransfer.overheard`: the parameter server's words, read by observers)
+lingers: once its readers have it, it goes up OVERHEARD_FRAMES frames a
+source packet more, when nothing else is to be shown. While the run handshake is not complete (a peer
 does not trust this node's run nonce yet, or this node not theirs, or the
 ranks do not yet agree on which camera reads which screen), and until every
 rank is complete, every other frame is a status frame: it carries the echo
@@ -57,6 +60,9 @@ from wccl.actor import Actor, ActorContext, Overflow
 from wccl.media import Screen
 
 STATUS_REPEATS = 3  # status frames shown after the acknowledgements change
+# A transfer nodes overhear (observers) is shown this many frames per source packet more, once its readers
+# have it, in the screen time nothing else wants: an observer that reads half the frames then still gets it.
+OVERHEARD_FRAMES = 2
 REPAIR_SHARE = 0.25  # repair packets made up front, as a share of the source packets (then they repeat)
 ECHO_QUEUE = 16  # echoes kept per peer until shown (oldest dropped)
 STARTUP_OVERLAY = [
@@ -161,7 +167,8 @@ class ScreenWriter(Actor):
             header = dataclasses.replace(header, length=fountain.length, digest=fountain.digest)
             self._out[msg.tid] = (header, fountain)
             self.plan.book(msg.tid, msg.dest, k, background=msg.background,
-                           collective=msg.seq if msg.op in transfer.COLLECTIVE_OPS else -1)
+                           collective=msg.seq if msg.op in transfer.COLLECTIVE_OPS else -1,
+                           linger=OVERHEARD_FRAMES * k + 2 if msg.overheard else 0)
             self._last_tid = msg.tid
         self._wake.set()
 
@@ -192,14 +199,19 @@ class ScreenWriter(Actor):
         greet = self._greeting and self._greet_turn
         self._greet_turn = not self._greet_turn
         nxt = None if greet else self.plan.next()
+        if nxt is None and not (self._status_due > 0 or self._greeting):
+            nxt = self.plan.next_lingering()  # (the screen is idle otherwise)
         if nxt is not None:
             tid, index = nxt
             header, fountain = self._out[tid]
-            return (transfer.frame_message(header, fountain, index % len(fountain.packets),
-                                           message_bytes=self.codec.message_bytes, acks=self._acks,
-                                           shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
-                                           holds=self._holds, clock_echo=clock_echo, key=self.key),
-                    self.codec, self.hold_s)
+            message = transfer.frame_message(header, fountain, index % len(fountain.packets),
+                                             message_bytes=self.codec.message_bytes, acks=self._acks,
+                                             shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
+                                             holds=self._holds, clock_echo=clock_echo, key=self.key)
+            for done in self.plan.lingered:  # (done lingering: off the screen for good)
+                self._out.pop(done, None)
+            self.plan.lingered.clear()
+            return message, self.codec, self.hold_s
         if self._status_due > 0 or self._greeting:
             self._status_due = max(0, self._status_due - 1)
             self.results["status_frames"] += 1
@@ -222,9 +234,10 @@ class ScreenWriter(Actor):
         return None
 
     def _forget(self, finished) -> None:
-        """Bookings every reader has: off the screen for good."""
+        """Bookings every reader has: off the screen for good (once done lingering, if they linger)."""
         for b in finished:
-            self._out.pop(b.tid, None)
+            if b.linger <= 0:
+                self._out.pop(b.tid, None)
             self.results["transfers_acked"] += 1
 
     def _floor(self) -> int:
@@ -234,7 +247,7 @@ class ScreenWriter(Actor):
     async def _present(self) -> None:
         t_next: float | None = None
         while True:
-            if self.plan.pending == 0 and self._status_due == 0 and not self._greeting:
+            if self.plan.pending == 0 and self._status_due == 0 and not self._greeting and not self.plan.lingering:
                 self._wake.clear()
                 await self._wake.wait()
                 continue

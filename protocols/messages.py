@@ -80,6 +80,7 @@ class SendTensor(Message):
     epoch: int = Field(default=0, ge=0, le=0xFFFF)
     base: int = Field(default=0, ge=0)
     background: bool = False  # shown in the screen time the other transfers leave (protocols.planner)
+    overheard: bool = False  # also read by nodes that acknowledge nothing (observers): it lingers
 
 
 class FrameTiming(Message):
@@ -208,6 +209,7 @@ class PostTransfer(Message):
     dest: int = Field(ge=1, le=0xFFFF)  # one bit a rank
     payload: bytes
     background: bool = False  # shown in the screen time the other transfers leave (protocols.planner)
+    overheard: bool = False  # also read by nodes that acknowledge nothing: it lingers once its readers have it
 
 
 class TransferArrived(Message):

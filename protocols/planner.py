@@ -25,6 +25,12 @@ only in the slots no other transfer wants, and at least one slot in
 `BACKGROUND_EVERY` while others keep the screen busy: a large snapshot fills
 the screen's idle time between the steps' words instead of holding them back.
 
+A transfer that nodes overhear (an observer reads the parameter server's
+words, acknowledging nothing) may *linger*: once its readers have it, it is
+shown `linger` frames more (fresh repair packets, the oldest such transfer
+first: an observer applies the words in order), but only when the screen
+would otherwise be idle (`next_lingering`).
+
 Pure: no clocks, no I/O. The ScreenWriter (actors/screen_writer.py) asks
 `next()` once per frame slot, every `hold_s` on its clock.
 """
@@ -51,6 +57,7 @@ class Booking:
     last_slot: int = 0  # the frame slot it was last shown in (booked in, until shown)
     background: bool = False  # shown only in slots the others leave (and one in BACKGROUND_EVERY)
     collective: int = -1  # the collective (its seq) whose part it is; -1: not a collective's
+    linger: int = 0  # frames still to show once its readers have it, for nodes that overhear it
 
     @property
     def done(self) -> bool:
@@ -70,17 +77,21 @@ class ScreenPlan:
     _repair_turn: bool = False
     _last_tid: int = 0
     _slot: int = 0
+    lingered: list[int] = field(default_factory=list)  # transfers done lingering since the caller last took them
 
-    def book(self, tid: int, dest: int, source: int, background: bool = False, collective: int = -1) -> Booking:
+    def book(self, tid: int, dest: int, source: int, background: bool = False, collective: int = -1,
+             linger: int = 0) -> Booking:
         """Book a transfer of `source` packets for the ranks in `dest` (`background`: behind every other
-        transfer; `collective`: the seq of the collective it is part of); returns its booking."""
+        transfer; `collective`: the seq of the collective it is part of; `linger`: frames to show once they
+        have it); returns its booking."""
         if dest <= 0:
             raise ValueError("a transfer needs at least one reader")
         if tid <= self._last_tid:
             raise ValueError(f"transfer {tid} booked after {self._last_tid}")
         self._last_tid = tid
         budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
-        b = Booking(tid, dest, source, budget, last_slot=self._slot, background=background, collective=collective)
+        b = Booking(tid, dest, source, budget, last_slot=self._slot, background=background, collective=collective,
+                    linger=max(0, linger))
         self.bookings.append(b)
         return b
 
@@ -95,6 +106,23 @@ class ScreenPlan:
         if back and (not fore or self._slot - max(b.last_slot for b in back) >= BACKGROUND_EVERY):
             return self._show(self._pick(back))
         return self._show(self._pick(fore))
+
+    def next_lingering(self) -> tuple[int, int] | None:
+        """(tid, packet index) of a frame of the oldest transfer that every reader has and that still
+        lingers, or None; a transfer done lingering is forgotten (its tid put in `lingered`)."""
+        b = next((b for b in self.bookings if b.done and b.linger > 0), None)
+        if b is None:
+            return None
+        self._slot += 1
+        b.linger -= 1
+        if b.linger == 0:
+            self.bookings.remove(b)
+            self.lingered.append(b.tid)
+        return self._show(b)
+
+    @property
+    def lingering(self) -> bool:
+        return any(b.done and b.linger > 0 for b in self.bookings)
 
     def _pick(self, open_: list[Booking]) -> Booking:
         fresh = next((b for b in open_ if b.shown < b.budget), None)
@@ -119,7 +147,8 @@ class ScreenPlan:
         return b.tid, b.shown - 1
 
     def acknowledge(self, rank: int, ack: Ack) -> list[Booking]:
-        """Rank `rank` shows `ack`: returns the bookings this completes (and forgets them)."""
+        """Rank `rank` shows `ack`: returns the bookings this completes (and forgets those that do not
+        linger)."""
         finished = self._had(rank, lambda b: ack.has(b.tid))
         for b in finished:
             self._learn(b)
@@ -142,7 +171,7 @@ class ScreenPlan:
                 if b.done:
                     finished.append(b)
         if finished:
-            self.bookings = [b for b in self.bookings if not b.done]
+            self.bookings = [b for b in self.bookings if not b.done or b.linger > 0]
         return finished
 
     def _learn(self, b: Booking) -> None:

@@ -136,6 +136,33 @@ def test_a_missed_step_stops_the_observer_until_a_snapshot_brings_it_back(_quiet
     assert final["params_sha256"] and [e["step"] for e in _events(_quiet_logs, "observer_step")] == [0, 4, 5]
 
 
+def test_an_average_read_late_lets_the_observer_catch_up_without_a_snapshot(_quiet_logs):
+    """Step 1's average is read after steps 2 and 3's (frames come in any order; the server's words linger
+    for observers): the observer stalls at step 2's, keeps the later ones, and once step 1's comes applies
+    all three in order, ending on the server's parameters bit for bit with no snapshot."""
+    cfg = make_config(training={"steps": 4})
+    avgs, server = _trained(cfg, 4)
+    observer = _fresh(cfg)
+
+    async def go():
+        async with ActorHarness(Observer, node="carol", replica=observer, server="alice", steps=4) as h:
+            await h.send(_avg(0, avgs[0]))
+            await h.send(_avg(2, avgs[2]))
+            await h.send(_avg(3, avgs[3]))
+            await h.settle()
+            stalled = dict(h.results["observer"])
+            await h.send(_avg(1, avgs[1]))
+            await asyncio.wait_for(h.task, 5)
+            return stalled, h.results["observer"]
+
+    stalled, final = run_virtual(go)
+    assert stalled["applied"] == 1 and stalled["stalled"] and stalled["missed"] == 1
+    assert final["applied"] == 4 and not final["stalled"] and final["recovered"] == 1
+    assert torch.equal(observer.parameters_flat(), server.parameters_flat())
+    assert [e["step"] for e in _events(_quiet_logs, "observer_step")] == [0, 1, 2, 3]
+    assert len(_events(_quiet_logs, "observer_caught_up")) == 1 and not _events(_quiet_logs, "observer_incomplete")
+
+
 def test_snapshots_of_states_the_observer_went_through_are_checked_not_adopted(_quiet_logs):
     cfg = make_config(training={"steps": 4})
     avgs, server = _trained(cfg, 2)

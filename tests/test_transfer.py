@@ -108,6 +108,24 @@ def test_a_background_transfer_takes_the_slots_the_others_leave_and_never_starve
     assert plan.acknowledge(1, transfer.Ack.of({1, 2})) == [snap] and plan.next() is None
 
 
+def test_an_overheard_transfer_lingers_in_idle_slots_once_its_readers_have_it():
+    """A word observers overhear is shown `linger` frames more once its reader has it, oldest first, only
+    when nothing else wants the screen; a transfer no one overhears leaves at once."""
+    plan = ScreenPlan(loss=0.0, margin=0)
+    old = plan.book(1, dest=0b10, source=1, linger=2)
+    assert plan.next() == (1, 0) and plan.acknowledge(1, transfer.Ack.of({1})) == [old]
+    assert plan.next() is None and plan.lingering  # acknowledged: nothing is due, but it lingers
+    word = plan.book(2, dest=0b10, source=1, linger=3)
+    plain = plan.book(3, dest=0b10, source=1)
+    assert plan.next_lingering() == (1, 1)  # (the caller asks only when the screen would be idle)
+    assert [plan.next() for _ in range(2)] == [(2, 0), (3, 0)]
+    assert plan.acknowledge(1, transfer.Ack.of({1, 2, 3})) == [word, plain]
+    assert [b.tid for b in plan.bookings] == [1, 2] and plan.pending == 0  # the plain one is gone
+    assert [plan.next_lingering() for _ in range(4)] == [(1, 2), (2, 1), (2, 2), (2, 3)]
+    assert plan.lingered == [1, 2] and plan.bookings == [] and not plan.lingering
+    assert plan.next_lingering() is None
+
+
 def test_transfers_whose_acknowledgements_never_come_hold_nothing_up_and_holdings_settle_them():
     """Rank 1's camera does not read rank 1's reader back (a one-way edge of the sight graph): its
     acknowledgements never arrive. The unacknowledged parts take turns with the next part, which still goes

@@ -16,6 +16,9 @@ it cannot reach logind), a process that pokes the screensaver over D-Bus
 (`dbus-send ... SimulateUserActivity`) every 30 s; without either, it logs
 `keep_awake_unavailable` with what to switch off by hand. The processes it
 starts watch this process's pid and end with it, even if it is killed.
+
+`end_with_parent`: a child process that ends when the process that started it
+dies (Linux; for the tools that start launchers).
 """
 
 from __future__ import annotations
@@ -84,6 +87,14 @@ def _while_alive(pid: int, body: str = "") -> str:
     if body:
         return f"while kill -0 {pid} 2>/dev/null; do {body} >/dev/null 2>&1 || exit 1; sleep {POKE_S}; done"
     return f"while kill -0 {pid} 2>/dev/null; do sleep 5; done"
+
+
+def end_with_parent() -> None:
+    """For `subprocess.Popen(preexec_fn=...)`: on Linux the child is sent SIGTERM when the process that
+    started it dies (`prctl(PR_SET_PDEATHSIG)`), so a killed tool does not leave a launcher and its ranks
+    running; elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
 
 
 def _windll() -> Any:

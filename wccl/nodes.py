@@ -156,7 +156,7 @@ class ServerRunNode(_TrainingNode):
                                   replica=server_replica, snapshot_every=cfg.recovery.snapshot_every,
                                   checkpoint_every=cfg.recovery.checkpoint_every, checkpoint=ckpt_path,
                                   session=room.session, resume=resume, key=self.key,
-                                  compute_scale=col.compute_scale),
+                                  compute_scale=col.compute_scale, observed=bool(room.observers)),
         )
 
 

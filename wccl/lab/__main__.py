@@ -219,12 +219,15 @@ def _run_ranks(room: Path, args: argparse.Namespace, ops: list[str]) -> tuple[in
     import subprocess
     import threading
 
+    from wccl.hostos import end_with_parent
     from wccl.lab import collectives_rank
     from wccl.launch import json_objects
 
     cmd = [sys.executable, "-m", "wccl.launch", "--config", str(room), collectives_rank.__file__,
            "--sizes", args.sizes, "--ops", ",".join(ops), "--repeat", str(args.repeat)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # (the launcher stops its ranks on SIGTERM: sent when this process dies, killed or not)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=end_with_parent)  # noqa: PLW1509 (no threads started yet)
     tail: collections.deque[str] = collections.deque(maxlen=40)
 
     def forward() -> None:
