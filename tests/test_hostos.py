@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -333,3 +334,34 @@ def test_the_defaults_are_the_real_ones():
     awake = KeepAwake()
     assert awake.platform == sys.platform and awake.pid == os.getpid()
     assert awake.popen is subprocess.Popen
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_started_to_end_with_its_parent_ends_when_the_parent_is_killed(tmp_path):
+    # The parent starts a child that would sleep a minute, writes its pid, and waits; killing the parent
+    # (SIGKILL: nothing of it runs) must end the child too.
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from wccl.hostos import end_with_parent\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=end_with_parent)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
+        "time.sleep(60)\n")], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for _ in range(200):
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    parent.kill()
+    parent.wait()
+    for _ in range(100):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        if open(f"/proc/{child}/stat").read().split()[2] == "Z":  # (ended, not yet reaped by init)
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the child outlived its parent")
