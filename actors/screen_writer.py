@@ -20,8 +20,8 @@ only), and again whenever a peer still shows a transfer this node already
 has (that peer missed them). A transfer that nodes overhear
 (`PostTransfer.overheard`: the parameter server's words, read by observers)
 lingers: once its readers have it, it goes up OVERHEARD_FRAMES frames a
-source packet more, when nothing else is to be shown. While the run handshake is not complete (a peer
-does not trust this node's run nonce yet, or this node not theirs, or the
+source packet more, when nothing else is to be shown. While the run
+handshake is not complete (a peer does not trust this node's run nonce yet, or this node not theirs, or the
 ranks do not yet agree on which camera reads which screen), and until every
 rank is complete, every other frame is a status frame: it carries the echo
 and the discovery table the others need, relayed camera to camera. Otherwise the last frame stays up: readers skip

@@ -382,6 +382,12 @@ class LadderStep(_Strict):
     code_rate: float = Field(default=0.8, ge=0.2, le=1.0)
 
 
+# Names of the laptops of a room made up on the spot, in rank order (`python -m wccl.lab collectives --ranks
+# N`, the rooms of the torch suite's harness): as many as a room may have.
+NODE_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo",
+              "mia", "nick", "olga", "pat")
+
+
 # The layouts start-up chooses from, fastest first. Transfers are acknowledged and repaired until read, so
 # a lost frame costs one frame, not a step: the ladder tries dense layouts held under 2.5 camera periods.
 # Each step down takes bigger cells and a longer hold, and every layout but the last fills about the same
@@ -398,10 +404,6 @@ class LadderStep(_Strict):
 # lens (rooms/far-slanted.toml), and its 206-byte frames hold the frames of up to six ranks. It is not in
 # the default ladder: in the harsh pair, which reads the 16 px layout on some of its frames, start-up
 # picked it and steps took 3.7 s, not 1.8 s (BENCHMARKS.md).
-# Names of the laptops of a room made up on the spot, in rank order (`python -m wccl.lab collectives --ranks
-# N`, the rooms of the torch suite's harness): as many as a room may have.
-NODE_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi", "ivan", "judy", "kim", "leo",
-              "mia", "nick", "olga", "pat")
 
 DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),

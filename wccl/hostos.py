@@ -89,12 +89,16 @@ def _while_alive(pid: int, body: str = "") -> str:
     return f"while kill -0 {pid} 2>/dev/null; do sleep 5; done"
 
 
+# libc's prctl, looked up here, in the parent: a forked child only calls it (no dynamic loading after fork)
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
 def end_with_parent() -> None:
     """For `subprocess.Popen(preexec_fn=...)`: on Linux the child is sent SIGTERM when the process that
     started it dies (`prctl(PR_SET_PDEATHSIG)`), so a killed tool does not leave a launcher and its ranks
     running; elsewhere nothing."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGTERM))  # 1: PR_SET_PDEATHSIG
 
 
 def _windll() -> Any:

@@ -41,7 +41,6 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from protocols import transfer
 from protocols.messages import CollectiveDone
 from wccl.distributed.runtime import RankNode
 from wccl.distributed.status import StatusChannel
@@ -613,7 +612,7 @@ class WcclProcessGroup(dist.ProcessGroup):
 def group_tag(members: list[int], index: int) -> int:
     """The tag a subgroup's collectives travel under: one per set of members (a bit mask of the ranks) and
     per group made of that set before it (up to 16), the same on every member."""
-    if max(members, default=0) >= transfer.MAX_RANKS or index >= 16:
+    if index >= 16:
         raise NotImplementedError(f"wccl: subgroup of ranks {members}: at most 16 groups of one set of ranks")
     return GROUP_TAGS + sum(1 << r for r in members) * 16 + index
 

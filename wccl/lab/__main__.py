@@ -19,7 +19,6 @@ from wccl.cli import HelpFormatter
 from wccl.config import LAYOUT_KEYS, NODE_NAMES, ConfigError, load_config
 
 
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.lab", description="Measure the optical link.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -227,7 +226,7 @@ def _run_ranks(room: Path, args: argparse.Namespace, ops: list[str]) -> tuple[in
            "--sizes", args.sizes, "--ops", ",".join(ops), "--repeat", str(args.repeat)]
     # (the launcher stops its ranks on SIGTERM: sent when this process dies, killed or not)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=end_with_parent)  # noqa: PLW1509 (no threads started yet)
+                            preexec_fn=end_with_parent)  # noqa: PLW1509 (it only calls prctl)
     tail: collections.deque[str] = collections.deque(maxlen=40)
 
     def forward() -> None:
