@@ -167,6 +167,10 @@ def test_a_20_mb_ddp_model_seeded_alike_starts_in_seconds(tmp_path):
 def test_a_two_stage_pipeline_over_send_and_recv_equals_gloo(tmp_path):
     proc, lines = launch(room_file(tmp_path), EXAMPLES / "pipeline.py", "--steps", "3")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    # the launcher's summary counts the sends and receives (the program calls no collective)
+    for rank in ("rank 0 (alice)", "rank 1 (bob)"):
+        assert re.search(rf"{re.escape(rank)}: exit 0; 0 collectives, 6 messages sent or received, [\d.]+ K?B,",
+                         proc.stderr), proc.stderr[-2000:]
     ref = torchrun(EXAMPLES / "pipeline.py", 2, "--steps", "3")
     assert [d["params_sha256"] for d in lines] == [d["params_sha256"] for d in ref]
     assert lines[1]["loss"] == ref[1]["loss"]

@@ -186,13 +186,13 @@ def test_torchs_own_backends_keep_torchs_env_error():
     assert "environment variable RANK expected" in proc.stderr and "wccl.launch" not in proc.stderr
 
 
-def test_the_progress_line_names_a_few_waiting_ranks_and_counts_a_classroom():
+def test_the_progress_line_names_a_few_waiting_ranks_counts_a_classroom_and_a_pipelines_messages():
     from types import SimpleNamespace
 
     from wccl.launch import _Launch
 
-    def rank(node, phase):
-        return SimpleNamespace(node=node, phase=phase, exit=None, count=0, nbytes=0, t=0.0)
+    def rank(node, phase, messages=0):
+        return SimpleNamespace(node=node, phase=phase, exit=None, count=0, messages=messages, nbytes=0, t=0.0)
 
     few = SimpleNamespace(elapsed=lambda: "5 s", ranks=[rank("alice", "ready"), rank("bob", "starting"),
                                                         rank("carol", "greeting")])
@@ -201,3 +201,6 @@ def test_the_progress_line_names_a_few_waiting_ranks_and_counts_a_classroom():
     many = SimpleNamespace(elapsed=lambda: "1 min 00 s",
                            ranks=[rank("alice", "starting")] + [rank(f"n{i}", "greeting") for i in range(15)])
     assert _Launch.progress_text(many) == "1 min 00 s | alice starting | 15 ranks greeting their peers"
+    # a pipeline's ranks send and receive and may call no collective: the line counts their messages
+    p2p = SimpleNamespace(elapsed=lambda: "9 s", ranks=[rank("alice", "ready", 4), rank("bob", "ready", 3)])
+    assert _Launch.progress_text(p2p) == "9 s | 0 collectives | 4 messages | 0 B | 0.0 s simulated"

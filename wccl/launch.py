@@ -367,7 +367,7 @@ class _Rank:
         self.stderr_closed = threading.Event()
         self.phase = "starting"  # starting | greeting (in init_process_group) | ready
         self.layout: dict | None = None
-        self.count = self.failed = self.nbytes = 0
+        self.count = self.messages = self.failed = self.nbytes = 0
         self.t: float | None = None  # its simulated seconds at its last report
         self.synced: tuple[float, str] | None = None  # ready, not yet said: (when, what), waiting for its layout
 
@@ -375,9 +375,11 @@ class _Rank:
         if self.phase != "ready":
             return ("before init_process_group" if self.phase == "starting"
                     else "in init_process_group (greeting its peers)")
+        done = _count(self.count, "collective")
+        if self.messages:  # point-to-point: a pipeline's ranks may send and receive and call no collective
+            done += f", {_count(self.messages, 'message')} sent or received"
         failed = f" ({self.failed} failed)" if self.failed else ""
-        return (f"{_count(self.count, 'collective')}{failed}, {_size(self.nbytes)}, "
-                f"{self.t or 0.0:.2f} s simulated")
+        return f"{done}{failed}, {_size(self.nbytes)}, {self.t or 0.0:.2f} s simulated"
 
 
 def _describe_layout(layout: dict) -> str:
@@ -510,7 +512,8 @@ class _Launch:
             if r.layout is not None or r.world == 1:
                 self.say_synced(r)
         elif kind == "collectives":
-            r.count, r.failed, r.nbytes = msg.get("count", 0), msg.get("failed", 0), msg.get("bytes", 0)
+            r.count, r.messages = msg.get("count", 0), msg.get("messages", 0)
+            r.failed, r.nbytes = msg.get("failed", 0), msg.get("bytes", 0)
             r.t = msg.get("t", r.t)
 
     def say_synced(self, r: _Rank) -> None:
@@ -522,13 +525,16 @@ class _Launch:
 
     # -- running
     def progress_text(self) -> str:
-        """The ranks' collectives so far (count, or its range over the ranks; tensor bytes and simulated
-        seconds: the most of any rank), and the ranks still starting."""
+        """The ranks' collectives so far (count, or its range over the ranks; point-to-point messages, tensor
+        bytes and simulated seconds: the most of any rank), and the ranks still starting."""
         parts = [self.elapsed()]
         ready = [r for r in self.ranks if r.phase == "ready"]
         if ready:
             least, most = min(r.count for r in ready), max(r.count for r in ready)
             parts.append(_count(most, "collective") if least == most else f"{least}-{most} collectives")
+            messages = max(r.messages for r in ready)
+            if messages:
+                parts.append(_count(messages, "message"))
             parts.append(_size(max(r.nbytes for r in ready)))
             parts.append(f"{max(r.t or 0.0 for r in ready):.1f} s simulated")
         waiting: dict[tuple[str, str], list[str]] = {}  # (what one rank does, what several do) -> the ranks

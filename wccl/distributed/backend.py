@@ -190,7 +190,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         super().__init__(rank, world)
         self._rank, self._world = rank, world
         self._node = node
-        self._status = status  # the launcher's status channel: every finished collective is counted there
+        self._status = status  # the launcher's status channel: every finished collective, send and receive is counted there
         self._seq = itertools.count()
         self._sent: dict[tuple[int, int], int] = {}  # (peer, tag) -> messages sent to it with that tag
         self._group_name = ""
@@ -535,7 +535,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         tensor = tensors[0]
         self._p2p_checks(dstRank, tag, "send")
         _dtype_name(tensor)
-        return WcclWork(self._send_bytes(dstRank, tag, tensor, value=tensors))
+        return WcclWork(self._counted(self._send_bytes(dstRank, tag, tensor, value=tensors), tensor))
 
     def recv(self, tensors, srcRank, tag=0):
         """Into `tensors[0]`: the next message rank `srcRank` sent this rank with `tag` (in its order)."""
@@ -552,8 +552,25 @@ class WcclProcessGroup(dist.ProcessGroup):
         tensor = tensors[0]
         _dtype_name(tensor)
         source: list[int] = []
-        fut = self._recv_bytes(src, tag, tensor, source)
+        fut = self._counted(self._recv_bytes(src, tag, tensor, source), tensor)
         return WcclWork(fut.then(lambda f: (_write([tensor], f.value()), tensors)[1]), source)
+
+    def _counted(self, fut: torch.futures.Future, tensor: torch.Tensor) -> torch.futures.Future:
+        """`fut`, a send or receive of the program's: counted on the launcher's status line when it ends."""
+        status = self._status
+        if status is not None:
+            nbytes = tensor.numel() * tensor.element_size()
+
+            def count(f: torch.futures.Future) -> None:
+                try:
+                    f.value()
+                    ok = True
+                except Exception:  # noqa: BLE001 - the program gets the error from its Work; this only counts it
+                    ok = False
+                status.message_done(nbytes, ok, self._node.sim_seconds())
+
+            fut.add_done_callback(count)
+        return fut
 
     def _send_bytes(self, peer: int, tag: int, tensor: torch.Tensor, value=None) -> torch.futures.Future:
         """Send `tensor`'s bytes to global rank `peer` with `tag` (any tag: the group's own too); the

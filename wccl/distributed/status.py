@@ -9,9 +9,11 @@ then nothing here runs). One JSON object a line, `kind` first:
                  log events): rows, cols, colours, cell_px, hold_s, reads (peer: share of its frames
                  this rank's camera reads), t (room seconds)
     ready        init_process_group returned: t (room seconds)
-    collectives  the program's collectives so far: count, failed, bytes (tensor bytes this rank
-                 handed in), t (the rank's room seconds at the last one, and at shutdown its room
-                 seconds then); at most every UPDATE_S wall seconds, and once more at shutdown
+    collectives  the program's collectives and point-to-point messages so far: count (collectives),
+                 messages (sends and receives of the world group), failed (of either), bytes (tensor
+                 bytes this rank handed in or took out), t (the rank's room seconds at the last one, and
+                 at shutdown its room seconds then); at most every UPDATE_S wall seconds, and once more
+                 at shutdown
 
 The rank never waits for the launcher: the pipe does not block, and a line
 that does not fit is dropped (each collectives line carries totals).
@@ -41,7 +43,7 @@ class StatusChannel:
         self.node = node
         self._lock = threading.Lock()
         self._sight: dict[str, Any] | None = None
-        self.count = self.failed = self.nbytes = 0
+        self.count = self.messages = self.failed = self.nbytes = 0
         self.t = 0.0
         self._sent_at = 0.0
         self._dirty = False
@@ -75,9 +77,16 @@ class StatusChannel:
 
     def collective_done(self, nbytes: int, ok: bool, t: float) -> None:
         """Count one finished collective (any thread); write the totals at most every UPDATE_S."""
+        self._done("count", nbytes, ok, t)
+
+    def message_done(self, nbytes: int, ok: bool, t: float) -> None:
+        """Count one finished send or receive of the world group (any thread), as collective_done."""
+        self._done("messages", nbytes, ok, t)
+
+    def _done(self, what: str, nbytes: int, ok: bool, t: float) -> None:
         now = time.monotonic()
         with self._lock:
-            self.count += 1
+            setattr(self, what, getattr(self, what) + 1)
             self.failed += 0 if ok else 1
             self.nbytes += nbytes
             self.t = max(self.t, t)
@@ -103,7 +112,7 @@ class StatusChannel:
 
     def _send_totals(self) -> None:
         with self._lock:
-            fields = {"count": self.count, "failed": self.failed, "bytes": self.nbytes, "t": round(self.t, 3)}
+            fields = {"count": self.count, "messages": self.messages, "failed": self.failed, "bytes": self.nbytes, "t": round(self.t, 3)}
         self.send("collectives", **fields)
 
     def close(self) -> None:
