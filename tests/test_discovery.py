@@ -581,6 +581,34 @@ def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger
         collective_ladder(room(7))
 
 
+def test_a_classroom_tries_the_default_ladders_layouts_its_frames_fit_and_says_which_it_left_out():
+    """Sixteen ranks' frames do not fit the default ladder's 28 x 50 cells (398 bytes a frame): the
+    default ladder leaves that layout out for a room that size (logged), where eight ranks keep all of
+    it; a room file that sets that layout itself is refused, saying why."""
+    from structlog.testing import capture_logs
+
+    from conftest import make_config
+    from wccl.config import DEFAULT_LADDER, NODE_NAMES, ConfigError
+    from wccl.distributed.runtime import collective_ladder
+
+    def room(n: int, **link):
+        nodes = [{"name": NODE_NAMES[i], "roles": ["server", "worker"] if i == 0 else ["worker"]}
+                 for i in range(n)]
+        return make_config(room={"nodes": nodes}, link=link)
+
+    grids = lambda ladder: [(c.layout.rows, c.layout.cols) for c, _ in ladder]  # noqa: E731
+    every = [(d["rows"], d["cols"]) for d in DEFAULT_LADDER]
+    assert grids(collective_ladder(room(8))) == every
+    with capture_logs() as logs:
+        big = collective_ladder(room(16))
+    assert grids(big) == [g for g in every if g != (28, 50)]
+    left = [e for e in logs if e["event"] == "layouts_too_small_for_room"]
+    assert len(left) == 1 and left[0]["layouts"] == ["28x50"] and left[0]["ranks"] == 16
+    with pytest.raises(ConfigError, match="28 x 50 layout of 8 colours holds 398 bytes a frame, too few for "
+                                          "the frames of 16 ranks"):
+        collective_ladder(room(16, ladder=[d for d in DEFAULT_LADDER if d["rows"] in (28, 68)]))
+
+
 def test_a_small_groups_status_frame_carries_its_ranks_qualities_only():
     """Two ranks measuring seven layouts: a row on the frame holds the two ranks' fourteen qualities (14
     bytes a row, not 63), the status header has no transfer's fields, and the table crosses whole."""

@@ -49,7 +49,8 @@ def collective_ladder(cfg: WcclConfig):
     """The (codec, hold_s) of each layout discovery tries at start-up, fastest first (one when pinned): the
     room's own ladder, or the collectives' default ladder less the layouts that do not fit its screen. A
     layout whose frames are too small for the room's (a big room's frames carry more ranks'
-    acknowledgements) is a ConfigError that says what it lacks."""
+    acknowledgements) is left out of the default ladder (logged: `layouts_too_small_for_room`); in a ladder or
+    layout the room file sets, or when no layout is left, it is a ConfigError that says what it lacks."""
     from protocols.discovery import MAX_LAYOUTS
 
     ladder = cfg.link.ladder_codecs()
@@ -66,18 +67,27 @@ def collective_ladder(cfg: WcclConfig):
         raise ConfigError(f"link.ladder: collectives try at most {MAX_LAYOUTS} layouts at start-up, "
                           f"the ladder has {len(ladder)}")
     ranks = len(cfg.room.ranks)
-    # A status frame shows the discovery table a page at a time where the whole does not fit: one row at
-    # least. A transfer's frame holds the smallest packet the fountain code makes.
-    status = (transfer.header_bytes(ranks, status=True) + transfer.CHECK_BYTES
-              + transfer.status_packet(len(ladder), 1, ranks))
-    packet = transfer.header_bytes(ranks) + transfer.CHECK_BYTES + frames.MIN_PACKET
-    need = max(status, packet)
-    for c, _ in ladder:
-        if c.message_bytes < need:
-            lay = c.layout
-            raise ConfigError(f"link: a {lay.rows} x {lay.cols} layout of {lay.colours} colours holds "
-                              f"{c.message_bytes} bytes a frame, too few for the frames of {ranks} ranks "
-                              f"(a status frame takes {status} bytes, a transfer's at least {packet})")
+    default = cfg.link.choose == "auto" and not cfg.link.ladder
+    while True:
+        # A status frame shows the discovery table a page at a time where the whole does not fit: one row
+        # at least. A transfer's frame holds the smallest packet the fountain code makes.
+        status = (transfer.header_bytes(ranks, status=True) + transfer.CHECK_BYTES
+                  + transfer.status_packet(len(ladder), 1, ranks))
+        packet = transfer.header_bytes(ranks) + transfer.CHECK_BYTES + frames.MIN_PACKET
+        need = max(status, packet)
+        small = [(c, h) for c, h in ladder if c.message_bytes < need]
+        if not small:
+            return ladder
+        lay = small[0][0].layout
+        why = (f"a {lay.rows} x {lay.cols} layout of {lay.colours} colours holds {small[0][0].message_bytes} "
+               f"bytes a frame, too few for the frames of {ranks} ranks (a status frame takes {status} bytes, "
+               f"a transfer's at least {packet})")
+        if not default or len(small) == len(ladder):
+            raise ConfigError(f"link: {why}")
+        # The default ladder serves rooms of every size: a big room tries only the layouts its frames fit.
+        structlog.get_logger("wccl").info("layouts_too_small_for_room", ranks=ranks, reason=why,
+                 layouts=[f"{c.layout.rows}x{c.layout.cols}" for c, _ in small])
+        ladder = [(c, h) for c, h in ladder if c.message_bytes >= need]
     return ladder
 
 
