@@ -167,11 +167,12 @@ class Collectives(Actor):
 
     async def _send_tensors(self) -> None:
         """Post the point-to-point sends (the built-in run's tensors, protocols.streams): one transfer
-        each, for the ranks named (a name that is not a rank, or this node, is nobody to wait for)."""
+        each, for the ranks named (a name that is not a rank, or this node, is nobody to wait for; a send
+        to nobody is dropped unless nodes overhear it: observers)."""
         sends, self._sends = self._sends, []
         for msg in sends:
             dest = sum(1 << self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node)
-            if not dest:
+            if not dest and not msg.overheard:
                 continue
             payload = streams.wrap(msg.epoch, msg.base, msg.payload)
             await self._post_one(max(0, msg.step), msg.stream, "uint8", len(payload), 0, dest, payload,

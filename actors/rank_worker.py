@@ -2,8 +2,9 @@
 
 Consumes: `CollectiveDone` (this node's Collectives actor: every rank's
 gradient, in rank order). Emits: `CollectiveRequest` (this step's gradient,
-to be all-gathered), `Drain` (the run is over: show until the peers have
-what they need, then stop the node).
+to be all-gathered), `SendTensor` (for observers: the step's average and
+snapshots), `Drain` (the run is over: show until the peers have what they
+need, then stop the node).
 
 There is no parameter server and no step schedule: each step every rank
 computes its gradient, encodes it with the run's codec through its own error
@@ -22,6 +23,17 @@ on only once every rank holds them, so a step is applied by every rank or by
 none; a step that fails (a camera dark past `[collectives] timeout_s`)
 fails every rank's node with the reason, never a replica that differs.
 
+Observers (nodes that only listen, actors/observer.py) watch one rank's
+screen: the room's node with the `server` role (`shows_observers`). That
+rank shows, for them only (no rank reads it: protocols.transfer names the
+sender as its reader), each step's word as the parameter server's run does:
+the encoded average every rank applied (empty for a skipped step) with the
+state it applies to (`base`: updates applied before it), and a snapshot of
+its training state every `snapshot_every` steps (protocols.snapshot), in the
+screen time the collectives leave (the transfers linger, protocols.planner).
+An observer then rebuilds the ranks' model bit for bit, or says what it
+missed.
+
 A RankWorker that fails is not restarted: a fresh one could not rejoin the
 collectives midway (its replica and the group's collective numbers have moved
 on), so the node fails, saying why.
@@ -39,8 +51,9 @@ import hashlib
 import time
 from typing import Any
 
+from protocols import snapshot as snap
 from protocols.codecs import Codec, ErrorFeedback
-from protocols.messages import CollectiveDone, CollectiveRequest, Drain
+from protocols.messages import CollectiveDone, CollectiveRequest, Drain, SendTensor
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.training.divergence import HINT, DivergenceWatch
 from wccl.training.exchange import reduce
@@ -52,9 +65,12 @@ class RankWorker(Actor):
 
     def __init__(self, ctx: ActorContext, replica: Any, codec: Codec, names: list[str], steps: int,
                  greeted: asyncio.Event, greet_problem, greet_timeout_s: float, quorum: int = 1,
-                 eval_every: int = 1, compute_scale: float = 1.0, drain_s: float = 10.0) -> None:
+                 eval_every: int = 1, compute_scale: float = 1.0, drain_s: float = 10.0,
+                 shows_observers: bool = False, snapshot_every: int = 10) -> None:
         """`names`: the ranks in rank order; `greeted`: set once the run handshake and discovery are done
-        (`greet_problem(greet_timeout_s)` says what is missing if they are not within `greet_timeout_s` room seconds)."""
+        (`greet_problem(greet_timeout_s)` says what is missing if they are not within `greet_timeout_s` room
+        seconds); `shows_observers`: this rank shows the room's observers each step's average and a snapshot
+        every `snapshot_every` steps."""
         super().__init__(ctx)
         self.replica = replica
         self.codec = codec
@@ -67,13 +83,15 @@ class RankWorker(Actor):
         self.eval_every = eval_every
         self.compute_scale = compute_scale
         self.drain_s = drain_s
+        self.shows_observers = shows_observers
+        self.snapshot_every = snapshot_every
         self.numel = replica.numel
         self.uplink = ErrorFeedback(codec)  # what this rank's codec left out of its gradient
         self.downlink = ErrorFeedback(codec)  # the average's: alike on every rank
         self.watch = DivergenceWatch()
         self.results = ctx.results.setdefault("worker", {"applied": 0, "skipped": 0, "bytes_sent": 0,
                                                          "gradient_nonfinite": 0, "gradient_undecodable": 0,
-                                                         "algorithms": {}})
+                                                         "algorithms": {}, "shown_to_observers": 0})
 
     async def run(self) -> None:
         try:
@@ -109,8 +127,11 @@ class RankWorker(Actor):
                                               ready_at=max(mark, self.clock.now()), handle=step))
             done = await self._done(step)
             start, cpu0 = max(mark, self.clock.now()), time.thread_time()
-            fields = self._apply(step, done)
+            base = self.results["applied"]
+            fields, word = self._apply(step, done)
             mark = start + (time.thread_time() - cpu0) * self.compute_scale
+            if self.shows_observers:
+                await self._show_observers(step, base, word)
             if fields is None:
                 continue
             if self.eval_every and (step + 1) % self.eval_every == 0:
@@ -129,8 +150,21 @@ class RankWorker(Actor):
             raise GiveUp(f"step {step}: the gradient exchange failed on every rank: {msg.error}")
         return msg
 
-    def _apply(self, step: int, done: CollectiveDone) -> dict[str, Any] | None:
-        """Reduce every rank's gradient and apply the average; what to log, or None if nothing was."""
+    async def _show_observers(self, step: int, base: int, word: bytes) -> None:
+        """The step's word (the encoded average applied to the state of `base` updates; empty: skipped) and,
+        every `snapshot_every` steps, the state after it: for observers only (no rank reads them)."""
+        fields = dict(sender=self.ctx.node, time=self.clock.now(), step=step, to=(), epoch=0, overheard=True)
+        await self.emit(SendTensor(**fields, stream="avg", payload=word, base=base))
+        self.results["shown_to_observers"] += 1
+        if (step + 1) % self.snapshot_every == 0 and step + 1 < self.steps:
+            applied = self.results["applied"]
+            state = snap.encode_snapshot(snap.Snapshot(applied, 0, self.replica.export_state()))
+            self.log.info("snapshot_shown", reason="periodic", applied=applied, epoch=0, bytes=len(state), to=[])
+            await self.emit(SendTensor(**fields, stream="params", payload=state, base=applied, background=True))
+
+    def _apply(self, step: int, done: CollectiveDone) -> tuple[dict[str, Any] | None, bytes]:
+        """Reduce every rank's gradient and apply the average: (what to log, or None if nothing was; the
+        encoded average, empty if the step was skipped)."""
         algos = self.results["algorithms"]
         algos[done.algorithm] = algos.get(done.algorithm, 0) + 1
         payloads = {self.names[r]: b"".join(parts) for r, parts in enumerate(done.parts)}
@@ -142,10 +176,10 @@ class RankWorker(Actor):
         if red.average is None:
             self.results["skipped"] += 1
             self.log.warning("step_skipped", step=step, usable=len(red.used), quorum=self.quorum)
-            return None
+            return None, b""
         self.replica.apply(red.average)
         self.results["applied"] += 1
-        return dict(applied=self.results["applied"], algorithm=done.algorithm, averaged=len(red.used))
+        return dict(applied=self.results["applied"], algorithm=done.algorithm, averaged=len(red.used)), red.payload
 
     def _final(self) -> None:
         acc, test_loss = self.replica.evaluate()

@@ -159,8 +159,10 @@ class ScreenWriter(Actor):
                     b.acked &= ~bit  # a new incarnation of the peer: it has not got this one (yet)
             self._forget(self.plan.acknowledge(msg.origin, ack))
         else:
+            # A transfer for no rank (only nodes that overhear it) names this rank as its reader: every rank
+            # skips it (protocols.receiver), and a listener takes it like any other.
             header = transfer.TransferHeader(self.session, self.rank, msg.tid, msg.seq, msg.op, msg.dtype,
-                                             msg.numel, 0, b"", msg.part, msg.dest)
+                                             msg.numel, 0, b"", msg.part, msg.dest or 1 << self.rank)
             sealed = self.key.seal(self.run_nonce, msg.tid, msg.payload, transfer.aad(header))
             k = self.codec.frames_needed(len(sealed), self.world)
             fountain = self.codec.fountain(sealed, k + max(4, int(k * REPAIR_SHARE)), self.world)

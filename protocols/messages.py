@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 StreamKind = Literal["grad", "avg", "params", "sync"]
 """`grad`: a worker's gradient for the server; `avg`: the server's word on a step (its average, or empty: skipped);
@@ -206,10 +206,16 @@ class PostTransfer(Message):
     dtype: str
     numel: int = Field(ge=0)
     part: int = Field(default=0, ge=0)
-    dest: int = Field(ge=1, le=0xFFFF)  # one bit a rank
+    dest: int = Field(ge=0, le=0xFFFF)  # one bit a rank (0: no rank, only nodes that overhear it)
     payload: bytes
     background: bool = False  # shown in the screen time the other transfers leave (protocols.planner)
     overheard: bool = False  # also read by nodes that acknowledge nothing: it lingers once its readers have it
+
+    @model_validator(mode="after")
+    def _has_readers(self) -> PostTransfer:
+        if not self.dest and not self.overheard:
+            raise ValueError("a transfer for no rank is for nodes that overhear it only: set `overheard`")
+        return self
 
 
 class TransferArrived(Message):

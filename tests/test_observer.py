@@ -62,6 +62,26 @@ def test_observer_rebuilds_the_servers_model_bit_for_bit_from_light(_quiet_logs)
 
 
 @pytest.mark.slow
+def test_an_observer_rebuilds_the_ranks_model_when_every_node_is_a_rank(_quiet_logs):
+    """exchange = "collectives": no parameter server, so the rank with the server role shows each step's
+    average (and a snapshot every `snapshot_every` steps, in the screen time the collectives leave) for
+    observers only: no rank reads them. The observer applies every average: the ranks' model, bit for bit."""
+    cfg = make_config(room={"profile": "exact", "nodes": TRIO}, link=FAST["link"], recovery={"snapshot_every": 4},
+                      training={"steps": 9, "exchange": "collectives"})
+    result = run_room(cfg)
+    nodes = result["nodes"]
+    assert result["applied"] == 9 and result["replicas_identical"] and result["observer_identical"] is True
+    assert nodes["carol"]["observer"]["applied"] == 9 and nodes["carol"]["observer"]["missed"] == 0
+    assert nodes["alice"]["worker"]["shown_to_observers"] == 9 and nodes["bob"]["worker"]["shown_to_observers"] == 0
+    seen = {e["step"]: e["test_accuracy"] for e in _events(_quiet_logs, "observer_step")}
+    ranks = {e["step"]: e["test_accuracy"] for e in _events(_quiet_logs, "step_applied") if e["node"] == "alice"}
+    assert sorted(seen) == list(range(9)) and seen == ranks
+    assert [e["applied"] for e in _events(_quiet_logs, "snapshot_shown")] == [4, 8]
+    # bob rebuilt none of alice's words for observers: they name alice as their reader
+    assert "tensors_avg" not in result["link"]["bob"] and result["link"]["carol"]["tensors_avg"] == 9
+
+
+@pytest.mark.slow
 def test_a_blind_observer_applies_nothing_and_ends_with_the_room():
     # Lens cap on: nothing reaches the observer any other way, and the run still ends when the trainers do.
     nodes = [dict(n) for n in TRIO]

@@ -126,6 +126,21 @@ def test_an_overheard_transfer_lingers_in_idle_slots_once_its_readers_have_it():
     assert plan.next_lingering() is None
 
 
+def test_a_transfer_for_observers_only_goes_up_in_full_in_its_turn_then_lingers():
+    """dest 0 (no rank reads it: shown for observers): each source packet goes up once in its turn, among
+    the transfers for ranks, then it lingers in idle slots; a transfer for nobody that nobody overhears is
+    refused."""
+    plan = ScreenPlan(loss=0.0, margin=0)
+    word = plan.book(1, dest=0, source=2, linger=1)
+    part = plan.book(2, dest=0b10, source=1)
+    assert plan.pending == 2 and [plan.next() for _ in range(3)] == [(1, 0), (1, 1), (2, 0)]
+    assert word.done and plan.pending == 1 and plan.lingering
+    assert plan.next_lingering() == (1, 2) and plan.lingered == [1] and not plan.lingering
+    assert plan.acknowledge(1, transfer.Ack.of({2})) == [part] and plan.next() is None
+    with pytest.raises(ValueError, match="at least one reader"):
+        plan.book(3, dest=0, source=1)
+
+
 def test_transfers_whose_acknowledgements_never_come_hold_nothing_up_and_holdings_settle_them():
     """Rank 1's camera does not read rank 1's reader back (a one-way edge of the sight graph): its
     acknowledgements never arrive. The unacknowledged parts take turns with the next part, which still goes

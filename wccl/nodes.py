@@ -12,9 +12,12 @@ with the run's own actors on top:
   server announces and every Clock ticks off its synced clock.
 - `TrainingRank` (`exchange = "collectives"`): a RankWorker, which
   all-gathers each step's gradients by the algorithm the room's sight fits.
+  The rank with the `server` role shows each step's average and snapshots
+  for the room's observers.
 - `ObserverNode`: a node that only listens (CameraReader, FrameDecoder in
-  listening mode, Observer): it overhears the server's transfers and
-  rebuilds the model; it shows nothing.
+  listening mode, Observer): it overhears the words and snapshots of the
+  server's screen (the parameter server's, or with collectives the rank
+  with the `server` role) and rebuilds the model; it shows nothing.
 """
 
 from __future__ import annotations
@@ -35,10 +38,6 @@ MIN_GREET_S = 60.0  # a node gives up when the run handshake and discovery are n
 def check(cfg: WcclConfig) -> None:
     """What a room needs to train with exchange = "collectives" (a ConfigError naming the key otherwise)."""
     room = cfg.room
-    if room.observers:
-        raise ConfigError(f"room.nodes: observer {room.observers[0]!r} watches a parameter server's screen; with "
-                          f"exchange = \"collectives\" ({cfg.training.exchange!r} in a room of {len(room.nodes)} "
-                          "nodes) there is none: drop the observer or set [training] exchange = \"server\"")
     idle = [n for n in room.ranks if n not in room.workers]
     if idle:
         raise ConfigError(f"room.nodes: {idle[0]!r} does not train; with exchange = \"collectives\" every node is a "
@@ -174,11 +173,13 @@ class TrainingRank(_TrainingNode):
         self.deps["rank_worker"] = dict(
             replica=_replica(cfg, self.node), codec=codec_from_config(tr), names=self.ranks, steps=tr.steps,
             greeted=self.greeted, greet_problem=self.greet_problem, greet_timeout_s=self.greet_timeout_s,
-            quorum=cfg.quorum, eval_every=tr.eval_every, compute_scale=col.compute_scale, drain_s=col.drain_s)
+            quorum=cfg.quorum, eval_every=tr.eval_every, compute_scale=col.compute_scale, drain_s=col.drain_s,
+            shows_observers=bool(cfg.room.observers) and self.node == cfg.room.server,
+            snapshot_every=cfg.recovery.snapshot_every)
 
 
 class ObserverNode(NodeSupervisor):
-    """A node that only listens: it overhears the server's transfers and rebuilds the model."""
+    """A node that only listens: it overhears the server's words and snapshots and rebuilds the model."""
 
     def actor_names(self) -> list[str]:
         return ["camera_reader", "frame_decoder", "observer"]
