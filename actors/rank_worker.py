@@ -34,6 +34,16 @@ screen time the collectives leave (the transfers linger, protocols.planner).
 An observer then rebuilds the ranks' model bit for bit, or says what it
 missed.
 
+Checkpoints: every `checkpoint_every` applied steps each rank writes its
+training state to its own disk (wccl.recovery, tagged under the room key),
+keeping the one before too. A run started with `resume` (every rank at
+once, after the room stopped) first all-gathers which checkpoints each rank
+has (the step each continues from and its state's digest) as its
+collective #0, takes the latest step that every rank holds with one state,
+loads it and trains on from there: the same bits as a run never stopped
+(codecs with error feedback start their residuals again at zero). Ranks
+with no state in common stop, saying what each holds.
+
 A RankWorker that fails is not restarted: a fresh one could not rejoin the
 collectives midway (its replica and the group's collective numbers have moved
 on), so the node fails, saying why.
@@ -48,15 +58,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import struct
 import time
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from protocols import snapshot as snap
 from protocols.codecs import Codec, ErrorFeedback
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain, SendTensor
+from protocols.security import NO_KEY, RoomKey
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
+from wccl.recovery import CheckpointError, load_checkpoint, save_checkpoint
 from wccl.training.divergence import HINT, DivergenceWatch
 from wccl.training.exchange import reduce
+
+_HELD = struct.Struct(">I8s")  # a checkpoint a rank holds: the step it continues from, its state's digest
+NO_STEP = 0xFFFFFFFF
+KEEP_CHECKPOINTS = 2  # the latest and the one before: the ranks agree on one every rank holds
 
 
 class RankWorker(Actor):
@@ -66,11 +86,13 @@ class RankWorker(Actor):
     def __init__(self, ctx: ActorContext, replica: Any, codec: Codec, names: list[str], steps: int,
                  greeted: asyncio.Event, greet_problem, greet_timeout_s: float, quorum: int = 1,
                  eval_every: int = 1, compute_scale: float = 1.0, drain_s: float = 10.0,
-                 shows_observers: bool = False, snapshot_every: int = 10) -> None:
+                 shows_observers: bool = False, snapshot_every: int = 10, checkpoint: Path | None = None,
+                 checkpoint_every: int = 0, resume: bool = False, session: int = 0, key: RoomKey = NO_KEY) -> None:
         """`names`: the ranks in rank order; `greeted`: set once the run handshake and discovery are done
         (`greet_problem(greet_timeout_s)` says what is missing if they are not within `greet_timeout_s` room
         seconds); `shows_observers`: this rank shows the room's observers each step's average and a snapshot
-        every `snapshot_every` steps."""
+        every `snapshot_every` steps; `checkpoint`: this rank's checkpoint file, written every
+        `checkpoint_every` applied steps (0: never) and read back with `resume`."""
         super().__init__(ctx)
         self.replica = replica
         self.codec = codec
@@ -85,13 +107,17 @@ class RankWorker(Actor):
         self.drain_s = drain_s
         self.shows_observers = shows_observers
         self.snapshot_every = snapshot_every
+        self.checkpoint, self.checkpoint_every, self.resume = checkpoint, checkpoint_every, resume
+        self.session, self.key = session, key
+        self._seq = 0  # the group's collectives this run: #0 is the resume agreement when resuming
         self.numel = replica.numel
         self.uplink = ErrorFeedback(codec)  # what this rank's codec left out of its gradient
         self.downlink = ErrorFeedback(codec)  # the average's: alike on every rank
         self.watch = DivergenceWatch()
         self.results = ctx.results.setdefault("worker", {"applied": 0, "skipped": 0, "bytes_sent": 0,
                                                          "gradient_nonfinite": 0, "gradient_undecodable": 0,
-                                                         "algorithms": {}, "shown_to_observers": 0})
+                                                         "algorithms": {}, "shown_to_observers": 0,
+                                                         "checkpoints": 0})
 
     async def run(self) -> None:
         try:
@@ -112,7 +138,8 @@ class RankWorker(Actor):
         # Node-clock time up to which this rank's compute is charged. Virtual time stands still while it
         # computes (the mark moves on by the CPU time); real time moves by itself (the mark is then behind).
         mark = self.clock.now()
-        for step in range(self.steps):
+        first = await self._resume() if self.resume else 0
+        for step in range(first, self.steps):
             start, cpu0 = max(mark, self.clock.now()), time.thread_time()
             grad, loss = self.replica.compute_gradient(step, raw=True)
             payload, _ = self.uplink.encode(grad)
@@ -122,16 +149,16 @@ class RankWorker(Actor):
             if why is not None:
                 self.results["diverging"] = why
                 self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
-            await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=step, op="allgather",
-                                              dtype="uint8", numel=len(payload), inputs=(payload,), root=0,
-                                              ready_at=max(mark, self.clock.now()), handle=step))
-            done = await self._done(step)
+            done = await self._exchange(f"step {step}: the gradient exchange", payload, max(mark, self.clock.now()))
             start, cpu0 = max(mark, self.clock.now()), time.thread_time()
             base = self.results["applied"]
             fields, word = self._apply(step, done)
             mark = start + (time.thread_time() - cpu0) * self.compute_scale
             if self.shows_observers:
                 await self._show_observers(step, base, word)
+            if fields is not None and self.checkpoint is not None and self.checkpoint_every \
+                    and self.results["applied"] % self.checkpoint_every == 0:
+                self._save(step + 1)
             if fields is None:
                 continue
             if self.eval_every and (step + 1) % self.eval_every == 0:
@@ -141,14 +168,78 @@ class RankWorker(Actor):
         self._final()
         await self.emit(Drain(sender=self.ctx.node, time=self.clock.now(), timeout_s=self.drain_s))
 
-    async def _done(self, step: int) -> CollectiveDone:
+    async def _exchange(self, what: str, payload: bytes, ready_at: float) -> CollectiveDone:
+        """All-gather `payload` as the group's next collective; every rank's bytes, or GiveUp saying `what`
+        failed."""
+        seq, self._seq = self._seq, self._seq + 1
+        await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=seq, op="allgather",
+                                          dtype="uint8", numel=len(payload), inputs=(payload,), root=0,
+                                          ready_at=ready_at, handle=seq))
         msg = await self.ctx.inbox.get()
-        if not isinstance(msg, CollectiveDone) or msg.seq != step:
-            raise GiveUp(f"step {step}: expected its gradient exchange, got {type(msg).__name__} "
-                         f"#{getattr(msg, 'seq', '?')}")
+        if not isinstance(msg, CollectiveDone) or msg.seq != seq:
+            raise GiveUp(f"{what}: expected collective #{seq}, got {type(msg).__name__} #{getattr(msg, 'seq', '?')}")
         if msg.error is not None:
-            raise GiveUp(f"step {step}: the gradient exchange failed on every rank: {msg.error}")
+            raise GiveUp(f"{what} failed on every rank: {msg.error}")
         return msg
+
+    def _paths(self) -> list[Path]:
+        """This rank's checkpoint files, the latest first."""
+        assert self.checkpoint is not None
+        return [self.checkpoint] + [self.checkpoint.with_name(f"{self.checkpoint.name}.{k}")
+                                    for k in range(1, KEEP_CHECKPOINTS)]
+
+    def _save(self, next_step: int) -> None:
+        """Write the state after `next_step` steps (the latest checkpoint; the one before is kept)."""
+        paths = self._paths()
+        for older, newer in zip(reversed(paths[1:]), reversed(paths[:-1])):
+            if newer.exists():
+                newer.replace(older)
+        state = snap.Snapshot(self.results["applied"], 0, self.replica.export_state())
+        save_checkpoint(paths[0], dict(session=self.session, node=self.ctx.node, step=next_step), state,
+                        bytes(torch.get_rng_state().numpy()), self.key)
+        self.results["checkpoints"] += 1
+        self.log.info("checkpoint_written", step=next_step, applied=state.applied, path=str(paths[0]))
+
+    async def _resume(self) -> int:
+        """Agree with every rank on a checkpoint all of them hold (collective #0) and load it: the step to
+        train on from."""
+        if self.checkpoint is None:
+            raise GiveUp("recovery.resume: this rank has no checkpoint file to resume from")
+        held: dict[int, tuple[str, tuple]] = {}  # step -> (state digest, the loaded checkpoint)
+        for path in self._paths():
+            try:
+                meta, state, rng = load_checkpoint(path, self.session, self.key)
+            except CheckpointError as e:
+                if path.exists() and self.key.source == "ephemeral":
+                    e = CheckpointError(f"{e}: this simulated room names no key, so each run draws its own; "
+                                        "name one (room.key_file) in runs that are to be resumed")
+                self.log.warning("checkpoint_unusable", path=str(path), reason=str(e))
+                continue
+            held.setdefault(int(meta["step"]), (state.digest(), (meta, state, rng)))
+        mine = sorted(held, reverse=True)[:KEEP_CHECKPOINTS]
+        entries = [(s, bytes.fromhex(held[s][0])) for s in mine]
+        entries += [(NO_STEP, bytes(8))] * (KEEP_CHECKPOINTS - len(entries))
+        payload = b"".join(_HELD.pack(*e) for e in entries)
+        done = await self._exchange("recovery.resume: agreeing on a checkpoint", payload, self.clock.now())
+        each = []
+        for parts in done.parts:
+            data = b"".join(parts)
+            each.append({s: d.hex() for s, d in (_HELD.unpack_from(data, k * _HELD.size)
+                                                   for k in range(KEEP_CHECKPOINTS)) if s != NO_STEP})
+        common = [s for s in each[0] if all(e.get(s) == each[0][s] for e in each)]
+        if not common:
+            holds = "; ".join(f"{n}: {', '.join(f'step {s}' for s in sorted(e)) or 'none'}"
+                              for n, e in zip(self.names, each))
+            raise GiveUp(f"recovery.resume: the ranks hold no checkpoint of one state in common ({holds}); "
+                         "start the run again without --resume")
+        step = max(common)
+        meta, state, rng = held[step][1]
+        self.replica.import_state(state.arrays)
+        torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
+        self.results["applied"] = state.applied
+        self.results["resumed_at"] = step
+        self.log.info("rank_resumed", step=step, applied=state.applied, digest=held[step][0])
+        return step
 
     async def _show_observers(self, step: int, base: int, word: bytes) -> None:
         """The step's word (the encoded average applied to the state of `base` updates; empty: skipped) and,

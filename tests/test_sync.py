@@ -16,7 +16,7 @@ from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.node import Fault, RoomRun
 from wccl.registry import REGISTRY
 
-from conftest import make_config, run_virtual
+from conftest import ROOT, make_config, run_virtual
 
 TWO = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]
 
@@ -188,3 +188,36 @@ def test_server_killed_resumes_from_its_checkpoint(_quiet_logs, tmp_path):
     server = result["nodes"]["alice"]["server"]
     assert server["epoch"] == 1 and server["applied"] > resumed[0]["applied"]
     assert result["test_accuracy"] >= 0.75
+
+
+@pytest.mark.slow
+def test_ranks_resume_from_the_latest_checkpoint_they_all_hold_when_every_node_is_a_rank(_quiet_logs, tmp_path):
+    """exchange = "collectives": every rank writes its checkpoints (the latest and the one before). bob lost
+    his latest (killed before writing it): resuming, the ranks agree on the step both hold with one state
+    and train on from it to the bits of a run never stopped."""
+    # a key of its own: a simulated room that names none draws one a run, and a checkpoint must outlive its run
+    exact = {"profile": "exact", "nodes": TWO, "key_file": str(ROOT / "rooms" / "demo-room.key")}
+    link = {"rows": 60, "cols": 110, "cell_px": 10, "hold_s": 0.1}
+    steps = dict(exchange="collectives", steps=6)
+    whole = _run(make_config(room=exact, link=link, training=steps, recovery={"checkpoint_every": 0}))
+    rec = {"checkpoint_every": 2, "checkpoint_dir": str(tmp_path)}
+    first = _run(make_config(room=exact, link=link, training=dict(steps, steps=4), recovery=rec))
+    assert first["applied"] == 4 and first["nodes"]["bob"]["worker"]["checkpoints"] == 2
+    latest = {p.name for p in tmp_path.iterdir()}
+    assert latest == {f"session1-{n}.ckpt{k}" for n in ("alice", "bob") for k in ("", ".1")}, latest
+    (tmp_path / "session1-bob.ckpt").unlink()
+    (tmp_path / "session1-bob.ckpt.1").rename(tmp_path / "session1-bob.ckpt")  # bob's step 2 only
+    again = _run(make_config(room=exact, link=link, training=steps, recovery=dict(rec, resume=True)))
+    resumed = [e for e in _events(_quiet_logs) if e["event"] == "rank_resumed"]
+    assert [(e["node"], e["step"], e["applied"]) for e in sorted(resumed, key=lambda e: e["node"])] == \
+        [("alice", 2, 2), ("bob", 2, 2)]
+    assert again["replicas_identical"] and again["applied"] == 6
+    assert again["nodes"]["alice"]["worker"]["params_sha256"] == whole["nodes"]["alice"]["worker"]["params_sha256"]
+    # with bob's checkpoints gone there is no state in common: the run stops on every rank, saying what each holds
+    for p in tmp_path.glob("session1-bob.ckpt*"):
+        p.unlink()
+    with pytest.raises(BaseException):  # noqa: B017 - the room's TaskGroup raises the nodes' failures as a group
+        _run(make_config(room=exact, link=link, training=steps, recovery=dict(rec, resume=True)))
+    gave_up = [e["error"] for e in _events(_quiet_logs) if e["event"] == "actor_gave_up"]
+    assert gave_up and all("hold no checkpoint of one state in common (alice: step 4, step 6; bob: none)" in g
+                           for g in gave_up), gave_up

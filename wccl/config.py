@@ -538,12 +538,13 @@ class SyncConfig(_Strict):
 
 
 class RecoveryConfig(_Strict):
-    """Snapshots over the light (rejoining nodes) and checkpoints on the server's disk."""
+    """Snapshots over the light (rejoining nodes) and checkpoints on disk (the server's; with exchange =
+    "collectives", every rank's)."""
 
     snapshot_every: int = Field(default=10, ge=1)  # the server shows its state every N steps (and on request)
-    checkpoint_every: int = Field(default=10, ge=0)  # the server writes a checkpoint every N steps (0: never)
+    checkpoint_every: int = Field(default=10, ge=0)  # the server (collectives: every rank) writes one every N steps (0: never)
     checkpoint_dir: str | None = None  # relative to the config file's folder (default: runs/<room file's name>)
-    resume: bool = False  # the server resumes from its checkpoint (`python -m wccl.node --resume`)
+    resume: bool = False  # the server (collectives: every rank) resumes from its checkpoint (`python -m wccl.node --resume`)
 
 
 # Each model's best known start, learning rate and batch: used where [training] leaves them out.

@@ -138,7 +138,8 @@ class RoomRun:
                  profile=self.config.room.profile, steps=self.config.training.steps,
                  exchange=self.config.exchange, schedule=self.config.schedule.preset)
         rec = self.config.recovery
-        if self.config.exchange == "server" and self.config.room.server in self.names and rec.checkpoint_every:
+        writers = [self.config.room.server] if self.config.exchange == "server" else self.config.room.ranks
+        if rec.checkpoint_every and set(writers) & set(self.names):
             log.info("run_folder", path=rec.checkpoint_dir, holds=f"checkpoints every {rec.checkpoint_every} steps")
         for sup in self.supervisors:
             sup.build()

@@ -42,8 +42,6 @@ def check(cfg: WcclConfig) -> None:
     if idle:
         raise ConfigError(f"room.nodes: {idle[0]!r} does not train; with exchange = \"collectives\" every node is a "
                           "rank and trains (give it the 'worker' role)")
-    if cfg.recovery.resume:
-        raise ConfigError("recovery.resume: with exchange = \"collectives\" there is no server checkpoint to resume")
 
 
 def node_class(cfg: WcclConfig, node: str) -> type[NodeSupervisor]:
@@ -166,16 +164,19 @@ class TrainingRank(_TrainingNode):
         return [*super().actor_names(), "rank_worker"]
 
     def build(self) -> None:
+        from wccl.recovery import checkpoint_path
         from wccl.training.exchange import codec_from_config
 
         super().build()
-        cfg, tr, col = self.config, self.config.training, self.config.collectives
+        cfg, tr, col, rec = self.config, self.config.training, self.config.collectives, self.config.recovery
         self.deps["rank_worker"] = dict(
             replica=_replica(cfg, self.node), codec=codec_from_config(tr), names=self.ranks, steps=tr.steps,
             greeted=self.greeted, greet_problem=self.greet_problem, greet_timeout_s=self.greet_timeout_s,
             quorum=cfg.quorum, eval_every=tr.eval_every, compute_scale=col.compute_scale, drain_s=col.drain_s,
             shows_observers=bool(cfg.room.observers) and self.node == cfg.room.server,
-            snapshot_every=cfg.recovery.snapshot_every)
+            snapshot_every=rec.snapshot_every, checkpoint_every=rec.checkpoint_every, resume=rec.resume,
+            checkpoint=checkpoint_path(rec.checkpoint_dir, cfg.room.session, self.node), session=cfg.room.session,
+            key=self.key)
 
 
 class ObserverNode(NodeSupervisor):
