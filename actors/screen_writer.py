@@ -107,7 +107,7 @@ class ScreenWriter(Actor):
         self._greet_turn = False
         self._status_due = 0
         self._rows: tuple = ()  # the discovery table (protocols.discovery), a row per rank, shown in status frames
-        self._page = 0  # the row the next status frame's page of the table starts at (a small layout's frames)
+        self._pages = transfer.StatusPages()  # where each frame size's next page of the table starts
         self._wake = asyncio.Event()
         self._parity = 0
         self._blank = layout.blank(screen_w, screen_h)
@@ -224,14 +224,13 @@ class ScreenWriter(Actor):
             elif self.ladder is not None:  # probing: each status frame in the next layout of the ladder
                 codec, hold_s = self.ladder[self._probe]
                 self._probe = (self._probe + 1) % len(self.ladder)
-            first = self._page if self._page < len(self._rows) else 0
+            first = self._pages.first(codec.message_bytes, len(self._rows), len(self._acks), self._layouts)
             message = transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                               message_bytes=codec.message_bytes, shown_us=shown_us,
                                               run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
                                               rows=self._rows, first=first, holds=self._holds,
                                               layouts=self._layouts, clock_echo=clock_echo, floor=self._floor(),
                                               key=self.key)
-            self._page = first + transfer.status_rows(codec.message_bytes, len(self._acks), self._layouts)
             return message, codec, hold_s
         return None
 

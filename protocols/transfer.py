@@ -122,6 +122,24 @@ def status_rows(message_bytes: int, ranks: int, layouts: int) -> int:
     return max(0, room // discovery.row_bytes(layouts, ranks))
 
 
+@dataclass
+class StatusPages:
+    """Which row of the discovery table a sender's next status frame starts its page at. Frames of each
+    size take the table in turn on their own: where the layouts of a ladder take turns on one screen, a
+    camera that reads only some of them (the big cells of a far, slanted screen) still gets every row,
+    which one turn shared by every size would not give it (a big frame's turn would start again at the
+    first row after each frame that shows the whole table)."""
+
+    _next: dict[int, int] = field(default_factory=dict)  # frame size -> the row its next page starts at
+
+    def first(self, message_bytes: int, rows: int, ranks: int, layouts: int) -> int:
+        """The first row of the next frame of `message_bytes` (a table of `rows` rows), and move on."""
+        first = self._next.get(message_bytes, 0)
+        first = first if first < rows else 0
+        self._next[message_bytes] = first + status_rows(message_bytes, ranks, layouts)
+        return first
+
+
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet

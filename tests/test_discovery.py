@@ -324,6 +324,96 @@ def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time(
     run_virtual(go)
 
 
+def test_a_screen_pages_the_table_in_each_frame_size_on_its_own():
+    """Twelve ranks, a ladder of two layouts whose status frames take turns: the dense one holds the whole
+    table, the big cells five rows. The big-cell frames still show rows 0-4, 5-9 and 10-11 in turn, so a
+    camera that reads only the big cells (a diagonal across a table) gets every row. With one turn for every
+    size, each dense frame sent the big frames' turn back to row 0, and rows 5-11 never went up in big cells."""
+    from actors.screen_writer import ScreenWriter
+    from conftest import run_virtual
+    from protocols.layout import GridLayout
+    from protocols.link import LinkCodec
+    from protocols.messages import AcksChanged
+    from wccl.harness import ActorHarness
+
+    class Screen:
+        def show(self, image) -> None:
+            pass
+
+    world = 12
+    dense, big = LinkCodec(GridLayout(68, 124, 8, 10), 0.8), LinkCodec(GridLayout(28, 50, 8, 22), 0.8)
+    rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (r ^ 1), 0) for r in range(world))
+    assert transfer.status_rows(big.message_bytes, world, 2) == 5
+    assert transfer.status_rows(dense.message_bytes, world, 2) > world
+
+    async def go():
+        async with ActorHarness(ScreenWriter, node="a0", screen=Screen(), codec=dense, screen_w=1280,
+                                screen_h=720, hold_s=0.083, session=7, rank=0, world=world, key=KEY,
+                                ladder=[(dense, 0.05), (big, 0.083)]) as w:
+            await w.send(AcksChanged(sender="a0", time=0.0, acks=((0, 0),) * world, greeting=True,
+                                     rows=discovery.pack_table(rows, 2)))
+            await w.settle()
+            pages = []
+            for i in range(16):
+                message, used, _ = w.actor._next_message(i * 0.083)
+                got = transfer.parse_message(message, KEY).rows
+                if used is big:
+                    pages.append(tuple(r for r in range(world) if got[r].version))
+            assert len(pages) >= 6 and set(pages) == {(0, 1, 2, 3, 4), (5, 6, 7, 8, 9), (10, 11)}, pages
+            await w.close()
+
+    run_virtual(go)
+
+
+def test_two_rows_of_eight_whose_diagonals_read_only_big_cells_agree():
+    """A classroom's sight at the message level: two rows of eight facing each other, each camera reads the
+    screen across in every layout but its diagonal neighbours only in the ladder's big cells, whose frames
+    hold two rows of the sixteen-rank table. Every rank's row crosses the room hop by hop on the diagonals,
+    and every rank completes (it did not in 90 s when one turn served every frame size)."""
+    holds, sizes = (0.05, 0.1, 0.083), (2500, 640, 450)
+    half, world = 8, 16
+    across = {2 * k + row: 2 * k + 1 - row for k in range(half) for row in (0, 1)}
+    diagonal = {2 * k + row: {2 * j + 1 - row for j in (k - 1, k + 1) if 0 <= j < half}
+                for k in range(half) for row in (0, 1)}
+    assert transfer.status_rows(sizes[2], world, len(holds)) == 2
+    rng = random.Random(0)
+    schedule = discovery.ProbeSchedule(holds)
+    cost = _cost(world, "auto", nominal=(3.0, 1.0, 0.3))
+    nodes = []
+    for r in range(world):
+        n = Node(r, world)
+        n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, holds, settle_s=1.5, cost=cost,
+                                                              schedule=schedule))
+        n.rx = TransferReceiver(r, world, 7, KEY, handshake=n.hs)
+        n.pages = transfer.StatusPages()
+        nodes.append(n)
+    offsets = [rng.uniform(-30.0, 30.0) for _ in range(world)]
+    done: dict[int, float] = {}
+    due, t = [0.0] * world, 0.0
+    for r, n in enumerate(nodes):
+        n.hs.on_complete.append(lambda r=r: done.setdefault(r, t))
+    while any(n.hs.greeting for n in nodes) and t < 60.0:
+        s = min(range(world), key=lambda r: due[r])
+        t = due[s]
+        local = t + offsets[s]
+        k, end = schedule.at(local)
+        due[s] = t + (end - local)
+        hs, rows = nodes[s].hs, nodes[s].hs.sight.table()
+        frame = transfer.status_message(session=7, sender=s, acks=(), message_bytes=sizes[k],
+                                        shown_us=round(local * 1e6), run_nonce=hs.nonce, trusts=hs.trust_mask(),
+                                        echo=hs.echo(), rows=rows, layouts=len(holds), key=KEY,
+                                        first=nodes[s].pages.first(sizes[k], len(rows), world, len(holds)))
+        for r, n in enumerate(nodes):
+            read = 0.95 if s == across[r] else 0.9 if s in diagonal[r] and k == 2 else 0.0
+            if r != s and rng.random() < read:
+                n.rx.receive(frame, now=t + 0.04 + offsets[r], layout=k)
+    assert len(done) == world, f"not complete: {sorted(set(range(world)) - set(done))}"
+    assert max(done.values()) < 20.0
+    graph = {(r, s) for r in range(world) for s in {across[r]} | diagonal[r]}
+    for n in nodes:
+        assert n.hs.sight.choose_layout(cost)[0] == 2 and set(n.hs.sight.choose_layout(cost)[1]) == graph
+
+
 # ------------------------------------------------------------------------------ stopping early
 def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, seed: int = 0,
                    offsets: tuple[float, ...] | None = None, settle_s: float = 1.0, nodes: list | None = None):
