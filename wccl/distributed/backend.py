@@ -190,7 +190,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         super().__init__(rank, world)
         self._rank, self._world = rank, world
         self._node = node
-        self._status = status  # the launcher's status channel: every finished collective, send and receive is counted there
+        self._status = status  # the launcher's status channel: every finished collective, send and recv counted
         self._seq = itertools.count()
         self._sent: dict[tuple[int, int], int] = {}  # (peer, tag) -> messages sent to it with that tag
         self._group_name = ""

@@ -86,7 +86,7 @@ def collective_ladder(cfg: WcclConfig):
             raise ConfigError(f"link: {why}")
         # The default ladder serves rooms of every size: a big room tries only the layouts its frames fit.
         structlog.get_logger("wccl").info("layouts_too_small_for_room", ranks=ranks, reason=why,
-                 layouts=[f"{c.layout.rows}x{c.layout.cols}" for c, _ in small])
+                                          layouts=[f"{c.layout.rows}x{c.layout.cols}" for c, _ in small])
         ladder = [(c, h) for c, h in ladder if c.message_bytes >= need]
     return ladder
 
