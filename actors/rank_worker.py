@@ -192,8 +192,10 @@ class RankWorker(Actor):
         """Write the state after `next_step` steps (the latest checkpoint; the one before is kept)."""
         paths = self._paths()
         for older, newer in zip(reversed(paths[1:]), reversed(paths[:-1])):
-            if newer.exists():
+            try:
                 newer.replace(older)
+            except FileNotFoundError:
+                pass  # none yet (the file is written whole or not at all: save_checkpoint renames it in place)
         state = snap.Snapshot(self.results["applied"], 0, self.replica.export_state())
         save_checkpoint(paths[0], dict(session=self.session, node=self.ctx.node, step=next_step), state,
                         bytes(torch.get_rng_state().numpy()), self.key)
