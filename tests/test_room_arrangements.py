@@ -129,7 +129,8 @@ def test_two_rows_each_camera_reads_across_and_diagonally_not_its_own_row(path):
         assert across[1:] == n[1:] and r.views[(n, across)].angle_deg < 20
 
 
-@pytest.mark.parametrize("path", ["rooms/table-8.toml", "rooms/rows-6.toml", "rooms/rows-4-wide.toml"])
+@pytest.mark.parametrize("path", ["rooms/table-8.toml", "rooms/rows-6.toml", "rooms/rows-4-wide.toml",
+                                  "rooms/classroom-16.toml"])
 def test_two_rows_sight_has_a_ring_through_every_rank(path):
     from protocols.algorithms import Sight
 
