@@ -57,6 +57,7 @@ test digits is for the logs and is not charged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import struct
 import time
@@ -183,24 +184,20 @@ class RankWorker(Actor):
         return msg
 
     def _paths(self) -> list[Path]:
-        """This rank's checkpoint files, the latest first."""
+        """This rank's checkpoint files: the latest, then the one before."""
         assert self.checkpoint is not None
-        return [self.checkpoint] + [self.checkpoint.with_name(f"{self.checkpoint.name}.{k}")
-                                    for k in range(1, KEEP_CHECKPOINTS)]
+        return [self.checkpoint, self.checkpoint.with_name(f"{self.checkpoint.name}.1")]
 
     def _save(self, next_step: int) -> None:
         """Write the state after `next_step` steps (the latest checkpoint; the one before is kept)."""
-        paths = self._paths()
-        for older, newer in zip(reversed(paths[1:]), reversed(paths[:-1])):
-            try:
-                newer.replace(older)
-            except FileNotFoundError:
-                pass  # none yet (the file is written whole or not at all: save_checkpoint renames it in place)
+        latest, before = self._paths()
+        with contextlib.suppress(FileNotFoundError):  # (none yet: the first checkpoint of the run)
+            latest.replace(before)
         state = snap.Snapshot(self.results["applied"], 0, self.replica.export_state())
-        save_checkpoint(paths[0], dict(session=self.session, node=self.ctx.node, step=next_step), state,
+        save_checkpoint(latest, dict(session=self.session, node=self.ctx.node, step=next_step), state,
                         bytes(torch.get_rng_state().numpy()), self.key)
         self.results["checkpoints"] += 1
-        self.log.info("checkpoint_written", step=next_step, applied=state.applied, path=str(paths[0]))
+        self.log.info("checkpoint_written", step=next_step, applied=state.applied, path=str(latest))
 
     async def _resume(self) -> int:
         """Agree with every rank on a checkpoint all of them hold (collective #0) and load it: the step to
@@ -235,7 +232,7 @@ class RankWorker(Actor):
             raise GiveUp(f"recovery.resume: the ranks hold no checkpoint of one state in common ({holds}); "
                          "start the run again without --resume")
         step = max(common)
-        meta, state, rng = held[step][1]
+        _, state, rng = held[step][1]
         self.replica.import_state(state.arrays)
         torch.set_rng_state(torch.frombuffer(bytearray(rng), dtype=torch.uint8))
         self.results["applied"] = state.applied
