@@ -153,6 +153,7 @@ class FrameDecoder(Actor):
         self.lens_mode = lens
         self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
         self._vote: tuple[float, float] | None = None  # the lens trial's reads of the code in the layout tried
+        self._idle = False  # the code being read looked like an idle screen in some layout tried
         self.ladder = ladder or [codec]
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
         # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
@@ -223,7 +224,7 @@ class FrameDecoder(Actor):
         for quad in quads:
             self.stats["codes_seen"] += 1
             order = [self.current] if self.current is not None else list(self._order)
-            done = False
+            done = self._idle = False
             for k in order:
                 self._use(k)
                 self._vote = None
@@ -234,6 +235,9 @@ class FrameDecoder(Actor):
                     if self._vote is not None:
                         self._lens_vote(*self._vote)
                     break
+            if not done and self._idle:  # even in every layout tried: an idle screen
+                self.stats["idle_screens"] += 1
+                done = True
             centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
             if done:
                 view.read_code(centre, max(w, h))
@@ -325,10 +329,16 @@ class FrameDecoder(Actor):
     async def _read(self, msg: Capture, quad: reader.Quad, previous: list) -> bool:
         """Read one code in the current layout; True if this layout explains it (idle, repeated, read).
 
-        While the layout is not chosen, a False sends the caller on to the next candidate layout.
+        While the layout is not chosen, a False sends the caller on to the next candidate layout, and an
+        idle look only marks the code (`_idle`): the caller calls it idle if no layout reads it.
         """
         sampled = self._sample(msg.image, quad)
         if reader.is_idle(sampled[0], self.grid):
+            if self.current is None:
+                # Not yet: a frame of another layout of the ladder sampled through this grid can look even
+                # (fine cells averaged into big ones, under blur); idle only if no layout reads it.
+                self._idle = True
+                return False
             self.stats["idle_screens"] += 1
             return True
         centre = quad.corners.mean(axis=0)

@@ -107,6 +107,44 @@ def _decode_captures(images: list[np.ndarray], node_names=("alice", "bob"), me="
     return run_virtual(go)
 
 
+def test_a_frame_of_a_finer_layout_is_not_idle_through_a_coarser_grid():
+    """Sampled through a grid of about twice its cells, a frame's pilots land on the frame's own pilots
+    (all alike): the screen is not idle unless all its cells are."""
+    fine, coarse = GridLayout(42, 78, 4, 16), GridLayout(20, 37, 8, 32)
+    codec = LinkCodec(fine, 0.8)
+    for i in range(5):
+        data = bytes(np.random.default_rng(i).integers(0, 256, codec.message_bytes, dtype=np.uint8))
+        img = cv2.GaussianBlur(_camera(render(codec.seal(data), fine, 1280, 720, sender=1, parity=0), seed=i),
+                               (0, 0), 3.0)
+        quad = reader.find_quads(img, coarse)[0]
+        assert not reader.is_idle(reader.sample(img, quad, coarse)[0], coarse)
+
+
+def test_a_code_even_in_one_layout_of_the_ladder_is_read_in_another(monkeypatch):
+    """While the layout is not chosen, a code that looks idle in the layout tried first is tried in the
+    others; it is an idle screen only if none reads it."""
+    coarse = LinkCodec(GridLayout(20, 35, 8, 24), 0.8)
+    monkeypatch.setattr(reader, "is_idle", lambda values, layout, residual=20.0: layout.cell_px == 24
+                        or np.std(values.mean(axis=1)) < residual)
+    hs = Handshake(0, 2)
+    hs.heard(1, 1, (hs.nonce, 1), 0, 0)
+    data = bytes(range(200))
+    _, frame = _frame(12, sender=1, data=data)
+
+    async def go():
+        async with ActorHarness(FrameDecoder, node="alice", codec=coarse, session=1, node_names=["alice", "bob"],
+                                transfers=transfer.TransferAssembler(), handshake=hs,
+                                ladder=[coarse, CODEC]) as dec:
+            for i, img in enumerate((_camera(render_idle(GRID, 1280, 720)), _camera(frame))):
+                await dec.send(Capture(sender="alice", time=float(i), image=img, seq=i))
+            await dec.settle()
+        return dec.of_type(TensorReceived), dec.results["link"]
+
+    got, link = run_virtual(go)
+    assert len(got) == 1 and got[0].payload == data
+    assert link["idle_screens"] == 1
+
+
 def test_frames_of_another_session_or_an_unknown_sender_are_ignored():
     data = bytes(range(200))
     _, foreign = _frame(7, sender=1, session=2, data=data)

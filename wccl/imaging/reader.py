@@ -384,14 +384,16 @@ def classify(corrected: np.ndarray, colours: int) -> tuple[np.ndarray, np.ndarra
 
 
 def is_idle(values: np.ndarray, layout: GridLayout, residual: float = 20.0) -> bool:
-    """The screen shows its idle pattern (all pilots alike), not a frame.
+    """The screen shows its idle pattern (every cell alike), not a frame.
 
-    The pilots' brightness minus a smooth (bilinear) surface over the frame, which takes out
-    vignetting and shading: an even grey leaves only noise, a frame's eight colours leave ~60 DN.
+    The cells' brightness minus a smooth (bilinear) surface over the frame, which takes out vignetting
+    and shading: an even grey leaves only noise, a frame's colours leave ~60 DN. Every cell, not the
+    pilots alone: a frame of another layout sampled through this one's grid can put this grid's pilots
+    on that frame's pilots (a grid of twice the cell size lands every pilot on one), and it is no idle
+    screen to a reader still trying the layouts of its ladder.
     """
-    idx = layout.index(PILOT)
-    lum = values[idx].mean(axis=1)
-    r, c = np.divmod(idx, layout.cols)
+    lum = values.mean(axis=1)
+    r, c = np.divmod(np.arange(len(lum)), layout.cols)
     u, v = c / max(1, layout.cols - 1) - 0.5, r / max(1, layout.rows - 1) - 0.5
     X = np.stack([np.ones_like(u), u, v, u * v], axis=1).astype(np.float32)
     coef = _fit(X, lum[:, None])
