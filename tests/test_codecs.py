@@ -65,7 +65,8 @@ def test_sign_keeps_signs_and_block_mean_magnitude(x):
         xs, ys = x[i:i + 64], y[i:i + 64]
         mean = float(xs.abs().mean())
         assert torch.allclose(ys.abs(), torch.full_like(ys, mean), rtol=1e-6, atol=1e-6)
-        assert bool(((ys >= 0) == (xs >= 0)).all())
+        # (a block whose mean magnitude underflows float32, of subnormals, decodes to zeros: no sign left)
+        assert bool((((ys >= 0) == (xs >= 0)) | (ys == 0)).all())
 
 
 @settings(max_examples=60, deadline=None)
