@@ -649,19 +649,19 @@ def test_a_layout_held_for_too_few_of_this_cameras_periods_counts_as_unread():
 
 
 def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger_room_is_told_it_cannot():
-    """20 x 37 cells of 32 px make 206-byte frames: a status frame of six ranks measuring seven layouts (a
-    status frame's short header, the group's ranks only in its echo and rows) and a transfer's smallest
-    packet with their acknowledgements fit; seven ranks' status frames do not, and the room file is refused
-    saying why."""
+    """20 x 37 cells of 32 px (the default ladder's last layout) make 206-byte frames: a status frame of
+    six ranks measuring seven layouts (a status frame's short header, the group's ranks only in its echo
+    and rows) and a transfer's smallest packet with their acknowledgements fit; seven ranks' status frames
+    do not, and a room file whose own ladder has that layout is refused saying why."""
     from conftest import make_config
     from wccl.config import DEFAULT_LADDER, ConfigError
     from wccl.distributed.runtime import collective_ladder
 
-    ladder = [*DEFAULT_LADDER, dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)]
+    assert DEFAULT_LADDER[-1] == dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)
 
     def room(n: int):
         nodes = [{"name": f"n{i}", "roles": ["server", "worker"] if i == 0 else ["worker"]} for i in range(n)]
-        return make_config(room={"nodes": nodes}, link={"ladder": ladder})
+        return make_config(room={"nodes": nodes}, link={"ladder": list(DEFAULT_LADDER)})
 
     for n in range(2, 7):
         assert collective_ladder(room(n))[-1][0].message_bytes == 206, n
@@ -672,9 +672,10 @@ def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger
 
 
 def test_a_classroom_tries_the_default_ladders_layouts_its_frames_fit_and_says_which_it_left_out():
-    """Sixteen ranks' frames do not fit the default ladder's 28 x 50 cells (398 bytes a frame): the
-    default ladder leaves that layout out for a room that size (logged), where eight ranks keep all of
-    it; a room file that sets that layout itself is refused, saying why."""
+    """Seven ranks' frames do not fit the default ladder's 20 x 37 cells (206 bytes a frame), nor sixteen
+    ranks' its 28 x 50 cells (398 bytes): the default ladder leaves those layouts out for a room that size
+    (logged), where six ranks keep all of it; a room file that sets such a layout itself is refused,
+    saying why."""
     from structlog.testing import capture_logs
 
     from conftest import make_config
@@ -688,12 +689,13 @@ def test_a_classroom_tries_the_default_ladders_layouts_its_frames_fit_and_says_w
 
     grids = lambda ladder: [(c.layout.rows, c.layout.cols) for c, _ in ladder]  # noqa: E731
     every = [(d["rows"], d["cols"]) for d in DEFAULT_LADDER]
-    assert grids(collective_ladder(room(8))) == every
+    assert grids(collective_ladder(room(6))) == every
+    assert grids(collective_ladder(room(8))) == [g for g in every if g != (20, 37)]
     with capture_logs() as logs:
         big = collective_ladder(room(16))
-    assert grids(big) == [g for g in every if g != (28, 50)]
+    assert grids(big) == [g for g in every if g not in ((28, 50), (20, 37))]
     left = [e for e in logs if e["event"] == "layouts_too_small_for_room"]
-    assert len(left) == 1 and left[0]["layouts"] == ["28x50"] and left[0]["ranks"] == 16
+    assert len(left) == 1 and left[0]["layouts"] == ["28x50", "20x37"] and left[0]["ranks"] == 16
     with pytest.raises(ConfigError, match="28 x 50 layout of 8 colours holds 398 bytes a frame, too few for "
                                           "the frames of 16 ranks"):
         collective_ladder(room(16, ladder=[d for d in DEFAULT_LADDER if d["rows"] in (28, 68)]))

@@ -57,7 +57,7 @@ def test_a_room_that_reads_the_fastest_layout_whole_picks_it_without_measuring_t
     cfg = make_config(room={"profile": "exact", "nodes": [{"name": n, "roles": ["server", "worker"] if i == 0 else
                                                            ["worker"]} for i, n in enumerate(names)]})
     ladder = collective_ladder(cfg)
-    assert len(ladder) == 6 and ladder[0][1] == min(h for _, h in ladder)  # the fastest first
+    assert len(ladder) == 7 and ladder[0][1] == min(h for _, h in ladder)  # the fastest first
     found = _start(cfg)
     for n, d in found.items():
         assert d["layout"] == 0, (n, d)
@@ -69,15 +69,12 @@ def test_a_room_that_reads_the_fastest_layout_whole_picks_it_without_measuring_t
 @pytest.mark.slow
 def test_a_small_screen_far_off_at_a_slant_connects_in_the_ladders_biggest_cells():
     # Two 13.3-inch laptops 1.2 m apart, each turned 30 degrees from the other, through 78-degree lenses: the
-    # default ladder's 22 px cells are under 3 camera px across there and read nowhere; a seventh layout of
-    # 32 px cells (a room's own ladder) reads both ways, and start-up finds it within its 10 s. Its 206-byte
-    # frames hold a status frame of two ranks (whose echo carries two run nonces, not eight).
-    from wccl.config import DEFAULT_LADDER
-
+    # 22 px cells are under 3 camera px across there and read nowhere; the default ladder's last layout, of
+    # 32 px cells, reads both ways, and start-up finds it within its 10 s. Its 206-byte frames hold a
+    # status frame of two ranks (whose echo carries two run nonces, not eight).
     nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]
-    ladder = [*DEFAULT_LADDER, dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)]
     cfg = make_config(room={"profile": "webcam", "nodes": nodes, "channel": {
-        "distance_m": 1.2, "hfov_deg": 78.0, "yaw_deg": 30.0, "screen_diag_in": 13.3}}, link={"ladder": ladder})
+        "distance_m": 1.2, "hfov_deg": 78.0, "yaw_deg": 30.0, "screen_diag_in": 13.3}})
     biggest = len(collective_ladder(cfg)) - 1
     assert biggest == 6 and collective_ladder(cfg)[biggest][0].message_bytes == 206
     for n, d in _start(cfg).items():

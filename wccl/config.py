@@ -398,12 +398,10 @@ NODE_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"
 # hard rooms, 42 x 78 of 16 px in 4 colours held 200 ms (the whole 1280 x 720 screen); last, big cells for
 # screens seen small or at a slant (the far diagonals of a table of laptops): 28 x 50 of 22 px held 83 ms,
 # 1144 x 660 px, which also fits a screen a little smaller. Its frames hold too little for the whole
-# discovery table of a big room: status frames show it a page at a time. (Every layout of a ladder has its
-# own grid: a frame's grid says which it is.) A room's own ladder may add a seventh layout of bigger cells:
-# 20 x 37 of 32 px held 100 ms reads a 13.3-inch screen 1.2 m away, turned 30 degrees, through a 78-degree
-# lens (rooms/far-slanted.toml), and its 206-byte frames hold the frames of up to six ranks. It is not in
-# the default ladder: in the harsh pair, which reads the 16 px layout on some of its frames, start-up
-# picked it and steps took 3.7 s, not 1.8 s (BENCHMARKS.md).
+# discovery table of a big room: status frames show it a page at a time. Last, 20 x 37 of 32 px held
+# 100 ms (1248 x 704 px) reads a 13.3-inch screen 1.2 m away, turned 30 degrees, through a 78-degree lens
+# (rooms/far-slanted.toml); its 206-byte frames hold the frames of up to six ranks, and a bigger room
+# leaves it out. (Every layout of a ladder has its own grid: a frame's grid says which it is.)
 
 DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
@@ -412,6 +410,7 @@ DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=48, cols=88, colours=8, cell_px=14, hold_s=0.1, code_rate=0.8),
     dict(rows=42, cols=78, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
     dict(rows=28, cols=50, colours=8, cell_px=22, hold_s=0.083, code_rate=0.8),
+    dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8),
 )
 
 
