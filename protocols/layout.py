@@ -158,7 +158,7 @@ def render_idle(layout: GridLayout, screen_w: int, screen_h: int) -> np.ndarray:
     """What a screen shows between tensors: the ring around an even grey of a data frame's mean light.
 
     Cameras keep their exposure (auto-exposure sees the same light as during a transfer), and
-    readers recognise it at once (its pilots are all alike) instead of trying to decode it.
+    readers recognise it at once (its cells are all alike) instead of trying to decode it.
     """
     r, c = layout.outer_cells
     b = layout.border_cells

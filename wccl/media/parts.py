@@ -56,7 +56,7 @@ REGISTRY.register("camera", "file", _file_camera, replace=True)
 REGISTRY.register("screen", "room", _room_screen, replace=True)
 REGISTRY.register("screen", "recording", _recording_screen, replace=True)
 
-# Real devices (issue 8): fullscreen windows and webcams, or real windows filmed on one X display.
+# Real devices: fullscreen windows and webcams, or real windows filmed on one X display.
 # These modules import OpenCV and PyAV only when a part is created.
 REGISTRY.register("medium", "hardware", _hardware.HardwareMedium.from_config, replace=True)
 REGISTRY.register("medium", "desktop", _desktop.DesktopMedium.from_config, replace=True)
