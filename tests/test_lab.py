@@ -241,8 +241,9 @@ def test_collectives_lab_per_algorithm_on_an_exact_room_of_three():
     # harness of every algorithm, tests/test_algorithms.py)
     assert rows[("all_see_all", 2048)]["received_bytes"] == 4096
     assert 2728 <= rows[("ring", 2048)]["received_bytes"] <= 2736
-    # ring takes 2(n-1) rounds, all-see-all one
-    assert rows[("ring", 4)]["latency_s"] > rows[("all_see_all", 4)]["latency_s"]
+    # ring takes 2(n-1) rounds, all-see-all one: at 2 KB (a 4-byte call's time is a frame or two, ring or
+    # not: 0.10 to 0.20 s either way, run to run)
+    assert rows[("ring", 2048)]["latency_s"] > 2 * rows[("all_see_all", 2048)]["latency_s"]
     mesh = next(r for r in out["runs"] if r["algorithm"] == "mesh")
     assert "'mesh' is not an algorithm" in mesh["reason"] and "\n" not in mesh["reason"]
     assert "Traceback" not in p.stderr
