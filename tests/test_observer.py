@@ -17,8 +17,8 @@ from conftest import (
 
 from actors.observer import Observer
 from protocols import snapshot as snap
+from protocols.codecs import get_codec
 from protocols.messages import TensorReceived
-from protocols.tensors import bf16_to_bytes
 from wccl.config import ConfigError, parse_config
 from wccl.harness import ActorHarness
 from wccl.training.data import load_dataset
@@ -105,7 +105,7 @@ def _trained(cfg, steps: int) -> tuple[list[bytes], Replica]:
         avg = mean_of({w: r.compute_gradient(step)[0] for w, r in zip("ab", reps)})[0].to(torch.bfloat16)
         for r in reps:
             r.apply(avg)
-        avgs.append(bf16_to_bytes(avg))
+        avgs.append(get_codec("bf16").encode(avg))
     return avgs, reps[0]
 
 

@@ -6,11 +6,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols import cells, fec, frames, layout, link, streams, tensors, transfer
+from protocols import cells, fec, frames, layout, link, streams, transfer
 from protocols.security import NO_KEY, TAG_BYTES, RoomKey
 
 
@@ -290,22 +289,6 @@ def test_render_and_layout_geometry():
     assert list(bits[:8]) == [0, 0, 0, 0, 0, 1, 0, 1] and list(bits[8:]) == list(bits[:8])
     with pytest.raises(ValueError, match="needs"):
         layout.GridLayout(40, 70, 8, 16).check_fits(640, 480)
-
-
-@given(values=st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=100))
-def test_bf16_bytes_round_trip(values):
-    t = torch.tensor(values, dtype=torch.float32).to(torch.bfloat16)
-    back = tensors.bytes_to_bf16(tensors.bf16_to_bytes(t), len(values))
-    assert torch.equal(back.view(torch.int16), t.view(torch.int16))
-
-
-def test_bf16_bytes_checks():
-    with pytest.raises(TypeError):
-        tensors.bf16_to_bytes(torch.zeros(3))
-    with pytest.raises(ValueError):
-        tensors.bytes_to_bf16(b"abc")
-    with pytest.raises(ValueError, match="expected 4"):
-        tensors.bytes_to_bf16(b"ab", 4)
 
 
 def test_a_frames_margin_is_the_share_of_its_error_correction_left():

@@ -88,7 +88,6 @@ def collective_ladder(cfg: WcclConfig):
         structlog.get_logger("wccl").info("layouts_too_small_for_room", ranks=ranks, reason=why,
                                           layouts=[f"{c.layout.rows}x{c.layout.cols}" for c, _ in small])
         ladder = [(c, h) for c, h in ladder if c.message_bytes >= need]
-    return ladder
 
 
 ROUND_HOLDS = 2  # a round's fixed cost in frame holds: shown, filmed, decoded, passed on (a ring round: 0.17 s measured at 83 ms holds)
