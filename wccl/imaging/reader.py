@@ -23,6 +23,7 @@ Steps, each a pure function:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import cv2
 import numpy as np
@@ -237,9 +238,14 @@ def _corners01(colours: int) -> np.ndarray:
 
 def _fit(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
     """Least squares X @ A ~ Y through the normal equations (small, well-posed, no LAPACK driver threads)."""
+    return np.linalg.solve(_normal(X), X.T @ Y)
+
+
+def _normal(X: np.ndarray) -> np.ndarray:
+    """X'X with a touch of ridge on its diagonal (`_fit`'s normal equations)."""
     XtX = X.T @ X
     XtX[np.diag_indices_from(XtX)] += 1e-6 * max(1.0, float(np.trace(XtX)) / len(XtX))
-    return np.linalg.solve(XtX, X.T @ Y)
+    return XtX
 
 
 def _inverse3(m: np.ndarray) -> np.ndarray | None:
@@ -393,11 +399,18 @@ def is_idle(values: np.ndarray, layout: GridLayout, residual: float = 20.0) -> b
     screen to a reader still trying the layouts of its ladder.
     """
     lum = values.mean(axis=1)
-    r, c = np.divmod(np.arange(len(lum)), layout.cols)
-    u, v = c / max(1, layout.cols - 1) - 0.5, r / max(1, layout.rows - 1) - 0.5
+    X, solve = _smooth_surface(layout.rows, layout.cols)
+    return bool(np.std(lum - X @ (solve @ lum)) < residual)
+
+
+@lru_cache(maxsize=16)
+def _smooth_surface(rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """A grid's bilinear surface over its cells (n_cells, 4), and the matrix that fits it to a value per
+    cell (`_fit`'s normal equations, solved once per grid: `is_idle` runs on every capture)."""
+    r, c = np.divmod(np.arange(rows * cols), cols)
+    u, v = c / max(1, cols - 1) - 0.5, r / max(1, rows - 1) - 0.5
     X = np.stack([np.ones_like(u), u, v, u * v], axis=1).astype(np.float32)
-    coef = _fit(X, lum[:, None])
-    return bool(np.std(lum - (X @ coef)[:, 0]) < residual)
+    return X, np.linalg.solve(_normal(X), X.T)
 
 
 def same_frame(a: np.ndarray, b: np.ndarray, level: float = 60.0, share: float = 0.02) -> bool:
