@@ -5,8 +5,9 @@ wccl.distributed: a collective, or a send or recv), `SendTensor` (a point-to-poi
 run, protocols.streams: one transfer to the ranks named, posted once the
 layout is chosen), `TransferArrived` (a peer's transfer, rebuilt and
 checked), `PeerAcks` (what each peer has of this rank's transfers), `HoldsKnown`
-(how many collectives each rank is known to hold), `Drain` (the program is
-done). Emits: `PostTransfer` (to the screen), `HoldsKnown` (this rank's
+(how many collectives each rank is known to hold), `VoidCollectives` (the
+group changed: the program goes on from a later collective), `Drain` (the
+program is done). Emits: `PostTransfer` (to the screen), `HoldsKnown` (this rank's
 own count), and `CollectiveDone` with every rank's parts in rank order, or
 an error.
 
@@ -36,6 +37,12 @@ a camera went dark cannot be known by any protocol (the two generals): a rank
 that holds a collective but never learns that the others do fails it with
 that reason.) After a failed collective the group is broken, as NCCL's is
 after a timeout: every later collective fails at once, saying why.
+
+When a rank's node restarts and rejoins the built-in run (actors.rank_worker),
+every rank's program voids the collectives before an agreed number
+(`VoidCollectives`): one still running here is dropped unapplied, its
+transfers count as delivered, and this rank counts every collective before
+that number as held, so the next one is agreed as usual.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ import structlog
 from protocols import streams, transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
 from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
-                                PostTransfer, SendTensor, SightKnown, TransferArrived)
+                                PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
 from wccl.actor import Actor, ActorContext, Overflow
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
@@ -74,7 +81,8 @@ class _Pending:
 
 
 class Collectives(Actor):
-    consumes = (CollectiveRequest, SendTensor, TransferArrived, PeerAcks, Drain, SightKnown, HoldsKnown)
+    consumes = (CollectiveRequest, SendTensor, TransferArrived, PeerAcks, Drain, SightKnown, HoldsKnown,
+                VoidCollectives)
     mailbox = (256, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, rank: int, world: int, timeout_s: float,
@@ -157,6 +165,8 @@ class Collectives(Actor):
         elif isinstance(msg, Drain):
             self._drain = msg
             self._wake.set()
+        elif isinstance(msg, VoidCollectives):
+            await self._void(msg.first_seq)
         elif isinstance(msg, SightKnown):
             if self.sight is None:
                 k = min(msg.layout, len(self.goodputs) - 1)
@@ -273,6 +283,21 @@ class Collectives(Actor):
         pend.held = True
         await self._hold(pend.req.seq)
         await self._commit()
+
+    async def _void(self, first_seq: int) -> None:
+        """Drop every collective before `first_seq`, running or queued, with no outcome, and count them held."""
+        void = sorted(seq for seq in self._pending if seq < first_seq)
+        for seq in void:
+            del self._pending[seq]
+        self._queue = deque(r for r in self._queue if r.op in P2P_OPS or r.seq >= first_seq)
+        self._early = {seq: early for seq, early in self._early.items() if seq >= first_seq}
+        self._last_seq = max(self._last_seq, first_seq - 1)
+        self.log.info("collectives_voided", first_seq=first_seq, running=void)
+        if first_seq > self._count:
+            self._held = {seq for seq in self._held if seq >= first_seq}
+            self._count = first_seq - 1
+            await self._hold(first_seq - 1)
+        self._check_drained()
 
     async def _hold(self, seq: int) -> None:
         self._held.add(seq)

@@ -1,10 +1,12 @@
 """RankWorker: the built-in run's replica when every node is a rank (`[training] exchange = "collectives"`).
 
 Consumes: `CollectiveDone` (this node's Collectives actor: every rank's
-gradient, in rank order). Emits: `CollectiveRequest` (this step's gradient,
-to be all-gathered), `SendTensor` (for observers: the step's average and
-snapshots), `Drain` (the run is over: show until the peers have what they
-need, then stop the node).
+gradient, in rank order), `TensorReceived` (the "sync" stream: a restarted
+rank's `Hello`, the lead's `Regroup`). Emits: `CollectiveRequest` (this
+step's gradient, to be all-gathered), `VoidCollectives` (the group
+regrouped), `SendTensor` (for observers: the step's average and snapshots;
+for the group: `Hello` and `Regroup`), `Drain` (the run is over: show until
+the peers have what they need, then stop the node).
 
 There is no parameter server and no step schedule: each step every rank
 computes its gradient, encodes it with the run's codec through its own error
@@ -44,9 +46,21 @@ loads it and trains on from there: the same bits as a run never stopped
 (codecs with error feedback start their residuals again at zero). Ranks
 with no state in common stop, saying what each holds.
 
-A RankWorker that fails is not restarted: a fresh one could not rejoin the
-collectives midway (its replica and the group's collective numbers have moved
-on), so the node fails, saying why.
+A rank whose laptop restarts mid-run rejoins: its fresh node takes its row
+of the room's sight from the others' frames (discovery's `adopted`), and its
+RankWorker, knowing it starts late, shows a `Hello` to the lead (the rank
+with the `server` role) and waits. Meanwhile the other ranks wait in the
+step's collective for the restarted rank's part (up to `[collectives]
+timeout_s`). The lead answers with a `Regroup` (protocols.sync) to every
+other rank: the collectives before a number past any yet issued are void
+(`VoidCollectives`), and every rank goes on from the step the lead was
+exchanging, with the lead's state, error feedback started again at zero.
+Every rank takes the lead's state (a rank that had applied the step the lead
+had not goes back to the lead's), so the replicas stay identical; the
+restarted rank's lost work is redone. A restarted lead cannot be answered
+(its state went with it): it stops, saying to resume every rank from its
+checkpoints. A RankWorker that fails is not restarted in place: its node
+fails, saying why.
 
 Compute is charged to the node's clock as in wccl.distributed: a step's
 gradient goes up when a laptop that computes as fast as this machine would
@@ -67,8 +81,10 @@ from typing import Any
 import torch
 
 from protocols import snapshot as snap
+from protocols import sync
 from protocols.codecs import Codec, ErrorFeedback
-from protocols.messages import CollectiveDone, CollectiveRequest, Drain, SendTensor
+from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, SendTensor, TensorReceived,
+                                VoidCollectives)
 from protocols.security import NO_KEY, RoomKey
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.recovery import CheckpointError, load_checkpoint, save_checkpoint
@@ -78,20 +94,32 @@ from wccl.training.exchange import reduce
 _HELD = struct.Struct(">I8s")  # a checkpoint a rank holds: the step it continues from, its state's digest
 NO_STEP = 0xFFFFFFFF
 KEEP_CHECKPOINTS = 2  # the latest and the one before: the ranks agree on one every rank holds
+GROUP_SPAN = 1 << 20  # a regroup's first collective: the next multiple of this, past any collective yet issued
+
+
+class _Regrouped(Exception):
+    """The group regrouped: go on from training step `step`."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
 
 
 class RankWorker(Actor):
-    consumes = (CollectiveDone,)
+    consumes = (CollectiveDone, TensorReceived)
     mailbox = (16, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, replica: Any, codec: Codec, names: list[str], steps: int,
                  greeted: asyncio.Event, greet_problem, greet_timeout_s: float, quorum: int = 1,
                  eval_every: int = 1, compute_scale: float = 1.0, drain_s: float = 10.0,
                  shows_observers: bool = False, snapshot_every: int = 10, checkpoint: Path | None = None,
-                 checkpoint_every: int = 0, resume: bool = False, session: int = 0, key: RoomKey = NO_KEY) -> None:
+                 checkpoint_every: int = 0, resume: bool = False, session: int = 0, key: RoomKey = NO_KEY,
+                 lead: str = "", joining=lambda: False) -> None:
         """`names`: the ranks in rank order; `greeted`: set once the run handshake and discovery are done
         (`greet_problem(greet_timeout_s)` says what is missing if they are not within `greet_timeout_s` room
-        seconds); `shows_observers`: this rank shows the room's observers each step's average and a snapshot
+        seconds); `lead`: the rank that answers a restarted rank (the room's `server` role); `joining()`: true
+        once greeted if this node started again while the others ran (it took its row of the sight from
+        them); `shows_observers`: this rank shows the room's observers each step's average and a snapshot
         every `snapshot_every` steps; `checkpoint`: this rank's checkpoint file, written every
         `checkpoint_every` applied steps (0: never) and read back with `resume`."""
         super().__init__(ctx)
@@ -110,7 +138,14 @@ class RankWorker(Actor):
         self.snapshot_every = snapshot_every
         self.checkpoint, self.checkpoint_every, self.resume = checkpoint, checkpoint_every, resume
         self.session, self.key = session, key
-        self._seq = 0  # the group's collectives this run: #0 is the resume agreement when resuming
+        self._seq = 0  # the group's next collective: #0 is the resume agreement when resuming
+        self.lead = lead or names[0]
+        self.joining = joining
+        self._group_from = 0  # the group's first collective since it last regrouped
+        self._hellos: list[str] = []  # ranks that started again and wait for the lead's answer
+        # Node-clock time up to which this rank's compute is charged. Virtual time stands still while it
+        # computes (the mark moves on by the CPU time); real time moves by itself (the mark is then behind).
+        self._mark = 0.0
         self.numel = replica.numel
         self.uplink = ErrorFeedback(codec)  # what this rank's codec left out of its gradient
         self.downlink = ErrorFeedback(codec)  # the average's: alike on every rank
@@ -118,7 +153,7 @@ class RankWorker(Actor):
         self.results = ctx.results.setdefault("worker", {"applied": 0, "skipped": 0, "bytes_sent": 0,
                                                          "gradient_nonfinite": 0, "gradient_undecodable": 0,
                                                          "algorithms": {}, "shown_to_observers": 0,
-                                                         "checkpoints": 0})
+                                                         "checkpoints": 0, "regroups": 0})
 
     async def run(self) -> None:
         try:
@@ -136,52 +171,157 @@ class RankWorker(Actor):
         except TimeoutError:
             raise GiveUp(self.greet_problem(self.greet_timeout_s)) from None
         self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe())
-        # Node-clock time up to which this rank's compute is charged. Virtual time stands still while it
-        # computes (the mark moves on by the CPU time); real time moves by itself (the mark is then behind).
-        mark = self.clock.now()
-        first = await self._resume() if self.resume else 0
-        for step in range(first, self.steps):
-            start, cpu0 = max(mark, self.clock.now()), time.thread_time()
-            grad, loss = self.replica.compute_gradient(step, raw=True)
-            payload, _ = self.uplink.encode(grad)
-            mark = start + (time.thread_time() - cpu0) * self.compute_scale
-            self.results["bytes_sent"] += len(payload)
-            why = self.watch.observe(loss)
-            if why is not None:
-                self.results["diverging"] = why
-                self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
-            done = await self._exchange(f"step {step}: the gradient exchange", payload, max(mark, self.clock.now()))
-            start, cpu0 = max(mark, self.clock.now()), time.thread_time()
-            base = self.results["applied"]
-            fields, word = self._apply(step, done)
-            mark = start + (time.thread_time() - cpu0) * self.compute_scale
-            if self.shows_observers:
-                await self._show_observers(step, base, word)
-            if fields is not None and self.checkpoint is not None and self.checkpoint_every \
-                    and self.results["applied"] % self.checkpoint_every == 0:
-                self._save(step + 1)
-            if fields is None:
+        self._mark = self.clock.now()
+        if self.joining():
+            step = await self._join()
+        else:
+            step = await self._resume() if self.resume else 0
+        while step < self.steps:
+            try:
+                await self._step(step)
+            except _Regrouped as r:
+                step = r.step
                 continue
-            if self.eval_every and (step + 1) % self.eval_every == 0:
-                acc, test_loss = self.replica.evaluate()  # for the logs: not charged
-                fields.update(test_accuracy=round(acc, 4), test_loss=round(test_loss, 4))
-            self.log.info("step_applied", step=step, loss=round(loss, 4), **fields)
+            step += 1
         self._final()
         await self.emit(Drain(sender=self.ctx.node, time=self.clock.now(), timeout_s=self.drain_s))
 
-    async def _exchange(self, what: str, payload: bytes, ready_at: float) -> CollectiveDone:
+    async def _step(self, step: int) -> None:
+        """Train one step (its compute charged up to `_mark`)."""
+        start, cpu0 = max(self._mark, self.clock.now()), time.thread_time()
+        grad, loss = self.replica.compute_gradient(step, raw=True)
+        payload, _ = self.uplink.encode(grad)
+        self._mark = start + (time.thread_time() - cpu0) * self.compute_scale
+        self.results["bytes_sent"] += len(payload)
+        why = self.watch.observe(loss)
+        if why is not None:
+            self.results["diverging"] = why
+            self.log.warning("training_diverging", reason=why, hint=HINT, codec=self.codec.describe())
+        done = await self._exchange(f"step {step}: the gradient exchange", payload,
+                                    max(self._mark, self.clock.now()), step)
+        start, cpu0 = max(self._mark, self.clock.now()), time.thread_time()
+        base = self.results["applied"]
+        fields, word = self._apply(step, done)
+        self._mark = start + (time.thread_time() - cpu0) * self.compute_scale
+        if self.shows_observers:
+            await self._show_observers(step, base, word)
+        if fields is not None and self.checkpoint is not None and self.checkpoint_every \
+                and self.results["applied"] % self.checkpoint_every == 0:
+            self._save(step + 1)
+        if fields is None:
+            return
+        if self.eval_every and (step + 1) % self.eval_every == 0:
+            acc, test_loss = self.replica.evaluate()  # for the logs: not charged
+            fields.update(test_accuracy=round(acc, 4), test_loss=round(test_loss, 4))
+        self.log.info("step_applied", step=step, loss=round(loss, 4), **fields)
+
+    async def _exchange(self, what: str, payload: bytes, ready_at: float, step: int | None = None) -> CollectiveDone:
         """All-gather `payload` as the group's next collective; every rank's bytes, or GiveUp saying `what`
-        failed."""
+        failed. During training step `step`, a regroup (a restarted rank's Hello here at the lead, the lead's
+        Regroup elsewhere) voids it instead: _Regrouped."""
         seq, self._seq = self._seq, self._seq + 1
         await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=seq, op="allgather",
                                           dtype="uint8", numel=len(payload), inputs=(payload,), root=0,
                                           ready_at=ready_at, handle=seq))
-        msg = await self.ctx.inbox.get()
+        while True:
+            if step is not None and self._hellos:
+                await self._regroup(step)
+            msg = await self.ctx.inbox.get()
+            if isinstance(msg, TensorReceived):
+                regroup = self._heard(msg)
+                if regroup is not None and step is not None:
+                    await self._adopt(regroup, msg.origin)
+                continue
+            if isinstance(msg, CollectiveDone) and msg.seq < self._group_from <= seq:
+                continue  # a collective the group voided, ended before the void reached this node's Collectives
+            break
         if not isinstance(msg, CollectiveDone) or msg.seq != seq:
             raise GiveUp(f"{what}: expected collective #{seq}, got {type(msg).__name__} #{getattr(msg, 'seq', '?')}")
         if msg.error is not None:
             raise GiveUp(f"{what} failed on every rank: {msg.error}")
         return msg
+
+    # -- a rank that started again ------------------------------------------------------------------
+    def _heard(self, msg: TensorReceived) -> sync.Regroup | None:
+        """A "sync" payload from a peer: a Hello (kept, at the lead, to answer in the step's exchange), or the
+        lead's Regroup to go on from (returned, if it is newer than this rank's group)."""
+        if msg.stream != "sync":
+            return None
+        try:
+            payload = sync.decode(msg.payload)
+        except sync.SyncError as e:
+            self.log.warning("sync_unreadable", origin=msg.origin, error=str(e))
+            return None
+        if isinstance(payload, sync.Hello) and payload.wants_snapshot and self.ctx.node == self.lead:
+            self.log.info("rank_rejoining", peer=msg.origin)
+            if msg.origin not in self._hellos:
+                self._hellos.append(msg.origin)
+        elif isinstance(payload, sync.Regroup) and msg.origin == self.lead and payload.first_seq > self._group_from:
+            return payload
+        return None
+
+    async def _join(self) -> int:
+        """This node started again while the others trained: ask the lead for the group's state and wait for
+        it (the step to go on from)."""
+        if self.ctx.node == self.lead:
+            raise GiveUp("this rank leads the group (the room's server role) and started again while the others "
+                         "ran: its state went with it. Stop every rank and start them again with --resume "
+                         "(each goes on from its latest checkpoint, [recovery] checkpoint_every)")
+        self.log.info("joining_late", lead=self.lead)
+        hello = sync.Hello(wants_snapshot=True, applied=-1, epoch=0).encode()
+        await self.emit(SendTensor(sender=self.ctx.node, time=self.clock.now(), step=0, stream="sync",
+                                   to=(self.lead,), payload=hello))
+        try:
+            async with asyncio.timeout(self.greet_timeout_s):
+                while True:
+                    msg = await self.ctx.inbox.get()
+                    if isinstance(msg, TensorReceived) and (regroup := self._heard(msg)) is not None:
+                        break
+        except TimeoutError:
+            raise GiveUp(f"joining late: {self.lead}, who leads the group, did not answer within "
+                         f"{self.greet_timeout_s:g} s (does its camera read this screen, and this camera its?)") from None
+        try:
+            await self._adopt(regroup, msg.origin)
+        except _Regrouped as r:
+            return r.step
+        raise AssertionError("unreachable")  # (_adopt raises)
+
+    async def _regroup(self, step: int) -> None:
+        """At the lead, for the ranks that started again: void the group's collectives so far, show every other
+        rank this state and where to go on from (`Regroup`), and go on from `step` here too."""
+        joiners, self._hellos = self._hellos, []
+        first = (self._seq // GROUP_SPAN + 1) * GROUP_SPAN  # past any collective a rank may have issued
+        applied = self.results["applied"]
+        state = snap.encode_snapshot(snap.Snapshot(applied, 0, self.replica.export_state()))
+        others = tuple(n for n in self.names if n != self.ctx.node)
+        payload = sync.Regroup(first, step, state).encode()
+        self.log.info("group_regrouped", joined=joiners, step=step, applied=applied, first_collective=first,
+                      bytes=len(payload))
+        await self.emit(SendTensor(sender=self.ctx.node, time=self.clock.now(), step=step, stream="sync", to=others,
+                                   payload=payload))
+        await self._go_on(first, step)
+
+    async def _adopt(self, regroup: sync.Regroup, origin: str) -> None:
+        """The lead's Regroup: take its state, void the group's collectives so far, go on from its step."""
+        try:
+            state = snap.decode_snapshot(regroup.state)
+        except snap.SnapshotError as e:
+            raise GiveUp(f"the lead's regroup carries no usable state ({e})") from None
+        was = self.results["applied"]
+        self.replica.import_state(state.arrays)
+        self.results["applied"] = state.applied
+        self.log.info("snapshot_adopted", reason="regroup", via="light", lead=origin, step=regroup.step,
+                      snapshot_applied=state.applied, applied_before=was, first_collective=regroup.first_seq)
+        await self._go_on(regroup.first_seq, regroup.step)
+
+    async def _go_on(self, first: int, step: int) -> None:
+        """Void the collectives before `first`, start error feedback again, and go on from `step`."""
+        self._seq = self._group_from = first
+        await self.emit(VoidCollectives(sender=self.ctx.node, time=self.clock.now(), first_seq=first))
+        self.uplink = ErrorFeedback(self.codec)
+        self.downlink = ErrorFeedback(self.codec)
+        self.results["regroups"] += 1
+        raise _Regrouped(step)
 
     def _paths(self) -> list[Path]:
         """This rank's checkpoint files: the latest, then the one before."""

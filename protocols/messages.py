@@ -281,6 +281,15 @@ class Drain(Message):
     timeout_s: float
 
 
+class VoidCollectives(Message):
+    """The group changed (a rank restarted and rejoined): the rank's program goes on from collective `first_seq`,
+    and every collective before it is void (one still running ends with no `CollectiveDone`; each counts as
+    held, so none holds a later one back)."""
+
+    control: ClassVar[bool] = True
+    first_seq: int = Field(ge=0)
+
+
 ALL_MESSAGES: tuple[type[Message], ...] = (
     Tick,
     ScheduleDone,
@@ -299,4 +308,5 @@ ALL_MESSAGES: tuple[type[Message], ...] = (
     AcksChanged,
     PeerAcks,
     Drain,
+    VoidCollectives,
 )

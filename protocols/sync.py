@@ -10,8 +10,13 @@ The header of every frame already carries the clock-sync timestamps
 - `Hello` (any other node): it is there, whether it wants a snapshot of the
   training state (it joins late or restarted), and its clock error as it
   estimates it.
+- `Regroup` (with exchange = "collectives", the rank with the `server` role,
+  answering a restarted rank's Hello): the group's collectives before
+  `first_seq` are void; every rank goes on from training step `step` with
+  the state `state` (protocols.snapshot) and collective `first_seq`.
 
-Layout (big endian): kind u8 (1 announce, 2 hello), then the fields below.
+Layout (big endian): kind u8 (1 announce, 2 hello, 3 regroup), then the
+fields below (a regroup's state is the rest of the payload).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ PHASES = ("compute", "uplink", "reduce", "downlink", "apply", "guard")
 _ANNOUNCE = struct.Struct(">BqIHIB")
 _PHASE = struct.Struct(">BI")
 _HELLO = struct.Struct(">BBiHI")
+_REGROUP = struct.Struct(">BII")
 
 
 class SyncError(ValueError):
@@ -55,7 +61,17 @@ class Hello:
         return _HELLO.pack(2, int(self.wants_snapshot), self.applied, self.epoch, self.sync_err_us)
 
 
-def decode(data: bytes) -> Announce | Hello:
+@dataclass(frozen=True)
+class Regroup:
+    first_seq: int  # the group's next collective: every one before it is void
+    step: int  # the training step every rank goes on from
+    state: bytes  # the training state to go on from (protocols.snapshot)
+
+    def encode(self) -> bytes:
+        return _REGROUP.pack(3, self.first_seq, self.step) + self.state
+
+
+def decode(data: bytes) -> Announce | Hello | Regroup:
     if not data:
         raise SyncError("empty sync payload")
     try:
@@ -75,6 +91,9 @@ def decode(data: bytes) -> Announce | Hello:
                 raise SyncError("hello: wrong length")
             _, wants, applied, epoch, err = _HELLO.unpack(data)
             return Hello(bool(wants), applied, epoch, err)
+        if data[0] == 3:
+            _, first_seq, step = _REGROUP.unpack_from(data)
+            return Regroup(first_seq, step, bytes(data[_REGROUP.size:]))
     except struct.error as e:
         raise SyncError(f"malformed sync payload: {e}") from None
     raise SyncError(f"unknown sync payload kind {data[0]}")

@@ -14,7 +14,7 @@ import pytest
 from conftest import make_config, run_virtual
 
 import actors  # noqa: F401  (registers the actors)
-from protocols.messages import CollectiveRequest, Drain
+from protocols.messages import CollectiveRequest, Drain, VoidCollectives
 from wccl.distributed.runtime import CollectiveNode
 from wccl.room import SimulatedRoom
 
@@ -146,3 +146,48 @@ def test_a_collective_no_algorithm_can_carry_fails_alike_and_the_next_one_runs()
         assert "cannot carry allreduce" in (done[n][0].error or ""), done[n][0]
         assert done[n][1].error is None, done[n][1].error
         assert done[n][1].parts[0] == (bytes([5]) * 8,)
+
+
+def test_voided_collectives_end_unapplied_and_the_next_one_is_agreed():
+    """alice starts collective #1; bob never does (his laptop restarted and knows nothing of it). Both void the
+    collectives before #8 (a regroup, actors.rank_worker): alice's #1 ends with no outcome at all, and #8 runs
+    and is agreed as usual: each counts #1..#7 as held, so none of them holds it back."""
+    names = ("alice", "bob")
+    cfg = make_config(room=dict(ROOM3, nodes=ROOM3["nodes"][:2], profile="exact"), link={"choose": "pinned"},
+                      collectives={"algorithm": "all_see_all"})
+
+    async def go():
+        room = SimulatedRoom.from_config(cfg)
+        done: dict[str, list] = {n: [] for n in names}
+        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=20.0, on_done=done[n].append)
+                 for n in names}
+
+        async def until(seq):
+            while not all(any(m.seq == seq for m in done[n]) for n in names):
+                await asyncio.sleep(0.01)
+
+        for s in nodes.values():
+            s.build()
+        async with asyncio.TaskGroup() as tg:
+            for s in nodes.values():
+                tg.create_task(s.run())
+            for i, n in enumerate(names):
+                await nodes[n].submit(_req(nodes[n], 0, bytes([i + 1]) * 8))
+            await until(0)
+            alice = nodes["alice"]
+            await alice.submit(_req(alice, 1, bytes([3]) * 8))
+            await asyncio.sleep(2.0)  # alice's #1 waits for bob's part, which never comes
+            for i, n in enumerate(names):
+                await nodes[n].mailboxes["collectives"].put(VoidCollectives(sender=n, time=0.0, first_seq=8))
+                await nodes[n].submit(_req(nodes[n], 8, bytes([10 + i]) * 8))
+            await until(8)
+            await asyncio.sleep(1.0)
+            for n, s in nodes.items():
+                await s.submit(Drain(sender=n, time=0.0, timeout_s=5.0))
+        return {n: {m.seq: m for m in done[n]} for n in names}, {n: s.results["collectives"] for n, s in nodes.items()}
+
+    done, results = run_virtual(go)
+    for n in names:
+        assert sorted(done[n]) == [0, 8], (n, sorted(done[n]))  # #1 ended with no outcome on alice
+        assert done[n][8].error is None and done[n][8].parts == ((bytes([10]) * 8,), (bytes([11]) * 8,)), done[n][8]
+        assert results[n]["failed"] == 0

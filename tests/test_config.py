@@ -109,6 +109,20 @@ def test_missing_file_and_invalid_toml(tmp_path, capsys):
         load_config(bad)
 
 
+@pytest.mark.parametrize("spec, says", [
+    ("bob", "expected NODE:AT_S or NODE:AT_S:DOWN_S"), ("bob:soon", "expected NODE:AT_S"), ("bob:1:2:3", "expected"),
+    ("bob:-1", "not negative"), ("mallory:3", "'mallory' is not a node of the room (alice, bob, carol)")])
+def test_a_kill_that_cannot_be_done_is_a_config_error(spec, says, capsys):
+    assert main(["--config", str(ROOT / "config.toml"), "--kill", spec]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err
+
+
+def test_a_kill_needs_every_node_of_a_simulated_room_in_this_process(capsys):
+    assert main(["--config", str(ROOT / "config.toml"), "--node", "bob", "--kill", "bob:3:1"]) == 2
+    assert "--kill: only in a simulated room" in capsys.readouterr().err
+
+
 def test_unknown_camera_name_and_node(tmp_path, capsys):
     data = shipped_config_dict()
     data["room"]["nodes"][1]["camera"] = "telescope"

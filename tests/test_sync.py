@@ -90,9 +90,15 @@ def test_hello_round_trips(wants, applied, epoch, err):
     assert sync.decode(h.encode()) == h
 
 
+@given(first_seq=st.integers(0, 2**32 - 1), step=st.integers(0, 2**32 - 1), state=st.binary(max_size=64))
+def test_regroup_round_trips(first_seq, step, state):
+    r = sync.Regroup(first_seq, step, state)
+    assert sync.decode(r.encode()) == r
+
+
 def test_malformed_sync_and_snapshot_payloads_are_errors_not_values():
     good = sync.Announce(1, (("compute", 0.1),), 3, 0, 0).encode()
-    for bad in (b"", b"\x09", good[:-1], good + b"\x00"):
+    for bad in (b"", b"\x09", good[:-1], good + b"\x00", sync.Regroup(1, 2, b"").encode()[:-1]):
         with pytest.raises(sync.SyncError):
             sync.decode(bad)
     blob = snap.encode_snapshot(snap.Snapshot(5, 1, {"params": np.arange(7, dtype=np.float32)}))
@@ -221,3 +227,50 @@ def test_ranks_resume_from_the_latest_checkpoint_they_all_hold_when_every_node_i
     gave_up = [e["error"] for e in _events(_quiet_logs) if e["event"] == "actor_gave_up"]
     assert gave_up and all("hold no checkpoint of one state in common (alice: step 4, step 6; bob: none)" in g
                            for g in gave_up), gave_up
+
+
+RANKS = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]},
+         {"name": "carol", "roles": ["worker"]}]
+DENSE = {"rows": 60, "cols": 110, "cell_px": 10, "hold_s": 0.1}
+
+
+@pytest.mark.slow
+def test_a_rank_killed_and_restarted_rejoins_when_every_node_is_a_rank(_quiet_logs):
+    """exchange = "collectives": carol's laptop crashes mid-run and starts again knowing nothing. alice and bob
+    wait in the step's collective for her part; her fresh node takes its row of the sight from their frames and
+    asks alice (the server role) to rejoin; alice voids the collectives so far and shows bob and carol her state
+    and the step to go on from. Every rank applies all 20 steps and they end identical, and so does the
+    observer, which watched alice throughout (alice's state did not change when the group regrouped)."""
+    nodes = [*RANKS, {"name": "dave", "roles": ["observer"]}]
+    cfg = make_config(room={"profile": "exact", "nodes": nodes}, link=DENSE,
+                      training={"steps": 20, "eval_every": 0, "exchange": "collectives"})
+    result = _run(cfg, faults=(Fault("carol", at_s=3.0, down_s=1.5, resume=False),))
+    events = _events(_quiet_logs)
+    regrouped = [e for e in events if e["event"] == "group_regrouped"]
+    assert [(e["node"], e["joined"]) for e in regrouped] == [("alice", ["carol"])], regrouped
+    step, applied = regrouped[0]["step"], regrouped[0]["applied"]
+    assert 0 < step < 20 and applied == step  # (no step was skipped: every step before it applied)
+    adopted = {e["node"]: e for e in events if e["event"] == "snapshot_adopted"}
+    assert set(adopted) == {"bob", "carol"} and all(e["reason"] == "regroup" and e["step"] == step
+                                                   and e["snapshot_applied"] == applied for e in adopted.values())
+    assert adopted["carol"]["applied_before"] == 0  # she came back with nothing
+    voided = {e["node"] for e in events if e["event"] == "collectives_voided"}
+    assert voided == {"alice", "bob", "carol"}
+    # the collectives went on after the void: every rank applied each of the 20 steps once after it
+    assert result["applied"] == 20 and result["replicas_identical"]
+    for n in ("alice", "bob", "carol"):
+        w = result["nodes"][n]["worker"]
+        assert w["applied"] == 20 and w["regroups"] == 1 and w["skipped"] == 0, (n, w)
+    dave = result["nodes"]["dave"]["observer"]
+    assert result["observer_identical"] is True and dave["applied"] == 20 and not dave["stalled"]
+
+
+@pytest.mark.slow
+def test_the_lead_rank_killed_and_restarted_stops_saying_to_resume_from_checkpoints(_quiet_logs):
+    cfg = make_config(room={"profile": "exact", "nodes": RANKS[:2]}, link=DENSE,
+                      training={"steps": 20, "eval_every": 0, "exchange": "collectives"},
+                      collectives={"timeout_s": 10.0})
+    with pytest.raises(BaseException):  # noqa: B017 - the room's TaskGroup raises the nodes' failures as a group
+        _run(cfg, faults=(Fault("alice", at_s=3.0, down_s=1.5, resume=False),))
+    gave_up = [(e["node"], e["error"]) for e in _events(_quiet_logs) if e["event"] == "actor_gave_up"]
+    assert any(n == "alice" and "leads the group" in err and "--resume" in err for n, err in gave_up), gave_up

@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="override [training] seed (model initialisation)")
     p.add_argument("--resume", action="store_true",
                    help="the parameter server resumes from its checkpoint ([recovery] checkpoint_dir)")
+    p.add_argument("--kill", action="append", default=[], metavar="NODE:AT_S[:DOWN_S]",
+                   help="a simulated room only: kill NODE (as if its laptop crashed) AT_S room seconds into the run "
+                        "and, with DOWN_S, start it again that much later knowing nothing (a server reads its "
+                        "checkpoint); repeatable. To watch recovery")
     p.add_argument("--aim-seconds", type=float, default=120.0,
                    help="on real devices (medium \"hardware\"), aim first (wccl aim) for at most this long; 0: "
                         "start at once")
@@ -219,6 +223,28 @@ def _override(cfg: WcclConfig, args: argparse.Namespace) -> WcclConfig:
         cfg = cfg.model_copy(update={"logging": cfg.logging.model_copy(
             update={k: v for k, v in (("format", args.log_format), ("level", args.log_level)) if v})})
     return cfg
+
+
+def parse_kills(specs: list[str], cfg: WcclConfig, only: str | None) -> tuple[Fault, ...]:
+    """`--kill NODE:AT_S[:DOWN_S]` as Faults, or a ConfigError saying what is wrong."""
+    if specs and (cfg.room.medium != "simulated" or only is not None):
+        raise ConfigError("--kill: only in a simulated room whose nodes all run in this process (no --node)")
+    faults = []
+    for spec in specs:
+        parts = spec.split(":")
+        try:
+            if len(parts) not in (2, 3):
+                raise ValueError
+            node, at_s, down_s = parts[0], float(parts[1]), float(parts[2]) if len(parts) == 3 else None
+        except ValueError:
+            raise ConfigError(f"--kill {spec!r}: expected NODE:AT_S or NODE:AT_S:DOWN_S (seconds)") from None
+        names = [n.name for n in cfg.room.nodes]
+        if node not in names:
+            raise ConfigError(f"--kill {spec!r}: {node!r} is not a node of the room ({', '.join(names)})")
+        if at_s < 0 or (down_s is not None and down_s < 0):
+            raise ConfigError(f"--kill {spec!r}: times are seconds from the start, not negative")
+        faults.append(Fault(node, at_s, down_s))
+    return tuple(faults)
 
 
 def summary_table(result: dict[str, Any]) -> str:
@@ -246,11 +272,11 @@ def summary_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def _main_async(cfg: WcclConfig, only: str | None, summary: bool = False) -> int:
+async def _main_async(cfg: WcclConfig, only: str | None, summary: bool = False, faults: tuple[Fault, ...] = ()) -> int:
     from wccl.supervisor import NodeFailed
 
     loop = asyncio.get_running_loop()
-    run = RoomRun(cfg, only)
+    run = RoomRun(cfg, only, faults)
     try:
         with stop_on_signals(loop, run.stop.set):
             result = await run.run()
@@ -301,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         builtin_run_check(cfg)
+        faults = parse_kills(args.kill, cfg, args.node)
     except ConfigError as e:
         print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
         return EXIT_CONFIG
@@ -317,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         with asyncio.Runner(loop_factory=lambda: new_loop(cfg.room.clock)) as runner:
-            return runner.run(_main_async(cfg, args.node, summary=fmt == "console"))
+            return runner.run(_main_async(cfg, args.node, summary=fmt == "console", faults=faults))
     except (ConfigError, UnknownPart) as e:
         print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
         return EXIT_CONFIG

@@ -13,7 +13,7 @@ with the run's own actors on top:
 - `TrainingRank` (`exchange = "collectives"`): a RankWorker, which
   all-gathers each step's gradients by the algorithm the room's sight fits.
   The rank with the `server` role shows each step's average and snapshots
-  for the room's observers.
+  for the room's observers, and answers a rank that restarted mid-run.
 - `ObserverNode`: a node that only listens (CameraReader, FrameDecoder in
   listening mode, Observer): it overhears the words and snapshots of the
   server's screen (the parameter server's, or with collectives the rank
@@ -176,7 +176,13 @@ class TrainingRank(_TrainingNode):
             shows_observers=bool(cfg.room.observers) and self.node == cfg.room.server,
             snapshot_every=rec.snapshot_every, checkpoint_every=rec.checkpoint_every, resume=rec.resume,
             checkpoint=checkpoint_path(rec.checkpoint_dir, cfg.room.session, self.node), session=cfg.room.session,
-            key=self.key)
+            key=self.key, lead=cfg.room.server, joining=self._started_again)
+
+
+    def _started_again(self) -> bool:
+        """This node took its row of the room's sight from the others' frames: they ran before it started."""
+        sight = self.handshake.sight
+        return sight is not None and sight.adopted > 0
 
 
 class ObserverNode(NodeSupervisor):
