@@ -13,7 +13,8 @@ its deadline (the reduce tick wccl.schedule.DEADLINE_STEPS steps later; the
 schedule ends at the last step's) with what arrived; steps are reduced in
 order. Only gradients computed on
 the server's current state (same epoch, `base` equal to its update count)
-are averaged; others are counted (`gradient_stale`). A worker whose gradient
+are averaged, whether they come early or late (a step reduced since they came
+moved the state on); others are counted (`gradient_stale`). A worker whose gradient
 missed the deadline is logged (`gradient_missing`); a gradient with a NaN or
 an Inf is left out and counted (`gradient_nonfinite`); the server averages
 what arrived if at least `quorum` workers made it, otherwise skips the step
@@ -79,7 +80,7 @@ class ParameterServer(Actor):
         self.phases: tuple = ()
         self.epoch = 0
         self.applied = 0
-        self._grads: dict[int, dict[str, bytes]] = {}
+        self._grads: dict[int, dict[str, tuple[int, bytes]]] = {}  # step -> worker -> (base, gradient)
         self._step = -1  # the step whose gradients are being collected
         self._reduced = -1  # the last step reduced (or skipped)
         self._snapshot_due: tuple[str, tuple[str, ...]] | None = None  # (why, to whom)
@@ -140,7 +141,7 @@ class ParameterServer(Actor):
             self.log.info("gradient_stale", origin=origin, epoch=epoch, base=base, server_epoch=self.epoch,
                           server_applied=self.applied)
             return
-        self._grads.setdefault(step, {})[origin] = payload
+        self._grads.setdefault(step, {})[origin] = (base, payload)
         await self._reduce_complete()
 
     async def _reduce_complete(self) -> None:
@@ -181,7 +182,15 @@ class ParameterServer(Actor):
         if step <= self._reduced:
             return
         self._reduced = step
-        got = self._grads.pop(step, {})
+        got = {}
+        for origin, (base, payload) in self._grads.pop(step, {}).items():
+            if base == self.applied:
+                got[origin] = payload
+                continue
+            # Current when it came, but an earlier step was reduced since: never averaged into a later state.
+            self.results["gradient_stale"] += 1
+            self.log.info("gradient_stale", origin=origin, epoch=self.epoch, base=base, server_epoch=self.epoch,
+                          server_applied=self.applied)
         for old in [s for s in self._grads if s < step]:
             del self._grads[old]
         missing = [w for w in self.workers if w not in got]

@@ -133,7 +133,9 @@ class Worker(Actor):
 
     def _word(self, step: int, epoch: int, base: int, payload: bytes) -> None:
         """The server's word on a step: apply it if it is for this replica's state, else keep it."""
-        if self._open is not None and (self._open[1], self._open[2]) == (epoch, base):
+        if self._open is not None and epoch == self._open[1] and step >= self._open[0]:
+            # The word on the step in flight, or on a later one: the server is done with it. (Not a word on an
+            # earlier step: the words on skipped steps all name the same state.)
             self._open = None
         self._server_at = max(self._server_at, (epoch, base + 1 if payload else base))
         if not self.has_state or (epoch, base) != (self.epoch, self.applied):

@@ -85,3 +85,45 @@ def test_a_late_word_has_the_next_step_computed_when_it_comes_until_the_server_s
         assert [g.step for g in sent][-1] == 5 and 4 not in [g.step for g in sent], [g.step for g in sent]
 
     run_virtual(go)
+
+
+def test_a_late_word_on_an_earlier_step_does_not_stand_for_the_word_on_the_open_one():
+    """The server's word on a skipped step leaves the state where it was, so the words on several skipped steps
+    name the same state. One that comes late, after the worker sent its gradient on a later step, is not the
+    word on that step: the worker still waits for it (and computes no second gradient on the same state,
+    which the server would average into a later state)."""
+    async def go():
+        clock = NodeClock()
+        sent: list[LocalGradient] = []
+
+        async def emit(msg):
+            if isinstance(msg, LocalGradient):
+                sent.append(msg)
+
+        ctx = ActorContext("alice", "worker", clock, Mailbox("worker", 64, "block"), emit)
+        w = Worker(ctx, Replica(), server="alice", eval_every=0, codec=get_codec("fp32"))
+        schedule = Schedule(0.0, PHASES)
+        await w.handle(ScheduleKnown(sender="alice", step=0, time=0.0, t0=0.0, phases=PHASES, steps=10, epoch=0,
+                                     applied=0, join_step=0))
+
+        async def tick(step: int) -> None:
+            win = schedule.window(step, "compute")
+            await clock.sleep_until(win.start)
+            await w.handle(Tick(sender="alice", step=step, time=clock.now(), phase="compute", start=win.start,
+                                end=win.end))
+
+        async def skipped(step: int) -> None:  # the server's word: step skipped, the state stays
+            await w.handle(AveragedGradient(sender="alice", step=step, time=clock.now(), payload=b"",
+                                            contributors=(), epoch=0, base=0))
+
+        await tick(0)
+        await tick(1)
+        await skipped(0)  # step 1 is computed now, on the state of 0 updates
+        assert [(g.step, g.base) for g in sent] == [(0, 0), (1, 0)]
+        await tick(2)
+        await skipped(0)  # the word on step 0 again (read late): not the word on step 1
+        assert [g.step for g in sent] == [0, 1]
+        await skipped(1)
+        assert [(g.step, g.base) for g in sent] == [(0, 0), (1, 0), (2, 0)]
+
+    run_virtual(go)
