@@ -3,12 +3,13 @@
 Consumes: `CollectiveRequest` (from the rank's program, through
 wccl.distributed: a collective, or a send or recv), `SendTensor` (a point-to-point tensor of the built-in
 run, protocols.streams: one transfer to the ranks named, posted once the
-layout is chosen), `TransferArrived` (a peer's transfer, rebuilt and
-checked), `PeerAcks` (what each peer has of this rank's transfers), `HoldsKnown`
+layout is chosen; relayed where it must: `_send_tensors`), `TransferArrived`
+(a peer's transfer, rebuilt and checked), `PeerAcks` (what each peer has of this rank's transfers), `HoldsKnown`
 (how many collectives each rank is known to hold), `VoidCollectives` (the
 group changed: the program goes on from a later collective), `Drain` (the
 program is done). Emits: `PostTransfer` (to the screen), `HoldsKnown` (this rank's
-own count), and `CollectiveDone` with every rank's parts in rank order, or
+own count), `TensorReceived` (a tensor of the built-in run relayed here by
+other ranks), and `CollectiveDone` with every rank's parts in rank order, or
 an error.
 
 Every rank issues the same collectives in the same order (torch's rule), so
@@ -56,7 +57,8 @@ import structlog
 from protocols import streams, transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
 from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
-                                PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
+                                PostTransfer, SendTensor, SightKnown, TensorReceived, TransferArrived,
+                                VoidCollectives)
 from wccl.actor import Actor, ActorContext, Overflow
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
@@ -142,6 +144,8 @@ class Collectives(Actor):
             self.results["bytes_received"] += len(msg.payload)
             if msg.op == "relay":
                 await self._relayed(msg)
+            elif msg.op == "relay_stream":
+                await self._relayed_stream(msg)
             elif msg.op == "p2p":
                 self._inbox.append(msg)
                 await self._match()
@@ -177,16 +181,35 @@ class Collectives(Actor):
 
     async def _send_tensors(self) -> None:
         """Post the point-to-point sends (the built-in run's tensors, protocols.streams): one transfer
-        each, for the ranks named (a name that is not a rank, or this node, is nobody to wait for; a send
-        to nobody is dropped unless nodes overhear it: observers)."""
+        each, for the ranks named that read this screen and whose screens this camera reads (a name that is
+        not a rank, or this node, is nobody to wait for; a send to nobody is dropped unless nodes overhear
+        it: observers), and one "relay_stream" transfer for each other rank named, along the sight graph's
+        route to it (as a relayed send: Sight.route)."""
         sends, self._sends = self._sends, []
         for msg in sends:
-            dest = sum(1 << self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node)
-            if not dest and not msg.overheard:
-                continue
-            payload = streams.wrap(msg.epoch, msg.base, msg.payload)
-            await self._post_one(max(0, msg.step), msg.stream, "uint8", len(payload), 0, dest, payload,
-                                 background=msg.background, overheard=msg.overheard)
+            ranks = [self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node]
+            near = [r for r in ranks if self.sight is None or self.sight.both_ways(r, self.rank)]
+            dest = sum(1 << r for r in near)
+            step, payload = max(0, msg.step), streams.wrap(msg.epoch, msg.base, msg.payload)
+            if dest or msg.overheard:
+                await self._post_one(step, msg.stream, "uint8", len(payload), 0, dest, payload,
+                                     background=msg.background, overheard=msg.overheard)
+            for r in ranks:
+                if r not in near:
+                    await self._relay_stream(step, transfer.OPS[msg.stream], payload, self.rank, r)
+
+    async def _relay_stream(self, step: int, stream_op: int, payload: bytes, source: int, dest: int) -> None:
+        """Show a stream's transfer from `source` to the next rank on the route to `dest`."""
+        route = self.sight.route(self.rank, dest) if self.sight is not None else None
+        if route is None:
+            self.results["relay_refused"] += 1
+            self.log.error("relay_refused", source=source, destination=dest, stream=transfer.OP_NAMES[stream_op],
+                           reason="no chain of laptops that read each other's screens leads there from this one")
+            return
+        if source != self.rank:
+            self.results["relayed"] += 1
+        await self._post_one(step, "relay_stream", "uint8", len(payload), stream_op, 1 << route[0],
+                             transfer.RELAY_HEAD.pack(source, dest) + payload)
 
     async def _post_when_ready(self) -> None:
         while True:
@@ -400,6 +423,29 @@ class Collectives(Actor):
             return
         self.results["relayed"] += 1
         await self._post_one(msg.seq, "relay", msg.dtype, msg.numel, msg.part, 1 << route[0], msg.payload)
+
+    async def _relayed_stream(self, msg: TransferArrived) -> None:
+        """One of the built-in run's tensors on its way from one rank to another: handed to this node's actors
+        if it is this rank's (`TensorReceived`, as if read off the source's screen), else shown to the next
+        rank of its route."""
+        head = transfer.RELAY_HEAD
+        src, dst = head.unpack_from(msg.payload) if len(msg.payload) >= head.size else (-1, -1)
+        stream = transfer.OP_NAMES.get(msg.part)
+        try:
+            if not (0 <= src < self.world and 0 <= dst < self.world) or src == dst or stream not in streams.STREAMS:
+                raise streams.StreamError(f"source {src}, destination {dst}, op {msg.part}")
+            epoch, base, payload = streams.unwrap(msg.payload[head.size:])
+        except streams.StreamError as e:
+            # (its frames passed the room key's check: a rank that sent it is broken; nothing to pass on)
+            self.results["relay_refused"] += 1
+            self.log.error("relay_refused", origin=msg.origin, reason=str(e), bytes=len(msg.payload))
+            return
+        if dst != self.rank:
+            await self._relay_stream(msg.seq, msg.part, msg.payload[head.size:], src, dst)
+            return
+        await self.emit(TensorReceived(sender=self.ctx.node, step=msg.seq, time=self.clock.now(),
+                                       origin=self.names[src], stream=stream, payload=payload,
+                                       frames=max(1, msg.frames), epoch=epoch, base=base))
 
     async def _sends_acknowledged(self) -> None:
         for p in list(self._sends_out):

@@ -151,7 +151,10 @@ OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scat
        "p2p": 10,
        # a send/recv message on its way through ranks whose cameras chain from its source to its destination:
        # the payload starts with those two ranks (RELAY_HEAD); `seq`, `part`, dtype and numel are the message's
-       "relay": 11}
+       "relay": 11,
+       # one of the built-in run's tensors on such a way: the payload starts with RELAY_HEAD, `seq` is its step
+       # and `part` its stream's op (grad, avg, params, sync)
+       "relay_stream": 12}
 RELAY_HEAD = struct.Struct(">BB")  # a relayed message's (source, destination) ranks
 OP_NAMES = {v: k for k, v in OPS.items()}
 COLLECTIVE_OPS = frozenset({"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"})  # `seq`: the collective

@@ -16,7 +16,7 @@ from conftest import make_config, run_virtual
 
 import actors  # noqa: F401  (registers the actors)
 from protocols.algorithms import Sight
-from protocols.messages import CollectiveRequest, Drain
+from protocols.messages import CollectiveRequest, Drain, SendTensor, TensorReceived
 from wccl.distributed.runtime import CollectiveNode
 from wccl.room import SimulatedRoom
 
@@ -87,4 +87,48 @@ def test_a_send_to_a_camera_that_does_not_read_this_screen_is_relayed():
     # bob passed on alice's two messages and carol's one (alice reads carol, but carol could never read
     # alice's acknowledgement); nobody else relayed anything
     assert [results[n]["collectives"]["relayed"] for n in NAMES] == [0, 3, 0]
+    assert [results[n]["collectives"]["relay_refused"] for n in NAMES] == [0, 0, 0]
+
+
+def test_a_tensor_of_the_built_in_run_to_a_camera_that_does_not_read_this_screen_is_relayed():
+    """The built-in run's tensors (protocols.streams) take the same way as a send: alice's word to bob and
+    carol goes straight to bob and, through him, to carol, whose camera does not see alice's screen; carol's
+    answer goes round by bob too. Each arrives as its sender's, with its step and state."""
+    cfg = make_config(room=ROOM3, link={"choose": "pinned"})
+
+    async def go():
+        room = SimulatedRoom.from_config(cfg)
+        room.hide("carol", "alice")
+        got: dict[str, list[TensorReceived]] = {n: [] for n in NAMES}
+        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=30.0, on_done=lambda _: None)
+                 for n in NAMES}
+        for n, s in nodes.items():
+            async def emit(msg, n=n, plain=s._emit):
+                if isinstance(msg, TensorReceived):
+                    got[n].append(msg)
+                    return
+                await plain(msg)
+            s._emit = emit
+            s.build()
+        async with asyncio.TaskGroup() as tg:
+            for s in nodes.values():
+                tg.create_task(s.run())
+            a, c = nodes["alice"], nodes["carol"]
+            await a.mailboxes["collectives"].put(SendTensor(sender="alice", step=7, time=0.0, stream="sync",
+                                                            to=("bob", "carol"), payload=b"word" * 100, epoch=2,
+                                                            base=5))
+            await c.mailboxes["collectives"].put(SendTensor(sender="carol", step=8, time=0.0, stream="grad",
+                                                            to=("alice",), payload=b"answer" * 50))
+            async with asyncio.timeout(30.0):
+                while not (got["bob"] and got["carol"] and got["alice"]):
+                    await asyncio.sleep(0.05)
+            for n, s in nodes.items():
+                await s.submit(Drain(sender=n, time=0.0, timeout_s=5.0))
+        return got, {n: s.results for n, s in nodes.items()}
+
+    got, results = run_virtual(go)
+    word = [("alice", 7, "sync", b"word" * 100, 2, 5)]
+    seen = {n: [(m.origin, m.step, m.stream, m.payload, m.epoch, m.base) for m in got[n]] for n in NAMES}
+    assert seen == {"alice": [("carol", 8, "grad", b"answer" * 50, 0, 0)], "bob": word, "carol": word}, seen
+    assert [results[n]["collectives"]["relayed"] for n in NAMES] == [0, 2, 0]
     assert [results[n]["collectives"]["relay_refused"] for n in NAMES] == [0, 0, 0]
