@@ -318,8 +318,8 @@ class RankWorker(Actor):
         """Void the collectives before `first`, start error feedback again, and go on from `step`."""
         self._seq = self._group_from = first
         await self.emit(VoidCollectives(sender=self.ctx.node, time=self.clock.now(), first_seq=first))
-        self.uplink = ErrorFeedback(self.codec)
-        self.downlink = ErrorFeedback(self.codec)
+        self.uplink.reset()
+        self.downlink.reset()
         self.results["regroups"] += 1
         raise _Regrouped(step)
 
