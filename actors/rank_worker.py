@@ -53,8 +53,9 @@ with the `server` role) and waits. Meanwhile the other ranks wait in the
 step's collective for the restarted rank's part (up to `[collectives]
 timeout_s`). The lead answers with a `Regroup` (protocols.sync) to every
 other rank: the collectives before a number past any yet issued are void
-(`VoidCollectives`), and every rank goes on from the step the lead was
-exchanging, with the lead's state, error feedback started again at zero.
+(`VoidCollectives`); that collective is the lead's broadcast of its state,
+and every rank goes on from the step the lead was exchanging, with that
+state, error feedback started again at zero.
 Every rank takes the lead's state (a rank that had applied the step the lead
 had not goes back to the lead's), so the replicas stay identical; the
 restarted rank's lost work is redone. A restarted lead cannot be answered
@@ -172,17 +173,16 @@ class RankWorker(Actor):
             raise GiveUp(self.greet_problem(self.greet_timeout_s)) from None
         self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe())
         self._mark = self.clock.now()
-        if self.joining():
-            step = await self._join()
-        else:
-            step = await self._resume() if self.resume else 0
-        while step < self.steps:
+        step: int | None = None  # the step to train next (None: not known yet)
+        while step is None or step < self.steps:
             try:
+                if step is None:
+                    step = await self._join() if self.joining() else await self._resume() if self.resume else 0
+                    continue
                 await self._step(step)
+                step += 1
             except _Regrouped as r:
                 step = r.step
-                continue
-            step += 1
         self._final()
         await self.emit(Drain(sender=self.ctx.node, time=self.clock.now(), timeout_s=self.drain_s))
 
@@ -215,13 +215,15 @@ class RankWorker(Actor):
             fields.update(test_accuracy=round(acc, 4), test_loss=round(test_loss, 4))
         self.log.info("step_applied", step=step, loss=round(loss, 4), **fields)
 
-    async def _exchange(self, what: str, payload: bytes, ready_at: float, step: int | None = None) -> CollectiveDone:
-        """All-gather `payload` as the group's next collective; every rank's bytes, or GiveUp saying `what`
-        failed. During training step `step`, a regroup (a restarted rank's Hello here at the lead, the lead's
-        Regroup elsewhere) voids it instead: _Regrouped."""
+    async def _exchange(self, what: str, payload: bytes, ready_at: float, step: int | None = None,
+                        op: str = "allgather", root: int = 0) -> CollectiveDone:
+        """All-gather `payload` (or broadcast it from rank `root`) as the group's next collective; every rank's
+        bytes (a broadcast: the root's in every slot), or GiveUp saying `what` failed. The lead's Regroup
+        voids it instead, and so does, at the lead during training step `step`, a restarted rank's Hello:
+        _Regrouped."""
         seq, self._seq = self._seq, self._seq + 1
-        await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=seq, op="allgather",
-                                          dtype="uint8", numel=len(payload), inputs=(payload,), root=0,
+        await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=seq, op=op,
+                                          dtype="uint8", numel=len(payload), inputs=(payload,), root=root,
                                           ready_at=ready_at, handle=seq))
         while True:
             if step is not None and self._hellos:
@@ -229,8 +231,8 @@ class RankWorker(Actor):
             msg = await self.ctx.inbox.get()
             if isinstance(msg, TensorReceived):
                 regroup = self._heard(msg)
-                if regroup is not None and step is not None:
-                    await self._adopt(regroup, msg.origin)
+                if regroup is not None:
+                    await self._adopt(regroup)
                 continue
             if isinstance(msg, CollectiveDone) and msg.seq < self._group_from <= seq:
                 continue  # a collective the group voided, ended before the void reached this node's Collectives
@@ -261,8 +263,8 @@ class RankWorker(Actor):
         return None
 
     async def _join(self) -> int:
-        """This node started again while the others trained: ask the lead for the group's state and wait for
-        it (the step to go on from)."""
+        """This node started again while the others trained: ask the lead to regroup, and go on as it says
+        (_Regrouped)."""
         if self.ctx.node == self.lead:
             raise GiveUp("this rank leads the group (the room's server role) and started again while the others "
                          "ran: its state went with it. Stop every rank and start them again with --resume "
@@ -279,47 +281,51 @@ class RankWorker(Actor):
                         break
         except TimeoutError:
             raise GiveUp(f"joining late: {self.lead}, who leads the group, did not answer within "
-                         f"{self.greet_timeout_s:g} s (does its camera read this screen, and this camera its?)") from None
-        try:
-            await self._adopt(regroup, msg.origin)
-        except _Regrouped as r:
-            return r.step
-        raise AssertionError("unreachable")  # (_adopt raises)
+                         f"{self.greet_timeout_s:g} s (is there a chain of laptops that read each other's screens "
+                         "from this one to it?)") from None
+        await self._adopt(regroup)
+        raise AssertionError("unreachable")  # (_adopt goes on by raising _Regrouped)
 
     async def _regroup(self, step: int) -> None:
-        """At the lead, for the ranks that started again: void the group's collectives so far, show every other
-        rank this state and where to go on from (`Regroup`), and go on from `step` here too."""
+        """At the lead, for the ranks that started again: tell every other rank to void the group's collectives
+        so far and go on from `step` (`Regroup`), then broadcast this rank's state to them as the first
+        collective after the void."""
         joiners, self._hellos = self._hellos, []
         first = (self._seq // GROUP_SPAN + 1) * GROUP_SPAN  # past any collective a rank may have issued
         applied = self.results["applied"]
         state = snap.encode_snapshot(snap.Snapshot(applied, 0, self.replica.export_state()))
         others = tuple(n for n in self.names if n != self.ctx.node)
-        payload = sync.Regroup(first, step, state).encode()
         self.log.info("group_regrouped", joined=joiners, step=step, applied=applied, first_collective=first,
-                      bytes=len(payload))
+                      bytes=len(state))
         await self.emit(SendTensor(sender=self.ctx.node, time=self.clock.now(), step=step, stream="sync", to=others,
-                                   payload=payload))
-        await self._go_on(first, step)
+                                   payload=sync.Regroup(first, step, len(state)).encode()))
+        await self._go_on(first, step, state)
 
-    async def _adopt(self, regroup: sync.Regroup, origin: str) -> None:
-        """The lead's Regroup: take its state, void the group's collectives so far, go on from its step."""
-        try:
-            state = snap.decode_snapshot(regroup.state)
-        except snap.SnapshotError as e:
-            raise GiveUp(f"the lead's regroup carries no usable state ({e})") from None
-        was = self.results["applied"]
-        self.replica.import_state(state.arrays)
-        self.results["applied"] = state.applied
-        self.log.info("snapshot_adopted", reason="regroup", via="light", lead=origin, step=regroup.step,
-                      snapshot_applied=state.applied, applied_before=was, first_collective=regroup.first_seq)
-        await self._go_on(regroup.first_seq, regroup.step)
+    async def _adopt(self, regroup: sync.Regroup) -> None:
+        """The lead's Regroup: void the group's collectives so far, take the lead's state (broadcast as the
+        first collective after the void), go on from its step."""
+        await self._go_on(regroup.first_seq, regroup.step, bytes(regroup.state_bytes))
 
-    async def _go_on(self, first: int, step: int) -> None:
-        """Void the collectives before `first`, start error feedback again, and go on from `step`."""
+    async def _go_on(self, first: int, step: int, state: bytes) -> None:
+        """Void the collectives before `first`, start error feedback again, take the lead's state (`state` at
+        the lead) from collective `first`, and go on from `step` (_Regrouped)."""
         self._seq = self._group_from = first
         await self.emit(VoidCollectives(sender=self.ctx.node, time=self.clock.now(), first_seq=first))
         self.uplink.reset()
         self.downlink.reset()
+        lead = self.names.index(self.lead)
+        done = await self._exchange("regrouping: the lead's state", state, self.clock.now(), op="broadcast",
+                                    root=lead)
+        if self.ctx.node != self.lead:
+            try:
+                got = snap.decode_snapshot(b"".join(done.parts[lead]))
+            except snap.SnapshotError as e:
+                raise GiveUp(f"regrouping: the lead's state is not usable ({e})") from None
+            was = self.results["applied"]
+            self.replica.import_state(got.arrays)
+            self.results["applied"] = got.applied
+            self.log.info("snapshot_adopted", reason="regroup", via="light", lead=self.lead, step=step,
+                          snapshot_applied=got.applied, applied_before=was, first_collective=first)
         self.results["regroups"] += 1
         raise _Regrouped(step)
 

@@ -12,11 +12,12 @@ The header of every frame already carries the clock-sync timestamps
   estimates it.
 - `Regroup` (with exchange = "collectives", the rank with the `server` role,
   answering a restarted rank's Hello): the group's collectives before
-  `first_seq` are void; every rank goes on from training step `step` with
-  the state `state` (protocols.snapshot) and collective `first_seq`.
+  `first_seq` are void; collective `first_seq` is that rank's broadcast of
+  its training state (`state_bytes` long, protocols.snapshot), and every
+  rank goes on from training step `step` with it.
 
 Layout (big endian): kind u8 (1 announce, 2 hello, 3 regroup), then the
-fields below (a regroup's state is the rest of the payload).
+fields below.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ PHASES = ("compute", "uplink", "reduce", "downlink", "apply", "guard")
 _ANNOUNCE = struct.Struct(">BqIHIB")
 _PHASE = struct.Struct(">BI")
 _HELLO = struct.Struct(">BBiHI")
-_REGROUP = struct.Struct(">BII")
+_REGROUP = struct.Struct(">BIII")
 
 
 class SyncError(ValueError):
@@ -63,12 +64,12 @@ class Hello:
 
 @dataclass(frozen=True)
 class Regroup:
-    first_seq: int  # the group's next collective: every one before it is void
+    first_seq: int  # the group's next collective (the lead's state, broadcast): every one before it is void
     step: int  # the training step every rank goes on from
-    state: bytes  # the training state to go on from (protocols.snapshot)
+    state_bytes: int  # the size of that state (protocols.snapshot)
 
     def encode(self) -> bytes:
-        return _REGROUP.pack(3, self.first_seq, self.step) + self.state
+        return _REGROUP.pack(3, self.first_seq, self.step, self.state_bytes)
 
 
 def decode(data: bytes) -> Announce | Hello | Regroup:
@@ -92,8 +93,10 @@ def decode(data: bytes) -> Announce | Hello | Regroup:
             _, wants, applied, epoch, err = _HELLO.unpack(data)
             return Hello(bool(wants), applied, epoch, err)
         if data[0] == 3:
-            _, first_seq, step = _REGROUP.unpack_from(data)
-            return Regroup(first_seq, step, bytes(data[_REGROUP.size:]))
+            if len(data) != _REGROUP.size:
+                raise SyncError("regroup: wrong length")
+            _, first_seq, step, state_bytes = _REGROUP.unpack(data)
+            return Regroup(first_seq, step, state_bytes)
     except struct.error as e:
         raise SyncError(f"malformed sync payload: {e}") from None
     raise SyncError(f"unknown sync payload kind {data[0]}")

@@ -34,8 +34,8 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 @dataclass(frozen=True)
 class Fault:
     """Kill `node` (as if its laptop crashed) `at_s` seconds into the room's run; with `down_s` set,
-    start it again that much later: a fresh process that knows nothing (the server: `resume` reads
-    its checkpoint). For tests and demonstrations of recovery."""
+    start it again that much later: a fresh process that knows nothing (the parameter server, with
+    `resume`, reads its checkpoint). For tests and demonstrations of recovery (`--kill`)."""
 
     node: str
     at_s: float
@@ -98,7 +98,8 @@ class RoomRun:
             return None
         await asyncio.sleep(max(0.0, sup.clock_origin + fault.at_s + fault.down_s - loop.time()))
         cfg = self.config.model_copy(deep=True)
-        if fault.resume:
+        if fault.resume and cfg.exchange == "server" and sup.node == cfg.room.server:
+            # (the parameter server alone goes on from its checkpoint; a rank of the collectives rejoins)
             cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
         fresh = self.node_class[sup.node](cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
                                 run_key=self.run_key)
