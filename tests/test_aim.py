@@ -182,7 +182,7 @@ def test_a_simulated_run_does_not_aim(monkeypatch):
     assert calls == []
 
 
-async def _fake_main(cfg, only, summary=False):
+async def _fake_main(cfg, only, summary=False, faults=()):
     return 0
 
 
