@@ -103,35 +103,49 @@ def test_a_camera_covered_midway_for_longer_than_the_timeout_fails_the_collectiv
         assert "not run: collective #1 (allreduce) failed" in done[n][2].error
 
 
+PAIR = ("alice", "bob")
+
+
+def _pair_config():
+    return make_config(room=dict(ROOM3, nodes=ROOM3["nodes"][:2], profile="exact"), link={"choose": "pinned"},
+                       collectives={"algorithm": "all_see_all"})
+
+
+def _pair(cfg, room):
+    """alice's and bob's nodes in `room` (collectives time out after 20 s), what each has done, and a wait
+    until both have done collective `seq` (with `first`: their collective #0, issued first)."""
+    done: dict[str, list] = {n: [] for n in PAIR}
+    nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=20.0, on_done=done[n].append)
+             for n in PAIR}
+
+    async def until(seq, first=False):
+        if first:  # (collective #0: a small all_reduce, each rank's byte its rank + 1)
+            for i, n in enumerate(PAIR):
+                await nodes[n].submit(_req(nodes[n], 0, bytes([i + 1]) * 8))
+        while not all(any(m.seq == seq for m in done[n]) for n in PAIR):
+            await asyncio.sleep(0.01)
+
+    return nodes, done, until
+
+
 def test_a_collective_no_algorithm_can_carry_fails_alike_and_the_next_one_runs():
     """all_see_all pinned, and a sight graph where alice's camera does not read bob's screen: an all_reduce
     cannot run (every rank refuses it alike, from the same graph); the broadcast from alice after it must
     still run, not wait for agreement on the refused one."""
     from protocols.algorithms import Sight
 
-    names = ("alice", "bob")
-    cfg = make_config(room=dict(ROOM3, nodes=ROOM3["nodes"][:2], profile="exact"), link={"choose": "pinned"},
-                      collectives={"algorithm": "all_see_all"})
+    names, cfg = PAIR, _pair_config()
 
     async def go():
-        room = SimulatedRoom.from_config(cfg)
-        done: dict[str, list] = {n: [] for n in names}
-        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=20.0, on_done=done[n].append)
-                 for n in names}
+        nodes, done, until = _pair(cfg, SimulatedRoom.from_config(cfg))
         for s in nodes.values():
             s.build()
             s.deps["collectives"]["sight"] = Sight(2, {(1, 0): 20_000.0}, 0.3)  # bob reads alice, not back
 
-        async def until(seq):
-            while not all(any(m.seq == seq for m in done[n]) for n in names):
-                await asyncio.sleep(0.01)
-
         async with asyncio.TaskGroup() as tg:
             for s in nodes.values():
                 tg.create_task(s.run())
-            for i, n in enumerate(names):
-                await nodes[n].submit(_req(nodes[n], 0, bytes([i + 1]) * 8))
-            await until(0)
+            await until(0, first=True)
             for i, n in enumerate(names):
                 await nodes[n].submit(CollectiveRequest(sender=n, time=0.0, seq=1, op="broadcast", dtype="uint8",
                                                         numel=8, inputs=(bytes([5 + i]) * 8,), root=0,
@@ -152,28 +166,17 @@ def test_voided_collectives_end_unapplied_and_the_next_one_is_agreed():
     """alice starts collective #1; bob never does (his laptop restarted and knows nothing of it). Both void the
     collectives before #8 (a regroup, actors.rank_worker): alice's #1 ends with no outcome at all, and #8 runs
     and is agreed as usual: each counts #1..#7 as held, so none of them holds it back."""
-    names = ("alice", "bob")
-    cfg = make_config(room=dict(ROOM3, nodes=ROOM3["nodes"][:2], profile="exact"), link={"choose": "pinned"},
-                      collectives={"algorithm": "all_see_all"})
+    names, cfg = PAIR, _pair_config()
 
     async def go():
-        room = SimulatedRoom.from_config(cfg)
-        done: dict[str, list] = {n: [] for n in names}
-        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=20.0, on_done=done[n].append)
-                 for n in names}
-
-        async def until(seq):
-            while not all(any(m.seq == seq for m in done[n]) for n in names):
-                await asyncio.sleep(0.01)
+        nodes, done, until = _pair(cfg, SimulatedRoom.from_config(cfg))
 
         for s in nodes.values():
             s.build()
         async with asyncio.TaskGroup() as tg:
             for s in nodes.values():
                 tg.create_task(s.run())
-            for i, n in enumerate(names):
-                await nodes[n].submit(_req(nodes[n], 0, bytes([i + 1]) * 8))
-            await until(0)
+            await until(0, first=True)
             alice = nodes["alice"]
             await alice.submit(_req(alice, 1, bytes([3]) * 8))
             await asyncio.sleep(2.0)  # alice's #1 waits for bob's part, which never comes

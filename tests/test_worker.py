@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import torch
 
 from conftest import run_virtual
@@ -38,26 +36,34 @@ class Replica:
         return 0.5, 1.0
 
 
+async def _worker():
+    """A worker beside its server (alice), on a virtual clock with 1 s steps from 0: the clock, the worker, the
+    gradients it sends, and the compute tick of a step."""
+    clock = NodeClock()
+    sent: list[LocalGradient] = []
+
+    async def emit(msg):
+        if isinstance(msg, LocalGradient):
+            sent.append(msg)
+
+    ctx = ActorContext("alice", "worker", clock, Mailbox("worker", 64, "block"), emit)
+    w = Worker(ctx, Replica(), server="alice", eval_every=0, codec=get_codec("fp32"))
+    schedule = Schedule(0.0, PHASES)
+    await w.handle(ScheduleKnown(sender="alice", step=0, time=0.0, t0=0.0, phases=PHASES, steps=10, epoch=0,
+                                 applied=0, join_step=0))
+
+    async def tick(step: int) -> None:
+        win = schedule.window(step, "compute")
+        await clock.sleep_until(win.start)
+        await w.handle(Tick(sender="alice", step=step, time=clock.now(), phase="compute", start=win.start,
+                            end=win.end))
+
+    return clock, w, sent, tick
+
+
 def test_a_late_word_has_the_next_step_computed_when_it_comes_until_the_server_stops_waiting():
     async def go():
-        clock = NodeClock()
-        sent: list[LocalGradient] = []
-
-        async def emit(msg):
-            if isinstance(msg, LocalGradient):
-                sent.append(msg)
-
-        ctx = ActorContext("alice", "worker", clock, Mailbox("worker", 64, "block"), emit)
-        w = Worker(ctx, Replica(), server="alice", eval_every=0, codec=get_codec("fp32"))
-        schedule = Schedule(0.0, PHASES)
-        await w.handle(ScheduleKnown(sender="alice", step=0, time=0.0, t0=0.0, phases=PHASES, steps=10, epoch=0,
-                                     applied=0, join_step=0))
-
-        async def tick(step: int) -> None:
-            win = schedule.window(step, "compute")
-            await clock.sleep_until(win.start)
-            await w.handle(Tick(sender="alice", step=step, time=clock.now(), phase="compute", start=win.start,
-                                end=win.end))
+        clock, w, sent, tick = await _worker()
 
         async def word(step: int) -> None:
             payload = get_codec("fp32").encode(torch.zeros(4))
@@ -80,7 +86,7 @@ def test_a_late_word_has_the_next_step_computed_when_it_comes_until_the_server_s
         # up on it), and the first step it still waits for is computed.
         for s in (4, 5, 6):
             await tick(s)
-        await clock.sleep_until(schedule.deadline(4) + 0.01)
+        await clock.sleep_until(Schedule(0.0, PHASES).deadline(4) + 0.01)
         await word(3)
         assert [g.step for g in sent][-1] == 5 and 4 not in [g.step for g in sent], [g.step for g in sent]
 
@@ -93,24 +99,7 @@ def test_a_late_word_on_an_earlier_step_does_not_stand_for_the_word_on_the_open_
     word on that step: the worker still waits for it (and computes no second gradient on the same state,
     which the server would average into a later state)."""
     async def go():
-        clock = NodeClock()
-        sent: list[LocalGradient] = []
-
-        async def emit(msg):
-            if isinstance(msg, LocalGradient):
-                sent.append(msg)
-
-        ctx = ActorContext("alice", "worker", clock, Mailbox("worker", 64, "block"), emit)
-        w = Worker(ctx, Replica(), server="alice", eval_every=0, codec=get_codec("fp32"))
-        schedule = Schedule(0.0, PHASES)
-        await w.handle(ScheduleKnown(sender="alice", step=0, time=0.0, t0=0.0, phases=PHASES, steps=10, epoch=0,
-                                     applied=0, join_step=0))
-
-        async def tick(step: int) -> None:
-            win = schedule.window(step, "compute")
-            await clock.sleep_until(win.start)
-            await w.handle(Tick(sender="alice", step=step, time=clock.now(), phase="compute", start=win.start,
-                                end=win.end))
+        clock, w, sent, tick = await _worker()
 
         async def skipped(step: int) -> None:  # the server's word: step skipped, the state stays
             await w.handle(AveragedGradient(sender="alice", step=step, time=clock.now(), payload=b"",
