@@ -177,7 +177,9 @@ class RankWorker(Actor):
         while step is None or step < self.steps:
             try:
                 if step is None:
-                    step = await self._join() if self.joining() else await self._resume() if self.resume else 0
+                    if self.joining():
+                        await self._adopt(await self._join())  # (goes on by raising _Regrouped)
+                    step = await self._resume() if self.resume else 0
                     continue
                 await self._step(step)
                 step += 1
@@ -262,9 +264,8 @@ class RankWorker(Actor):
             return payload
         return None
 
-    async def _join(self) -> int:
-        """This node started again while the others trained: ask the lead to regroup, and go on as it says
-        (_Regrouped)."""
+    async def _join(self) -> sync.Regroup:
+        """This node started again while the others trained: ask the lead to regroup; its answer."""
         if self.ctx.node == self.lead:
             raise GiveUp("this rank leads the group (the room's server role) and started again while the others "
                          "ran: its state went with it. Stop every rank and start them again with --resume "
@@ -283,8 +284,7 @@ class RankWorker(Actor):
             raise GiveUp(f"joining late: {self.lead}, who leads the group, did not answer within "
                          f"{self.greet_timeout_s:g} s (is there a chain of laptops that read each other's screens "
                          "from this one to it?)") from None
-        await self._adopt(regroup)
-        raise AssertionError("unreachable")  # (_adopt goes on by raising _Regrouped)
+        return regroup
 
     async def _regroup(self, step: int) -> None:
         """At the lead, for the ranks that started again: tell every other rank to void the group's collectives
