@@ -118,9 +118,11 @@ def test_a_kill_that_cannot_be_done_is_a_config_error(spec, says, capsys):
     assert says in err and err.count("\n") == 1, err
 
 
-def test_a_kill_needs_every_node_of_a_simulated_room_in_this_process(capsys):
+def test_a_kill_needs_every_node_of_a_simulated_room_in_this_process_and_kills_each_once(capsys):
     assert main(["--config", str(ROOT / "config.toml"), "--node", "bob", "--kill", "bob:3:1"]) == 2
     assert "--kill: only in a simulated room" in capsys.readouterr().err
+    assert main(["--config", str(ROOT / "config.toml"), "--kill", "bob:3:1", "--kill", "bob:9:1"]) == 2
+    assert "--kill 'bob:9:1': bob is killed once a run" in capsys.readouterr().err
 
 
 def test_unknown_camera_name_and_node(tmp_path, capsys):

@@ -201,8 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the parameter server resumes from its checkpoint ([recovery] checkpoint_dir)")
     p.add_argument("--kill", action="append", default=[], metavar="NODE:AT_S[:DOWN_S]",
                    help="a simulated room only: kill NODE (as if its laptop crashed) AT_S room seconds into the run "
-                        "and, with DOWN_S, start it again that much later knowing nothing (a server reads its "
-                        "checkpoint); repeatable. To watch recovery")
+                        "and, with DOWN_S, start it again that much later knowing nothing (the parameter server "
+                        "reads its checkpoint); once per node. To watch recovery")
     p.add_argument("--aim-seconds", type=float, default=120.0,
                    help="on real devices (medium \"hardware\"), aim first (wccl aim) for at most this long; 0: "
                         "start at once")
@@ -244,6 +244,8 @@ def parse_kills(specs: list[str], cfg: WcclConfig, only: str | None) -> tuple[Fa
             raise ConfigError(f"--kill {spec!r}: {node!r} is not a node of the room ({', '.join(names)})")
         if at_s < 0 or (down_s is not None and down_s < 0):
             raise ConfigError(f"--kill {spec!r}: times are seconds from the start, not negative")
+        if any(f.node == node for f in faults):
+            raise ConfigError(f"--kill {spec!r}: {node} is killed once a run")
         faults.append(Fault(node, at_s, down_s))
     return tuple(faults)
 
