@@ -57,8 +57,7 @@ import structlog
 from protocols import streams, transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
 from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
-                                PostTransfer, SendTensor, SightKnown, TensorReceived, TransferArrived,
-                                VoidCollectives)
+                                PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
 from wccl.actor import Actor, ActorContext, Overflow
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
@@ -196,20 +195,22 @@ class Collectives(Actor):
                                      background=msg.background, overheard=msg.overheard)
             for r in ranks:
                 if r not in near:
-                    await self._relay_stream(step, transfer.OPS[msg.stream], payload, self.rank, r)
+                    await self._pass_on(step, "relay_stream", "uint8", len(payload), transfer.OPS[msg.stream],
+                                        transfer.RELAY_HEAD.pack(self.rank, r) + payload, self.rank, r)
 
-    async def _relay_stream(self, step: int, stream_op: int, payload: bytes, source: int, dest: int) -> None:
-        """Show a stream's transfer from `source` to the next rank on the route to `dest`."""
+    async def _pass_on(self, seq: int, op: str, dtype: str, numel: int, part: int, relayed: bytes, source: int,
+                       dest: int) -> None:
+        """Show a relayed transfer ("relay" or "relay_stream"; `relayed`: RELAY_HEAD, `source` and `dest`, then
+        the message) to the next rank on the sight graph's route to `dest`; refused and counted if none."""
         route = self.sight.route(self.rank, dest) if self.sight is not None else None
         if route is None:
             self.results["relay_refused"] += 1
-            self.log.error("relay_refused", source=source, destination=dest, stream=transfer.OP_NAMES[stream_op],
+            self.log.error("relay_refused", op=op, source=source, destination=dest,
                            reason="no chain of laptops that read each other's screens leads there from this one")
             return
         if source != self.rank:
             self.results["relayed"] += 1
-        await self._post_one(step, "relay_stream", "uint8", len(payload), stream_op, 1 << route[0],
-                             transfer.RELAY_HEAD.pack(source, dest) + payload)
+        await self._post_one(seq, op, dtype, numel, part, 1 << route[0], relayed)
 
     async def _post_when_ready(self) -> None:
         while True:
@@ -415,14 +416,7 @@ class Collectives(Actor):
                                                       "payload": msg.payload[transfer.RELAY_HEAD.size:]}))
             await self._match()
             return
-        route = self.sight.route(self.rank, dst) if self.sight is not None else None
-        if route is None:
-            self.results["relay_refused"] += 1
-            self.log.error("relay_refused", origin=msg.origin, source=src, destination=dst,
-                           reason="no route from this rank")
-            return
-        self.results["relayed"] += 1
-        await self._post_one(msg.seq, "relay", msg.dtype, msg.numel, msg.part, 1 << route[0], msg.payload)
+        await self._pass_on(msg.seq, "relay", msg.dtype, msg.numel, msg.part, msg.payload, src, dst)
 
     async def _relayed_stream(self, msg: TransferArrived) -> None:
         """One of the built-in run's tensors on its way from one rank to another: handed to this node's actors
@@ -434,18 +428,17 @@ class Collectives(Actor):
         try:
             if not (0 <= src < self.world and 0 <= dst < self.world) or src == dst or stream not in streams.STREAMS:
                 raise streams.StreamError(f"source {src}, destination {dst}, op {msg.part}")
-            epoch, base, payload = streams.unwrap(msg.payload[head.size:])
+            tensor = streams.received(msg, msg.payload[head.size:], stream, self.names[src], self.ctx.node,
+                                      self.clock.now())
         except streams.StreamError as e:
             # (its frames passed the room key's check: a rank that sent it is broken; nothing to pass on)
             self.results["relay_refused"] += 1
             self.log.error("relay_refused", origin=msg.origin, reason=str(e), bytes=len(msg.payload))
             return
         if dst != self.rank:
-            await self._relay_stream(msg.seq, msg.part, msg.payload[head.size:], src, dst)
+            await self._pass_on(msg.seq, "relay_stream", msg.dtype, msg.numel, msg.part, msg.payload, src, dst)
             return
-        await self.emit(TensorReceived(sender=self.ctx.node, step=msg.seq, time=self.clock.now(),
-                                       origin=self.names[src], stream=stream, payload=payload,
-                                       frames=max(1, msg.frames), epoch=epoch, base=base))
+        await self.emit(tensor)
 
     async def _sends_acknowledged(self) -> None:
         for p in list(self._sends_out):

@@ -419,13 +419,12 @@ class FrameDecoder(Actor):
     def _tensor(self, t: TransferArrived) -> TensorReceived | None:
         """One of the built-in run's tensors (protocols.streams), for the actors that train."""
         try:
-            epoch, base, payload = streams.unwrap(t.payload)
+            tensor = streams.received(t, t.payload, t.op, self.node_names[t.origin], self.ctx.node, self.clock.now())
         except streams.StreamError:
             self.stats["frames_rejected_bad_length"] += 1
             return None
         self.stats[f"tensors_{t.op}"] += 1
-        return TensorReceived(sender=self.ctx.node, step=t.seq, time=self.clock.now(), origin=self.node_names[t.origin],
-                              stream=t.op, payload=payload, frames=max(1, t.frames), epoch=epoch, base=base)
+        return tensor
 
     def _overheard(self, message: bytes, code: reader.ReadCode, corrected: int) -> TransferArrived | None | bool:
         """A listener's frame: checked under the room key, then every transfer it completes, whoever it was

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import struct
 
+from protocols.messages import TensorReceived, TransferArrived
+
 STREAMS = ("grad", "avg", "params", "sync")
 _STATE = struct.Struct(">HI")
 OVERHEAD = _STATE.size  # bytes the envelope adds to a tensor
@@ -42,3 +44,11 @@ def unwrap(data: bytes) -> tuple[int, int, bytes]:
         raise StreamError(f"a stream's transfer of {len(data)} bytes holds no envelope")
     epoch, base = _STATE.unpack_from(data)
     return epoch, base, bytes(data[_STATE.size:])
+
+
+def received(t: TransferArrived, data: bytes, stream: str, origin: str, node: str, now: float) -> TensorReceived:
+    """The tensor `t` brought this node (`data`: its bytes, the envelope first; `origin`: the node that sent
+    it), for the actors that train; StreamError if `data` holds no envelope."""
+    epoch, base, payload = unwrap(data)
+    return TensorReceived(sender=node, step=t.seq, time=now, origin=origin, stream=stream, payload=payload,
+                          frames=max(1, t.frames), epoch=epoch, base=base)

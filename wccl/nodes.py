@@ -178,7 +178,6 @@ class TrainingRank(_TrainingNode):
             checkpoint=checkpoint_path(rec.checkpoint_dir, cfg.room.session, self.node), session=cfg.room.session,
             key=self.key, lead=cfg.room.server, joining=self._started_again)
 
-
     def _started_again(self) -> bool:
         """This node took its row of the room's sight from the others' frames: they ran before it started."""
         sight = self.handshake.sight
