@@ -293,7 +293,9 @@ class RankWorker(Actor):
         joiners, self._hellos = self._hellos, []
         first = (self._seq // GROUP_SPAN + 1) * GROUP_SPAN  # past any collective a rank may have issued
         applied = self.results["applied"]
+        start, cpu0 = max(self._mark, self.clock.now()), time.thread_time()
         state = snap.encode_snapshot(snap.Snapshot(applied, 0, self.replica.export_state()))
+        self._mark = start + (time.thread_time() - cpu0) * self.compute_scale
         others = tuple(n for n in self.names if n != self.ctx.node)
         self.log.info("group_regrouped", joined=joiners, step=step, applied=applied, first_collective=first,
                       bytes=len(state))
@@ -314,15 +316,17 @@ class RankWorker(Actor):
         self.uplink.reset()
         self.downlink.reset()
         lead = self.names.index(self.lead)
-        done = await self._exchange("regrouping: the lead's state", state, self.clock.now(), op="broadcast",
-                                    root=lead)
+        done = await self._exchange("regrouping: the lead's state", state, max(self._mark, self.clock.now()),
+                                    op="broadcast", root=lead)
         if self.ctx.node != self.lead:
+            start, cpu0 = self.clock.now(), time.thread_time()
             try:
                 got = snap.decode_snapshot(b"".join(done.parts[lead]))
             except snap.SnapshotError as e:
                 raise GiveUp(f"regrouping: the lead's state is not usable ({e})") from None
             was = self.results["applied"]
             self.replica.import_state(got.arrays)
+            self._mark = start + (time.thread_time() - cpu0) * self.compute_scale
             self.results["applied"] = got.applied
             self.log.info("snapshot_adopted", reason="regroup", via="light", lead=self.lead, step=step,
                           snapshot_applied=got.applied, applied_before=was, first_collective=first)
