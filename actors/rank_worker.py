@@ -31,8 +31,9 @@ rank shows, for them only (no rank reads it: protocols.transfer names the
 sender as its reader), each step's word as the parameter server's run does:
 the encoded average every rank applied (empty for a skipped step) with the
 state it applies to (`base`: updates applied before it), and a snapshot of
-its training state every `snapshot_every` steps (protocols.snapshot), in the
-screen time the collectives leave (the transfers linger, protocols.planner).
+its training state every `snapshot_every` steps (protocols.snapshot); they
+linger for observers in the screen time the collectives leave and while
+they wait for acknowledgements (protocols.planner).
 An observer then rebuilds the ranks' model bit for bit, or says what it
 missed.
 

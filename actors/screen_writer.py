@@ -20,7 +20,8 @@ only), and again whenever a peer still shows a transfer this node already
 has (that peer missed them). A transfer that nodes overhear
 (`PostTransfer.overheard`: the parameter server's words, read by observers)
 lingers: once its readers have it, it goes up OVERHEARD_FRAMES frames a
-source packet more, when nothing else is to be shown. While the run
+source packet more, when nothing else is to be shown or taking turns with
+repairs that wait for acknowledgements (protocols.planner). While the run
 handshake is not complete (a peer does not trust this node's run nonce yet, or this node not theirs, or the
 ranks do not yet agree on which camera reads which screen), and until every
 rank is complete, every other frame is a status frame: it carries the echo
@@ -61,7 +62,8 @@ from wccl.media import Screen
 
 STATUS_REPEATS = 3  # status frames shown after the acknowledgements change
 # A transfer nodes overhear (observers) is shown this many frames per source packet more, once its readers
-# have it, in the screen time nothing else wants: an observer that reads half the frames then still gets it.
+# have it (protocols.planner: when the screen is idle or waits for acknowledgements): an observer that reads
+# half the frames then still gets it.
 OVERHEARD_FRAMES = 2
 REPAIR_SHARE = 0.25  # repair packets made up front, as a share of the source packets (then they repeat)
 ECHO_QUEUE = 16  # echoes kept per peer until shown (oldest dropped)

@@ -27,11 +27,15 @@ the screen's idle time between the steps' words instead of holding them back.
 
 A transfer that nodes overhear (an observer reads the parameter server's
 words, acknowledging nothing) may *linger*: once its readers have it, it is
-shown `linger` frames more (fresh repair packets, the oldest such transfer
-first: an observer applies the words in order), but only when the screen
-would otherwise be idle (`next_lingering`). A transfer for no rank (`dest`
-0: shown for observers only) is had once its source packets have each gone
-up once, in its turn like any other; then it lingers.
+shown `linger` frames more (fresh repair packets; the transfer shown the
+fewest times per packet first, the oldest of those: an observer applies the
+words in order, so each word's second chance comes soon), when the screen would
+otherwise be idle (`next_lingering`) and, while every open transfer has used
+its budget and waits for its acknowledgements, taking turns with their
+repair packets: a screen kept busy by acknowledgements on their way still
+gives observers a second chance. A transfer for no rank (`dest` 0: shown for
+observers only) is had once its source packets have each gone up once, in
+its turn like any other; then it lingers.
 
 Pure: no clocks, no I/O. The ScreenWriter (actors/screen_writer.py) asks
 `next()` once per frame slot, every `hold_s` on its clock.
@@ -107,17 +111,26 @@ class ScreenPlan:
         self._slot += 1
         fore = [b for b in open_ if not b.background]
         back = [b for b in open_ if b.background]
-        if back and (not fore or self._slot - max(b.last_slot for b in back) >= BACKGROUND_EVERY):
-            return self._show(self._pick(back))
-        return self._show(self._pick(fore))
+        behind = back and (not fore or self._slot - max(b.last_slot for b in back) >= BACKGROUND_EVERY)
+        b = self._pick(back if behind else fore)
+        return self._linger(b) if b.done else self._show(b)
 
     def next_lingering(self) -> tuple[int, int] | None:
-        """(tid, packet index) of a frame of the oldest transfer that every reader has and that still
-        lingers, or None; a transfer done lingering is forgotten (its tid put in `lingered`)."""
-        b = next((b for b in self.bookings if b.done and b.linger > 0), None)
+        """(tid, packet index) of a frame of a transfer that every reader has and that still lingers
+        (`_lingerer`), or None; a transfer done lingering is forgotten (its tid put in `lingered`)."""
+        b = self._lingerer()
         if b is None:
             return None
         self._slot += 1
+        return self._linger(b)
+
+    def _lingerer(self) -> Booking | None:
+        """The lingering transfer shown the fewest times per source packet, the oldest of those: each new one
+        gets its second chance before older ones get a third."""
+        return min((b for b in self.bookings if b.done and b.linger > 0), key=lambda b: b.shown / b.source,
+                   default=None)
+
+    def _linger(self, b: Booking) -> tuple[int, int]:
         b.linger -= 1
         if b.linger == 0:
             self.bookings.remove(b)
@@ -141,9 +154,12 @@ class ScreenPlan:
             return due if self._repair_turn else fresh
         if due is not None or fresh is not None:
             return due or fresh
-        # Every booking used its budget: the unacknowledged ones take turns with fresh repair packets.
-        self._turn = (self._turn + 1) % len(open_)
-        return open_[self._turn]
+        # Every booking used its budget: the unacknowledged ones take turns with fresh repair packets, and
+        # with a lingering transfer (`_lingerer`; returned done: the caller lingers it).
+        lingerer = self._lingerer()
+        turns = open_ + ([lingerer] if lingerer is not None else [])
+        self._turn = (self._turn + 1) % len(turns)
+        return turns[self._turn]
 
     def _show(self, b: Booking) -> tuple[int, int]:
         b.shown += 1

@@ -109,8 +109,9 @@ def test_a_background_transfer_takes_the_slots_the_others_leave_and_never_starve
 
 
 def test_an_overheard_transfer_lingers_in_idle_slots_once_its_readers_have_it():
-    """A word observers overhear is shown `linger` frames more once its reader has it, oldest first, only
-    when nothing else wants the screen; a transfer no one overhears leaves at once."""
+    """A word observers overhear is shown `linger` frames more once its reader has it, in the slots nothing
+    else wants, the one shown the fewest times first (then the oldest); a transfer no one overhears leaves at
+    once."""
     plan = ScreenPlan(loss=0.0, margin=0)
     old = plan.book(1, dest=0b10, source=1, linger=2)
     assert plan.next() == (1, 0) and plan.acknowledge(1, transfer.Ack.of({1})) == [old]
@@ -121,9 +122,24 @@ def test_an_overheard_transfer_lingers_in_idle_slots_once_its_readers_have_it():
     assert [plan.next() for _ in range(2)] == [(2, 0), (3, 0)]
     assert plan.acknowledge(1, transfer.Ack.of({1, 2, 3})) == [word, plain]
     assert [b.tid for b in plan.bookings] == [1, 2] and plan.pending == 0  # the plain one is gone
-    assert [plan.next_lingering() for _ in range(4)] == [(1, 2), (2, 1), (2, 2), (2, 3)]
+    # The word shown once gets its second chance before the old one its third; then the oldest first.
+    assert [plan.next_lingering() for _ in range(4)] == [(2, 1), (1, 2), (2, 2), (2, 3)]
     assert plan.lingered == [1, 2] and plan.bookings == [] and not plan.lingering
     assert plan.next_lingering() is None
+
+
+def test_a_lingering_transfer_takes_turns_with_repairs_that_wait_for_acknowledgements():
+    """A screen busy only with repair packets of transfers that used their budget (their readers'
+    acknowledgements are on the way) still shows the words observers overhear: they take turns."""
+    plan = ScreenPlan(loss=0.0, margin=0)
+    word = plan.book(1, dest=0, source=1, linger=2)
+    assert plan.next() == (1, 0) and word.done and plan.lingering  # for observers only: had once shown
+    part = plan.book(2, dest=0b10, source=1)
+    shown = [plan.next() for _ in range(4)]
+    assert shown[0] == (2, 0) and shown.count((2, 0)) == 1, shown  # its budget first, then repairs ...
+    assert [s for s in shown if s[0] == 1] == [(1, 1), (1, 2)], shown  # ... taking turns with the word
+    assert plan.lingered == [1] and not plan.lingering
+    assert plan.acknowledge(1, transfer.Ack.of({2})) == [part] and plan.next() is None
 
 
 def test_a_transfer_for_observers_only_goes_up_in_full_in_its_turn_then_lingers():
