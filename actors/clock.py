@@ -18,13 +18,21 @@ acknowledged transfer; with the `auto` preset it sizes the phases from the
 tensors' frame counts in the layout discovery chose, the share of frames
 each camera reads of the server's screen and the server's of theirs, and
 how long a frame takes from screen to camera (the round trip it measures to
-each worker from the frames' timestamps, wccl.clocksync.FlightTimes). Every
-other node says hello to the server when it has greeted (again when it
-joins after step 0, asking for a snapshot of the training state), estimates
-its clock against the server's from the frames' timestamps (wccl.clocksync:
-the server's frames it reads, and the server's echoes of its own), sets its
-`SyncedClock`, and keeps re-estimating while training (every frame carries
-timestamps). After the last step the reduce ticks go on up to the last
+each worker from the frames' timestamps, wccl.clocksync.FlightTimes), hop
+by hop along each worker's way to the server on the sight graph (where the
+server and a worker do not read each other's screens, their tensors go
+through laptops that do: each hop's screen queues the tensors it passes
+on), and step 0 comes `start_s` after the greeting for each hop of the
+longest way. Every other node says hello to the server when it has greeted
+(again when it joins after step 0, asking for a snapshot of the training
+state), estimates its clock against the server's from the frames'
+timestamps (wccl.clocksync: the server's frames it reads, and the server's
+echoes of its own), sets its `SyncedClock`, and keeps re-estimating while
+training (every frame carries timestamps). A node whose camera and the
+server's do not read each other's screens syncs the same way against the
+first laptop on its way to the server (`clock_sync_via`), which sends it its
+own estimate of the server's clock (`sync.ClockMap`, again whenever that
+moved by PUBLISH_S, and in answer to a hello), and composes the two. After the last step the reduce ticks go on up to the last
 step's deadline (steps `steps` .. `steps + DEADLINE_STEPS - 1`, reduce phase
 only), so the last steps are awaited as long as every other. The server answers every hello with the announcement, so a node
 that starts (or restarts) late learns the schedule and joins at the next
@@ -41,12 +49,14 @@ from collections.abc import Callable
 from typing import Any
 
 from protocols import sync
+from protocols.algorithms import Sight
 from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.schedule import DEADLINE_STEPS, Schedule
 
 ROUND_HOLDS = 1  # the least a frame's flight (screen to camera, read) is booked at, in frame holds
+PUBLISH_S = 0.0005  # a node others sync against sends its estimate again once it moved this much
 
 
 class Clock(Actor):
@@ -82,6 +92,14 @@ class Clock(Actor):
         self.truth = truth
         self.drain_s = drain_s
         self.estimator = OffsetEstimator(sync_cfg.window_s, sync_cfg.bin_s, sync_cfg.min_samples)
+        # Whose frames the estimate follows: the server's, or (this camera and the server's do not read each
+        # other's screens) the next laptop's on the sight graph's way to it, composed with that laptop's own
+        # estimate of the server's clock (`ref_map`). `downstream`: the nodes that sync against this one.
+        self.ref = server
+        self.ref_map: sync.ClockMap | None = None
+        self.downstream: tuple[str, ...] = ()
+        self._published: sync.ClockMap | None = None
+        self._err = 0.0
         # The server's: how long its frames take to each worker's camera and theirs back (sizing, `_phases`)
         self.flights: dict[str, FlightTimes] = {n: FlightTimes() for n in self.others} if self.is_server else {}
         self.sight: SightKnown | None = None
@@ -98,19 +116,53 @@ class Clock(Actor):
         if isinstance(msg, SightKnown):
             self.sight = msg
             self._sight.set()
+            await self._sync_tree()
         elif isinstance(msg, FrameTiming):
             if (flight := self.flights.get(msg.origin)) is not None:
                 flight.add_in(msg.shown, msg.captured)
                 if msg.echo_peer == self.ctx.node:
                     flight.add_out(msg.echo_shown, msg.echo_captured)
-            if not self.is_server and msg.origin == self.server:
+            if not self.is_server and msg.origin == self.ref:
                 self.estimator.add_down(msg.shown, msg.captured)
                 if msg.echo_peer == self.ctx.node:
                     self.estimator.add_up(msg.echo_shown, msg.echo_captured)
-                if not self._synced.is_set() and self.estimator.ready():
-                    self._synced.set()
+                self._check_synced()
         elif msg.stream == "sync":
             await self._sync_payload(msg)
+
+    def _check_synced(self) -> None:
+        if not self._synced.is_set() and self.estimator.ready() and (self.ref == self.server or self.ref_map):
+            self._synced.set()
+
+    def _graph(self) -> Sight:
+        """The room's sight graph over the ranks (reader, shown): each edge's share of frames read."""
+        n = len(self.ranks)
+        return Sight(n, {(r, c): q for r, c, q in self.sight.edges if r < n and c < n and q > 0}, 0.0)
+
+    def _way_to_server(self, sight: Sight, node: str) -> list[str] | None:
+        """The laptops a message from `node` passes through to the server, ending with it (Sight.route)."""
+        i, s = self.ranks.index(node), self.ranks.index(self.server)
+        way = [s] if sight.both_ways(i, s) else sight.route(i, s)
+        return None if way is None else [self.ranks[r] for r in way]
+
+    async def _sync_tree(self) -> None:
+        """Whom each node syncs against (the first laptop on its way to the server): this node's `ref`, and
+        the nodes that sync against it. A node whose camera and the server's do not read each other's screens
+        syncs against that laptop and composes its estimate with that laptop's (a ClockMap it sends)."""
+        if self.server not in self.ranks or self.ctx.node not in self.ranks:
+            return
+        sight = self._graph()
+        refs = {n: (way[0] if (way := self._way_to_server(sight, n)) else self.server)
+                for n in self.ranks if n != self.server}
+        if self.is_server:
+            return
+        self.downstream = tuple(n for n, r in refs.items() if r == self.ctx.node)
+        if refs[self.ctx.node] == self.ref:
+            return
+        self.ref = refs[self.ctx.node]
+        self.estimator = OffsetEstimator(self.cfg.window_s, self.cfg.bin_s, self.cfg.min_samples)
+        self.log.info("clock_sync_via", via=self.ref, way=self._way_to_server(sight, self.ctx.node))
+        await self._send(self._hello(), (self.ref,))
 
     async def _sync_payload(self, msg: TensorReceived) -> None:
         try:
@@ -129,6 +181,11 @@ class Clock(Actor):
                           sync_err_ms=payload.sync_err_us / 1000)
             if self.announce is not None:  # (before the schedule is fixed, the announcement goes to all)
                 await self._send(self.announce, (msg.origin,))
+        elif isinstance(payload, sync.Hello) and msg.origin in self.downstream and self._published is not None:
+            await self._send(self._published, (msg.origin,))  # (it started again: it needs the map)
+        elif isinstance(payload, sync.ClockMap) and msg.origin == self.ref != self.server:
+            self.ref_map = payload
+            self._check_synced()
 
     # ---------------------------------------------------------------- program
     async def run(self) -> None:
@@ -150,7 +207,7 @@ class Clock(Actor):
             schedule, join = await self._node_startup()
         await self._tick(schedule, join)
 
-    async def _send(self, payload: sync.Announce | sync.Hello, to: tuple[str, ...]) -> None:
+    async def _send(self, payload: sync.Announce | sync.Hello | sync.ClockMap, to: tuple[str, ...]) -> None:
         await self.emit(SendTensor(sender=self.ctx.node, time=self.clock.now(), stream="sync", to=to,
                                    payload=payload.encode(), epoch=self.state.get("epoch", 0)))
 
@@ -175,7 +232,10 @@ class Clock(Actor):
         elif a is None:  # (a restarted Clock keeps the schedule it announced)
             if self.fixed_phases is None:
                 await self._sight.wait()  # (sizing needs the layout and what the cameras read)
-            a = sync.Announce(round((self.clock.now() + self.start_s) * 1e6), self._phases(), self.steps, 0, 0)
+            # Step 0 comes `start_s` after the greeting for each hop of the longest way to the server: a node
+            # that syncs through others waits for their estimates first.
+            start = self.start_s * self._depth()
+            a = sync.Announce(round((self.clock.now() + start) * 1e6), self._phases(), self.steps, 0, 0)
         self.announce = a
         self.state.update(announce=a, epoch=a.epoch)
         schedule = self._schedule_of(a)
@@ -198,11 +258,18 @@ class Clock(Actor):
             up, down = self.estimator.counts()
             self.log.error("sync_timeout", waited_s=round(self.clock.local.now() - start, 1), echoes=up,
                            server_frames=down, announced=self._announced.is_set())
-            raise GiveUp(f"no clock sync with the server {self.server!r} after {self.cfg.timeout_s:g} s "
-                         f"({up} echoes of this node's frames, {down} of the server's frames read; "
-                         f"schedule {'known' if self._announced.is_set() else 'not announced'}): is its screen "
-                         "in view of this camera, and this screen in view of its camera?") from None
+            if self.ref == self.server:
+                raise GiveUp(f"no clock sync with the server {self.server!r} after {self.cfg.timeout_s:g} s "
+                             f"({up} echoes of this node's frames, {down} of the server's frames read; "
+                             f"schedule {'known' if self._announced.is_set() else 'not announced'}): is its "
+                             "screen in view of this camera, and this screen in view of its camera?") from None
+            raise GiveUp(f"no clock sync with the server {self.server!r} through {self.ref!r} (this camera and "
+                         f"the server's do not read each other's screens) after {self.cfg.timeout_s:g} s ({up} "
+                         f"echoes of this node's frames, {down} of {self.ref}'s frames read; {self.ref}'s "
+                         f"estimate of the server's clock {'known' if self.ref_map else 'not received'}; "
+                         f"schedule {'known' if self._announced.is_set() else 'not announced'})") from None
         self._update_estimate(log=True)
+        await self._publish()
         a = self.announce
         self.state["epoch"] = a.epoch
         schedule = self._schedule_of(a)
@@ -216,37 +283,63 @@ class Clock(Actor):
         return schedule, join
 
     def _hello(self) -> sync.Hello:
-        est = self.estimator.estimate(self.clock.local.now()) if self.estimator.ready() else None
         return sync.Hello(self.wants_snapshot, -1, self.state.get("epoch", 0),
-                          min(0xFFFF, round(est.err * 1e6)) if est else 0)
+                          min(0xFFFF, round(self._err * 1e6)) if self.clock.synced else 0)
+
+    def _depth(self) -> int:
+        """The most hops from a worker to the server on the sight graph (1 where every worker reads the
+        server's screen and it theirs, or before the sight graph is known)."""
+        if self.sight is None:
+            return 1
+        sight = self._graph()
+        return max([1] + [len(way) for w in self.others if (way := self._way_to_server(sight, w))])
 
     def _phases(self) -> tuple[tuple[str, float], ...]:
-        """The fixed phases, or (auto) each sized for its tensor in the layout discovery chose: its frames,
-        divided by the share of frames the slowest camera reads of that screen, plus `margin_frames`, in
-        frame holds, plus a frame's flight (half the slowest worker's measured round trip, at least
-        ROUND_HOLDS holds)."""
+        """The fixed phases, or (auto) the uplink and downlink each sized for its tensors in the layout
+        discovery chose: along each worker's way to the server (and back), per hop, the tensors that screen
+        shows in the phase times their frames, divided by the share of frames the next camera reads of it,
+        plus `margin_frames`, in frame holds, plus a frame's flight (half the slowest worker's measured round
+        trip, at least ROUND_HOLDS holds); the phase is the slowest way's sum. Where every worker and the
+        server read each other's screens, one hop each way."""
         if self.fixed_phases is not None:
             return self.fixed_phases
-        s = self.sight
-        codec, hold = self.ladder[min(s.layout, len(self.ladder) - 1)]
-        ranks = self.ranks
-        quality = {(ranks[r], ranks[c]): q for r, c, q in s.edges if r < len(ranks) and c < len(ranks)}
-        up = min((quality.get((self.ctx.node, w), 0.0) for w in self.others), default=1.0)  # the server reads w
-        down = min((quality.get((w, self.ctx.node), 0.0) for w in self.others), default=1.0)  # w reads the server
-
+        codec, hold = self.ladder[min(self.sight.layout, len(self.ladder) - 1)]
+        sight = self._graph()
+        index = {n: i for i, n in enumerate(self.ranks)}
         # A frame's way from a screen to the other camera, each way: half the slowest worker's measured round
         # trip, and never less than ROUND_HOLDS holds.
         trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
         flight = max([ROUND_HOLDS * hold] + [t / 2 for t in trips])
+        frames = codec.frames_needed(self.tensor_bytes, len(self.ranks))
+        ups = {w: [w] + (self._way_to_server(sight, w) or [self.ctx.node]) for w in self.others}
+        downs = {w: list(reversed(way)) for w, way in ups.items()}
+        near = [w for w, way in downs.items() if len(way) == 2]
 
-        def window(q: float) -> float:
-            frames = codec.frames_needed(self.tensor_bytes, len(ranks))
-            return round((frames / max(q, 0.25) + self.margin_frames) * hold + flight, 4)
+        def phase(ways: dict[str, list[str]], shows: dict[str, int]) -> tuple[float, float]:
+            """The slowest way's time (hop by hop, each screen's queue of `shows` tensors), and the lowest
+            share of frames read on any hop."""
+            worst, low = 0.0, 1.0
+            for way in ways.values():
+                t = 0.0
+                for a, b in zip(way, way[1:]):
+                    q = sight.rate(index[b], index[a])
+                    low = min(low, q)
+                    t += (shows[a] * frames / max(q, 0.25) + self.margin_frames) * hold + flight
+                worst = max(worst, t)
+            return round(worst, 4), low
 
-        phases = (("compute", self.work_s), ("uplink", window(up)), ("reduce", self.work_s),
-                  ("downlink", window(down)), ("apply", self.work_s))
-        self.log.info("schedule_sized", layout=s.layout, uplink_frames_ok=round(up, 3),
+        # Uplink: each screen shows its own gradient and those it relays; downlink: the server shows one word
+        # for the workers that read it and one for each of the others, and each laptop on the way those it relays.
+        up_shows = {n: sum(n in way[:-1] for way in ups.values()) for n in self.ranks}
+        down_shows = {n: sum(n in way[1:-1] for way in downs.values()) for n in self.ranks}
+        down_shows[self.ctx.node] = (1 if near else 0) + len(self.others) - len(near)
+        uplink, up = phase(ups, up_shows)
+        downlink, down = phase(downs, down_shows)
+        phases = (("compute", self.work_s), ("uplink", uplink), ("reduce", self.work_s),
+                  ("downlink", downlink), ("apply", self.work_s))
+        self.log.info("schedule_sized", layout=self.sight.layout, uplink_frames_ok=round(up, 3),
                       downlink_frames_ok=round(down, 3), round_trip_s=round(max(trips), 3) if trips else None,
+                      hops=self._depth(),
                       period_s=round(sum(x for _, x in phases), 3))
         return phases
 
@@ -257,10 +350,17 @@ class Clock(Actor):
         est = self.estimator.estimate(t)
         if est is None:
             return
-        self.clock.set_estimate(est.offset, est.skew, est.pivot)
-        self.state.update(offset_s=est.offset, drift_ppm=est.skew * 1e6)
-        fields: dict[str, Any] = dict(offset_s=round(est.offset, 6), drift_ppm=round(est.skew * 1e6, 1),
-                                      err_ms=round(est.err * 1000, 2), echoes=est.up, server_frames=est.down)
+        offset, skew, self._err = est.offset, est.skew, est.err
+        if self.ref != self.server:  # the estimate against `ref`, then ref's against the server
+            if self.ref_map is None:
+                return
+            offset, skew = self.ref_map.compose(offset, skew, est.pivot)
+            self._err += self.ref_map.err_us / 1e6
+        self.clock.set_estimate(offset, skew, est.pivot)
+        self.state.update(offset_s=offset, drift_ppm=skew * 1e6)
+        fields: dict[str, Any] = dict(offset_s=round(offset, 6), drift_ppm=round(skew * 1e6, 1),
+                                      err_ms=round(self._err * 1000, 2), echoes=est.up, server_frames=est.down,
+                                      **({"via": self.ref} if self.ref != self.server else {}))
         if self.truth is not None:
             residual = self.clock.to_reference(t) - self.truth(t)
             fields["residual_ms"] = round(residual * 1000, 3)
@@ -269,6 +369,18 @@ class Clock(Actor):
         self.state["syncs"] += 1
         if log:
             self.log.info("clock_synced", **fields)
+
+    async def _publish(self) -> None:
+        """Send the nodes that sync against this one its estimate of the server's clock, when it moved
+        (by PUBLISH_S, now) from the one they have."""
+        if not self.downstream or not self.clock.synced:
+            return
+        t, last = self.clock.local.now(), self._published
+        if last is not None and abs(last.offset + last.skew * (t - last.pivot) - (self.clock.now() - t)) < PUBLISH_S:
+            return
+        self._published = sync.ClockMap(self.clock.offset, self.clock.skew, self.clock.pivot,
+                                        min(0xFFFFFFFF, round(self._err * 1e6)))
+        await self._send(self._published, self.downstream)
 
     async def _tick(self, schedule: Schedule, join: int) -> None:
         first = max(join, schedule.step_at(self.clock.now()))
@@ -279,6 +391,7 @@ class Clock(Actor):
                 await self.clock.sleep_until(w.start)
                 if w.phase == "compute":
                     self._update_estimate(log=step % self.cfg.log_every == 0, step=step)
+                    await self._publish()
                 await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(),
                                      phase=w.phase, start=w.start, end=w.end))
         if "reduce" in dict(schedule.phases):

@@ -15,13 +15,17 @@ The header of every frame already carries the clock-sync timestamps
   `first_seq` are void; collective `first_seq` is that rank's broadcast of
   its training state (`state_bytes` long, protocols.snapshot), and every
   rank goes on from training step `step` with it.
+- `ClockMap` (a node that reads the server only through other laptops syncs
+  against the next of them on its way there): that node's own estimate of
+  the server's clock, to compose with its estimate against it.
 
-Layout (big endian): kind u8 (1 announce, 2 hello, 3 regroup), then the
-fields below.
+Layout (big endian): kind u8 (1 announce, 2 hello, 3 regroup, 4 clock map),
+then the fields below.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -30,6 +34,7 @@ _ANNOUNCE = struct.Struct(">BqIHIB")
 _PHASE = struct.Struct(">BI")
 _HELLO = struct.Struct(">BBiHI")
 _REGROUP = struct.Struct(">BIII")
+_CLOCK_MAP = struct.Struct(">BdddI")
 
 
 class SyncError(ValueError):
@@ -72,7 +77,28 @@ class Regroup:
         return _REGROUP.pack(3, self.first_seq, self.step, self.state_bytes)
 
 
-def decode(data: bytes) -> Announce | Hello | Regroup:
+@dataclass(frozen=True)
+class ClockMap:
+    """A node's estimate of the server's clock: `server = local + offset + skew * (local - pivot)`, on its
+    own `local` clock (the one its frames are stamped with), within `err_us`."""
+
+    offset: float
+    skew: float
+    pivot: float
+    err_us: int = 0
+
+    def encode(self) -> bytes:
+        return _CLOCK_MAP.pack(4, self.offset, self.skew, self.pivot, self.err_us)
+
+    def compose(self, offset: float, skew: float, pivot: float) -> tuple[float, float]:
+        """Another node's map to this node's clock (`this = local + offset + skew * (local - pivot)`) followed
+        by this map: that node's map to the server's clock, as (offset at `pivot`, skew)."""
+        here = pivot + offset
+        server = here + self.offset + self.skew * (here - self.pivot)
+        return server - pivot, (1.0 + skew) * (1.0 + self.skew) - 1.0
+
+
+def decode(data: bytes) -> Announce | Hello | Regroup | ClockMap:
     if not data:
         raise SyncError("empty sync payload")
     try:
@@ -97,6 +123,13 @@ def decode(data: bytes) -> Announce | Hello | Regroup:
                 raise SyncError("regroup: wrong length")
             _, first_seq, step, state_bytes = _REGROUP.unpack(data)
             return Regroup(first_seq, step, state_bytes)
+        if data[0] == 4:
+            if len(data) != _CLOCK_MAP.size:
+                raise SyncError("clock map: wrong length")
+            _, offset, skew, pivot, err = _CLOCK_MAP.unpack(data)
+            if not all(map(math.isfinite, (offset, skew, pivot))) or abs(skew) >= 0.01:
+                raise SyncError("clock map: not a clock's estimate")
+            return ClockMap(offset, skew, pivot, err)
     except struct.error as e:
         raise SyncError(f"malformed sync payload: {e}") from None
     raise SyncError(f"unknown sync payload kind {data[0]}")

@@ -17,6 +17,7 @@ from wccl.node import Fault, RoomRun
 from wccl.registry import REGISTRY
 
 from conftest import ROOT, make_config, run_virtual
+from test_node import _reference_sha
 
 TWO = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]
 
@@ -96,10 +97,32 @@ def test_regroup_round_trips(first_seq, step, size):
     assert sync.decode(r.encode()) == r
 
 
+@given(offset=st.floats(-1e6, 1e6), skew=st.floats(-1e-3, 1e-3), pivot=st.floats(-1e9, 1e9),
+       err=st.integers(0, 2**32 - 1))
+def test_clock_map_round_trips(offset, skew, pivot, err):
+    m = sync.ClockMap(offset, skew, pivot, err)
+    assert sync.decode(m.encode()) == m
+
+
+@given(o1=st.floats(-20, 20), s1=st.floats(-4e-4, 4e-4), p1=st.floats(-1e4, 1e4), o2=st.floats(-20, 20),
+       s2=st.floats(-4e-4, 4e-4), p2=st.floats(-1e4, 1e4), t=st.floats(-1e4, 1e4))
+def test_a_clock_map_composed_with_an_estimate_against_its_node_maps_to_the_servers_clock(o1, s1, p1, o2, s2, p2,
+                                                                                         t):
+    """carol's estimate of bob's clock, then bob's of the server's: the composed map is carol's of the
+    server's at every moment, not only at the pivot."""
+    bob = t + o1 + s1 * (t - p1)
+    server = bob + o2 + s2 * (bob - p2)
+    offset, skew = sync.ClockMap(o2, s2, p2).compose(o1, s1, p1)
+    assert t + offset + skew * (t - p1) == pytest.approx(server, abs=1e-6)
+
+
 def test_malformed_sync_and_snapshot_payloads_are_errors_not_values():
     good = sync.Announce(1, (("compute", 0.1),), 3, 0, 0).encode()
     regroup = sync.Regroup(1, 2, 3).encode()
-    for bad in (b"", b"\x09", good[:-1], good + b"\x00", regroup[:-1], regroup + b"\x00"):
+    clock = sync.ClockMap(1.0, 1e-5, 2.0, 3).encode()
+    wild = sync.ClockMap(1.0, 0.5, 2.0, 3).encode()  # a clock running half again as fast: no laptop's
+    nan = sync.ClockMap(float("nan"), 0.0, 2.0, 3).encode()
+    for bad in (b"", b"\x09", good[:-1], good + b"\x00", regroup[:-1], regroup + b"\x00", clock[:-1], wild, nan):
         with pytest.raises(sync.SyncError):
             sync.decode(bad)
     blob = snap.encode_snapshot(snap.Snapshot(5, 1, {"params": np.arange(7, dtype=np.float32)}))
@@ -157,6 +180,34 @@ def test_a_worker_silent_for_one_step_misses_it_and_the_room_goes_on(_quiet_logs
     assert missing[0] == (3, ["bob"]) and all(m == ["bob"] and s > 3 for s, m in missing[1:]), missing
     # The average of what arrived went on; bob applied it too, so the replicas stay identical.
     assert result["nodes"]["bob"]["worker"]["applied"] == 6 and result["replicas_identical"]
+
+
+@pytest.mark.slow
+def test_a_worker_that_does_not_read_the_servers_screen_syncs_through_a_laptop_that_does(_quiet_logs):
+    """carol's camera does not see alice's screen (the server's): she syncs her clock against bob's, whom she
+    and alice each read both ways, and composes that with bob's estimate of alice's clock (a ClockMap he
+    sends her). Her gradients and alice's words go through bob; the schedule gives every hop its time, and
+    the run is the in-process reference's, bit for bit."""
+    steps = 4
+    nodes = [dict(TWO[0], clock_offset_s=3.0, clock_drift_ppm=-150.0), TWO[1],
+             {"name": "carol", "roles": ["worker"], "clock_offset_s": -4.0, "clock_drift_ppm": 180.0}]
+    cfg = make_config(training={"steps": steps, "eval_every": 0}, room={"nodes": nodes, "profile": "exact"})
+
+    async def go():
+        run = RoomRun(cfg)
+        run.medium.hide("carol", "alice")
+        return await run.run()
+
+    result = run_virtual(go)
+    events = _events(_quiet_logs)
+    assert [(e["node"], e["via"]) for e in events if e["event"] == "clock_sync_via"] == [("carol", "bob")]
+    synced = [e for e in events if e["event"] == "clock_synced" and e["node"] == "carol"]
+    assert synced and all(e["via"] == "bob" and abs(e["residual_ms"]) < 15 for e in synced), synced
+    assert result["nodes"]["carol"]["clock"]["offset_s"] == pytest.approx(7.0, abs=0.05)
+    sized = [e for e in events if e["event"] == "schedule_sized"]
+    assert len(sized) == 1 and sized[0]["hops"] == 2
+    assert result["applied"] == steps and result["replicas_identical"]
+    assert result["nodes"]["carol"]["worker"]["params_sha256"] == _reference_sha(cfg)
 
 
 @pytest.mark.slow

@@ -571,9 +571,10 @@ class TrainingConfig(_Strict):
     seed: int = 0  # model initialisation
     data_seed: int = 0  # shuffle, split and batch order
     quorum: int | None = Field(default=None, ge=1)  # gradients the server needs to average (default: all workers)
-    # The built-in run's gradient exchange: "server" (the parameter server reads every worker's screen on a
-    # step schedule), "collectives" (every node is a rank: gradients all-gathered by the algorithm the sight
-    # graph fits, ring, all-see-all or star), "auto": the server in rooms of up to 3 nodes, collectives beyond.
+    # The built-in run's gradient exchange: "server" (the parameter server averages every worker's gradient on
+    # a step schedule; where it and a worker do not read each other's screens, through laptops that do),
+    # "collectives" (every node is a rank: gradients all-gathered by the algorithm the sight graph fits, ring,
+    # all-see-all or star), "auto": the server in rooms of up to 3 nodes, collectives beyond.
     exchange: Literal["auto", "server", "collectives"] = "auto"
     eval_every: int = Field(default=1, ge=0)  # evaluate every N steps (0: only at the end)
     # wccl.lab train and wccl.distributed (the built-in run sends bf16 gradients every step)
