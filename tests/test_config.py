@@ -81,6 +81,10 @@ BAD = {
         {"name": "alice", "roles": ["server", "worker"]},
         {"name": "bob", "roles": ["worker"], "channel": {"blur_sigma_px": 1.0, "yaw_deg": 3.0}}]}},
         "room.nodes[1].channel: the 'exact' profile takes no channel parameters but a pose"),
+    "aim_at_nobody": ({"room": {"profile": "webcam", "nodes": [
+        {"name": "alice", "roles": ["server", "worker"]},
+        {"name": "bob", "roles": ["worker"], "channel": {"aim": "carol"}}]}},
+        "room.nodes[1].channel.aim: node 'bob' aims at 'carol', which is not another node of the room (alice)"),
 }
 
 

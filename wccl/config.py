@@ -292,7 +292,12 @@ class RoomConfig(_Strict):
                 if set(n.channel) - POSE_KEYS:  # where a laptop stands may stay: the perfect camera ignores it
                     raise user_error(f"the 'exact' profile takes no channel parameters but a pose "
                                      f"({', '.join(sorted(POSE_KEYS))})", "nodes", i, "channel")
+        names = [n.name for n in self.nodes]
         for i, n in enumerate(self.nodes):
+            aim = n.channel.get("aim")
+            if aim is not None and (aim not in names or aim == n.name):
+                raise user_error(f"node {n.name!r} aims at {aim!r}, which is not another node of the room "
+                                 f"({', '.join(x for x in names if x != n.name)})", "nodes", i, "channel", "aim")
             want = CAMERAS_OF_MEDIUM.get(n.camera)
             if want is not None and want != self.medium:
                 raise user_error(f"node {n.name!r}: camera {n.camera!r} needs medium {want!r} "
