@@ -22,7 +22,8 @@ layout read `min_ok` of the time to give MIN_FRAMES reads; or MIN_FRAMES
 none of which was read: clearly unreadable), every peer never read has been
 alive long enough to have shown that many, or the rank has watched for
 `watch_s` (the longest the schedule takes to show `need` frames of every
-layout). A row measures the ladder from its first layout on (its qualities
+layout) since its first frame read and since the last rank came alive (a
+rank that starts late is watched as long as the others were). A row measures the ladder from its first layout on (its qualities
 beyond are 0, and its flags say how many layouts it left out). A rank
 freezes its row (FINAL) once every rank is alive (its nonce known) and it
 reads some screen, and either the rows it has decide without the layouts
@@ -402,8 +403,11 @@ class SightTable:
     def measured(self, now: float) -> int:
         """How many layouts, from the first, this rank has measured at time `now` (see the module
         docstring)."""
-        watched = -math.inf if self._first is None else now - self._first
-        if watched >= self.watch_s:
+        # (watched since the first frame read and since the last rank came alive: a rank that starts late is
+        # watched for as long as the others were)
+        last = max([self._first if self._first is not None else math.inf]
+                   + [self._alive_at.get(r, math.inf) for r in range(self.world) if r != self.rank])
+        if now - last >= self.watch_s:
             return self.layouts
         m = 0
         for k in range(self.layouts):

@@ -416,12 +416,15 @@ def test_two_rows_of_eight_whose_diagonals_read_only_big_cells_agree():
 
 # ------------------------------------------------------------------------------ stopping early
 def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, seed: int = 0,
-                   offsets: tuple[float, ...] | None = None, settle_s: float = 1.0, nodes: list | None = None):
+                   offsets: tuple[float, ...] | None = None, settle_s: float = 1.0, nodes: list | None = None,
+                   start: dict[int, float] | None = None):
     """Every rank shows its status frames on its own clock (its offset from the others': `offsets`, random
     by default) in the layouts its probe schedule (protocols.discovery.ProbeSchedule) gives each frame's time,
     until its handshake is complete and every rank's is; rank r reads rank s's frame in layout k shown at
-    room time t with probability `read_share(r, s, k, t)`, 40 ms after it went up. Returns the nodes (also
-    put in `nodes`, as soon as they are made) and when (room time) each completed."""
+    room time t with probability `read_share(r, s, k, t)`, 40 ms after it went up. A rank in `start` shows
+    and reads nothing before that room time. Returns the nodes (also put in `nodes`, as soon as they are
+    made) and when (room time) each completed."""
+    start = start or {}
     rng = random.Random(seed)
     schedule = discovery.ProbeSchedule(LADDER_HOLDS)
     offsets = offsets or tuple(rng.uniform(-30.0, 30.0) for _ in range(world))
@@ -436,7 +439,7 @@ def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, see
     t = 0.0
     for r, n in enumerate(nodes):
         n.hs.on_complete.append(lambda r=r: done.setdefault(r, t))
-    due = [0.0] * world  # room time of each rank's next frame
+    due = [start.get(r, 0.0) for r in range(world)]  # room time of each rank's next frame
     while any(n.hs.greeting for n in nodes):
         s = min(range(world), key=lambda r: due[r])
         t = due[s]
@@ -447,9 +450,24 @@ def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, see
         due[s] = t + (end - local)
         frame = nodes[s].status(local)
         for r, n in enumerate(nodes):
-            if r != s and rng.random() < read_share(r, s, k, t):
+            if r != s and t >= start.get(r, 0.0) and rng.random() < read_share(r, s, k, t):
                 n.rx.receive(frame, now=t + 0.04 + offsets[r], layout=k)
     return nodes, done
+
+
+def test_a_rank_that_starts_late_is_measured_as_long_as_the_others_were():
+    """Ranks 0 and 1 read each other in every layout; rank 1 reads rank 2 only in the ladder's last layout,
+    the one its probe schedule shows least. Rank 2 starts 20 s late, long after the others have watched the
+    ladder through: rank 1 still watches rank 2's frames for as long as it watched the others', so its row
+    says it reads rank 2 and the three agree on a room where everyone reaches everyone."""
+    def share(r, s, k, t):
+        return 1.0 if {r, s} == {0, 1} or (r, s) == (2, 1) or (r, s, k) == (1, 2, 2) else 0.0
+
+    nodes, done = simulate_probe(share, 3, seconds=80.0, start={2: 20.0}, offsets=(0.0, 0.3, 0.7))
+    assert len(done) == 3 and min(done.values()) > 20.0
+    rows = {n.rank: n.hs.sight.rows[1] for n in nodes}  # rank 1's row, as every rank has it
+    assert len(set(rows.values())) == 1 and rows[1].final, rows
+    assert rows[1].reads == 0b101 and rows[1].quality[2][2] == discovery.QUALITY_LEVELS, rows[1]
 
 
 def _picks(nodes, cost) -> set[int]:

@@ -35,7 +35,8 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 class Fault:
     """Kill `node` (as if its laptop crashed) `at_s` seconds into the room's run; with `down_s` set,
     start it again that much later: a fresh process that knows nothing (the parameter server, with
-    `resume`, reads its checkpoint). For tests and demonstrations of recovery (`--kill`)."""
+    `resume`, reads its checkpoint). At 0 the node does not start with the others: with `down_s`, it
+    starts that late. For tests and demonstrations of recovery (`--kill`)."""
 
     node: str
     at_s: float
@@ -89,11 +90,14 @@ class RoomRun:
             return await sup.run()
         loop = asyncio.get_running_loop()
         log = structlog.get_logger("wccl")
-        try:
-            async with asyncio.timeout_at(sup.clock_origin + fault.at_s):
-                return await sup.run()
-        except TimeoutError:
-            log.warning("node_killed", node=sup.node, at_s=fault.at_s)
+        if fault.at_s > 0:
+            try:
+                async with asyncio.timeout_at(sup.clock_origin + fault.at_s):
+                    return await sup.run()
+            except TimeoutError:
+                log.warning("node_killed", node=sup.node, at_s=fault.at_s)
+        else:  # (killed at 0: it never ran; with `down_s`, it starts that late)
+            log.warning("node_not_started", node=sup.node)
         if fault.down_s is None:
             return None
         await asyncio.sleep(max(0.0, sup.clock_origin + fault.at_s + fault.down_s - loop.time()))
@@ -202,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kill", action="append", default=[], metavar="NODE:AT_S[:DOWN_S]",
                    help="a simulated room only: kill NODE (as if its laptop crashed) AT_S room seconds into the run "
                         "and, with DOWN_S, start it again that much later knowing nothing (the parameter server "
-                        "reads its checkpoint); once per node. To watch recovery")
+                        "reads its checkpoint); once per node; AT_S 0: NODE starts DOWN_S late. To watch "
+                        "recovery and late starts")
     p.add_argument("--aim-seconds", type=float, default=120.0,
                    help="on real devices (medium \"hardware\"), aim first (wccl aim) for at most this long; 0: "
                         "start at once")
