@@ -299,8 +299,8 @@ class Clock(Actor):
         discovery chose: along each worker's way to the server (and back), per hop, the tensors that screen
         shows in the phase times their frames, divided by the share of frames the next camera reads of it,
         plus `margin_frames`, in frame holds, plus a frame's flight (half the slowest worker's measured round
-        trip, at least ROUND_HOLDS holds); the phase is the slowest way's sum. Where every worker and the
-        server read each other's screens, one hop each way."""
+        trip, at least ROUND_HOLDS holds); the phase is the slowest way's sum (Sight.route's ways, as the
+        tensors take them). Where every worker and the server read each other's screens, one hop each way."""
         if self.fixed_phases is not None:
             return self.fixed_phases
         codec, hold = self.ladder[min(self.sight.layout, len(self.ladder) - 1)]
@@ -311,9 +311,10 @@ class Clock(Actor):
         trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
         flight = max([ROUND_HOLDS * hold] + [t / 2 for t in trips])
         frames = codec.frames_needed(self.tensor_bytes, len(self.ranks))
+        me = index[self.ctx.node]
         ups = {w: [w] + (self._way_to_server(sight, w) or [self.ctx.node]) for w in self.others}
-        downs = {w: list(reversed(way)) for w, way in ups.items()}
-        near = [w for w, way in downs.items() if len(way) == 2]
+        downs = {w: [self.ctx.node] + ([self.ranks[r] for r in way] if not sight.both_ways(me, index[w])
+                                       and (way := sight.route(me, index[w])) else [w]) for w in self.others}
 
         def phase(ways: dict[str, list[str]], shows: dict[str, int]) -> tuple[float, float]:
             """The slowest way's time (hop by hop, each screen's queue of `shows` tensors), and the lowest
@@ -328,11 +329,14 @@ class Clock(Actor):
                 worst = max(worst, t)
             return round(worst, 4), low
 
-        # Uplink: each screen shows its own gradient and those it relays; downlink: the server shows one word
-        # for the workers that read it and one for each of the others, and each laptop on the way those it relays.
+        # Uplink: each screen shows its own gradient and those it relays. Downlink: each screen on the ways to
+        # workers that do not read the server's screen shows the word once for each next laptop on them
+        # (actors/collectives.py), and the server once more for the workers that read it and pass it on to none.
         up_shows = {n: sum(n in way[:-1] for way in ups.values()) for n in self.ranks}
-        down_shows = {n: sum(n in way[1:-1] for way in downs.values()) for n in self.ranks}
-        down_shows[self.ctx.node] = (1 if near else 0) + len(self.others) - len(near)
+        relayed = {(a, b) for way in downs.values() if len(way) > 2 for a, b in zip(way, way[1:])}
+        down_shows = {n: sum(a == n for a, _ in relayed) for n in self.ranks}
+        down_shows[self.ctx.node] += any(len(way) == 2 and (self.ctx.node, w) not in relayed
+                                         for w, way in downs.items())
         uplink, up = phase(ups, up_shows)
         downlink, down = phase(downs, down_shows)
         phases = (("compute", self.work_s), ("uplink", uplink), ("reduce", self.work_s),

@@ -110,6 +110,7 @@ class Collectives(Actor):
         self.on_drained = on_drained
         self._queue: deque[CollectiveRequest] = deque()
         self._sends: list[SendTensor] = []  # point-to-point sends held until the layout is chosen
+        self._passing: list[tuple] = []  # relayed transfers to pass on, held until the sight graph is known
         self._wake = asyncio.Event()
         self._pending: dict[int, _Pending] = {}
         self._early: dict[int, list[TransferArrived]] = {}
@@ -177,40 +178,65 @@ class Collectives(Actor):
                                    self.latencies[k])
                 self._sight_known.set()
                 await self._send_tensors()
+                passing, self._passing = self._passing, []
+                for args in passing:
+                    await self._pass_on(*args)
 
     async def _send_tensors(self) -> None:
-        """Post the point-to-point sends (the built-in run's tensors, protocols.streams): one transfer
-        each, for the ranks named that read this screen and whose screens this camera reads (a name that is
-        not a rank, or this node, is nobody to wait for; a send to nobody is dropped unless nodes overhear
-        it: observers), and one "relay_stream" transfer for each other rank named, along the sight graph's
-        route to it (as a relayed send: Sight.route)."""
+        """Post the point-to-point sends (the built-in run's tensors, protocols.streams): one transfer for
+        the ranks named that read this screen and whose screens this camera reads and that pass it on to no
+        other (a name that is not a rank, or this node, is nobody to wait for; a send to nobody is dropped
+        unless nodes overhear it: observers), and one "relay_stream" transfer for each rank that is the first
+        on the sight graph's routes (Sight.route) to others named, which takes it if it is named too and
+        passes it on (`_pass_on`)."""
         sends, self._sends = self._sends, []
         for msg in sends:
-            ranks = [self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node]
-            near = [r for r in ranks if self.sight is None or self.sight.both_ways(r, self.rank)]
-            dest = sum(1 << r for r in near)
+            ranks = sum(1 << self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node)
+            near = ranks if self.sight is None else sum(1 << r for r in range(self.world)
+                                                         if ranks >> r & 1 and self.sight.both_ways(r, self.rank))
+            hops = self._next_hops(ranks & ~near, "relay_stream", self.rank)
+            for r in list(hops):
+                if near >> r & 1:  # (a rank on the way to others that is named too: one transfer for both)
+                    hops[r] |= 1 << r
+            plain = near & ~sum(1 << r for r in hops)
             step, payload = max(0, msg.step), streams.wrap(msg.epoch, msg.base, msg.payload)
-            if dest or msg.overheard:
-                await self._post_one(step, msg.stream, "uint8", len(payload), 0, dest, payload,
+            if plain or msg.overheard:
+                await self._post_one(step, msg.stream, "uint8", len(payload), 0, plain, payload,
                                      background=msg.background, overheard=msg.overheard)
-            for r in ranks:
-                if r not in near:
-                    await self._pass_on(step, "relay_stream", "uint8", len(payload), transfer.OPS[msg.stream],
-                                        transfer.RELAY_HEAD.pack(self.rank, r) + payload, self.rank, r)
+            for hop, dests in hops.items():
+                await self._post_one(step, "relay_stream", "uint8", len(payload), transfer.OPS[msg.stream],
+                                     1 << hop, transfer.RELAY_HEAD.pack(self.rank, dests) + payload)
+
+    def _next_hops(self, dests: int, op: str, source: int) -> dict[int, int]:
+        """The ranks in `dests` (a bit a rank) by the next rank on the sight graph's route to each
+        (Sight.route): {next rank: the ranks its way leads to}. A rank no route leads to is refused and
+        counted."""
+        hops: dict[int, int] = {}
+        for dest in range(self.world):
+            if not dests >> dest & 1:
+                continue
+            route = self.sight.route(self.rank, dest) if self.sight is not None else None
+            if route is None:
+                self.results["relay_refused"] += 1
+                self.log.error("relay_refused", op=op, source=source, destination=dest,
+                               reason="no chain of laptops that read each other's screens leads there from this one")
+                continue
+            hops[route[0]] = hops.get(route[0], 0) | 1 << dest
+        return hops
 
     async def _pass_on(self, seq: int, op: str, dtype: str, numel: int, part: int, relayed: bytes, source: int,
-                       dest: int) -> None:
-        """Show a relayed transfer ("relay" or "relay_stream"; `relayed`: RELAY_HEAD, `source` and `dest`, then
-        the message) to the next rank on the sight graph's route to `dest`; refused and counted if none."""
-        route = self.sight.route(self.rank, dest) if self.sight is not None else None
-        if route is None:
-            self.results["relay_refused"] += 1
-            self.log.error("relay_refused", op=op, source=source, destination=dest,
-                           reason="no chain of laptops that read each other's screens leads there from this one")
+                       dests: int) -> None:
+        """Show a relayed transfer ("relay" or "relay_stream"; `relayed`: RELAY_HEAD, then the message) on to
+        the ranks in `dests`: once to each next rank on the sight graph's routes to them, naming the ranks
+        its way leads to (once the sight graph is known here: a peer may know it first)."""
+        if self.sight is None:
+            self._passing.append((seq, op, dtype, numel, part, relayed, source, dests))
             return
-        if source != self.rank:
-            self.results["relayed"] += 1
-        await self._post_one(seq, op, dtype, numel, part, 1 << route[0], relayed)
+        for hop, ahead in self._next_hops(dests, op, source).items():
+            if source != self.rank:
+                self.results["relayed"] += 1
+            await self._post_one(seq, op, dtype, numel, part, 1 << hop,
+                                 transfer.RELAY_HEAD.pack(source, ahead) + relayed[transfer.RELAY_HEAD.size:])
 
     async def _post_when_ready(self) -> None:
         while True:
@@ -399,46 +425,56 @@ class Collectives(Actor):
         self._sends_out.append(_PointToPoint(req, deadline, tid=self._next_tid, hop=route[0]))
         self.log.debug("message_relayed", peer=req.root, tag=req.tag, route=route)
         await self._post_one(req.seq, "relay", req.dtype, req.numel, req.tag, 1 << route[0],
-                             transfer.RELAY_HEAD.pack(self.rank, req.root) + payload)
+                             transfer.RELAY_HEAD.pack(self.rank, 1 << req.root) + payload)
+
+    def _relay_head(self, msg: TransferArrived, single: bool) -> tuple[int, int]:
+        """A relayed transfer's source and the ranks it is for (`single`: exactly one), or a ValueError: its
+        frames passed the room key's check, so a rank that sent it is broken (nothing to pass on)."""
+        head = transfer.RELAY_HEAD
+        src, dests = head.unpack_from(msg.payload) if len(msg.payload) >= head.size else (-1, 0)
+        if not 0 <= src < self.world or not 0 < dests < 1 << self.world or dests >> src & 1 \
+                or single and dests & (dests - 1):
+            raise ValueError(f"source {src}, destinations {dests:#x}")
+        return src, dests
+
+    def _refuse(self, msg: TransferArrived, reason: str) -> None:
+        self.results["relay_refused"] += 1
+        self.log.error("relay_refused", origin=msg.origin, op=msg.op, reason=reason, bytes=len(msg.payload))
 
     async def _relayed(self, msg: TransferArrived) -> None:
         """A message on its way from one rank to another: received here if it is this rank's, else shown to
         the next rank of its route."""
-        src, dst = (transfer.RELAY_HEAD.unpack_from(msg.payload) if len(msg.payload) >= transfer.RELAY_HEAD.size
-                    else (-1, -1))
-        if not (0 <= src < self.world and 0 <= dst < self.world) or src == dst:
-            # (its frames passed the room key's check: a rank that sent it is broken; nothing to pass on)
-            self.results["relay_refused"] += 1
-            self.log.error("relay_refused", origin=msg.origin, source=src, destination=dst, bytes=len(msg.payload))
+        try:
+            src, dests = self._relay_head(msg, single=True)
+        except ValueError as e:
+            self._refuse(msg, str(e))
             return
-        if dst == self.rank:
+        if dests == 1 << self.rank:
             self._inbox.append(msg.model_copy(update={"origin": src, "op": "p2p",
                                                       "payload": msg.payload[transfer.RELAY_HEAD.size:]}))
             await self._match()
             return
-        await self._pass_on(msg.seq, "relay", msg.dtype, msg.numel, msg.part, msg.payload, src, dst)
+        await self._pass_on(msg.seq, "relay", msg.dtype, msg.numel, msg.part, msg.payload, src, dests)
 
     async def _relayed_stream(self, msg: TransferArrived) -> None:
-        """One of the built-in run's tensors on its way from one rank to another: handed to this node's actors
-        if it is this rank's (`TensorReceived`, as if read off the source's screen), else shown to the next
-        rank of its route."""
-        head = transfer.RELAY_HEAD
-        src, dst = head.unpack_from(msg.payload) if len(msg.payload) >= head.size else (-1, -1)
+        """One of the built-in run's tensors on its way from one rank to others: handed to this node's actors
+        if it is one of them (`TensorReceived`, as if read off the source's screen), and shown on to the next
+        ranks of the others' routes."""
         stream = transfer.OP_NAMES.get(msg.part)
         try:
-            if not (0 <= src < self.world and 0 <= dst < self.world) or src == dst or stream not in streams.STREAMS:
-                raise streams.StreamError(f"source {src}, destination {dst}, op {msg.part}")
-            tensor = streams.received(msg, msg.payload[head.size:], stream, self.names[src], self.ctx.node,
-                                      self.clock.now())
-        except streams.StreamError as e:
-            # (its frames passed the room key's check: a rank that sent it is broken; nothing to pass on)
-            self.results["relay_refused"] += 1
-            self.log.error("relay_refused", origin=msg.origin, reason=str(e), bytes=len(msg.payload))
+            src, dests = self._relay_head(msg, single=False)
+            if stream not in streams.STREAMS:
+                raise streams.StreamError(f"op {msg.part} is not a stream's")
+            tensor = streams.received(msg, msg.payload[transfer.RELAY_HEAD.size:], stream, self.names[src],
+                                      self.ctx.node, self.clock.now())
+        except ValueError as e:  # (streams.StreamError is one)
+            self._refuse(msg, str(e))
             return
-        if dst != self.rank:
-            await self._pass_on(msg.seq, "relay_stream", msg.dtype, msg.numel, msg.part, msg.payload, src, dst)
-            return
-        await self.emit(tensor)
+        if dests & ~(1 << self.rank):
+            await self._pass_on(msg.seq, "relay_stream", msg.dtype, msg.numel, msg.part, msg.payload, src,
+                                dests & ~(1 << self.rank))
+        if dests >> self.rank & 1:
+            await self.emit(tensor)
 
     async def _sends_acknowledged(self) -> None:
         for p in list(self._sends_out):

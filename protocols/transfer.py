@@ -81,7 +81,7 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 15
+VERSION = 16
 MAX_RANKS = 16
 _HEAD = struct.Struct(">BBHBBBIIBBIHII8sHqQHBqq")
 _STATUS_HEAD = struct.Struct(">BBHBBBIBHqQHBqq")  # a status frame's: no transfer's fields
@@ -150,12 +150,14 @@ OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scat
        # torch.distributed's send/recv: `seq` numbers the sender's messages to one peer with one tag (`part`)
        "p2p": 10,
        # a send/recv message on its way through ranks whose cameras chain from its source to its destination:
-       # the payload starts with those two ranks (RELAY_HEAD); `seq`, `part`, dtype and numel are the message's
+       # the payload starts with its source and destination (RELAY_HEAD); `seq`, `part`, dtype and numel are
+       # the message's
        "relay": 11,
-       # one of the built-in run's tensors on such a way: the payload starts with RELAY_HEAD, `seq` is its step
-       # and `part` its stream's op (grad, avg, params, sync)
+       # one of the built-in run's tensors on such ways: the payload starts with RELAY_HEAD (its source, and
+       # the ranks it is for: each rank on the way takes it if it is one of them and shows it on once for each
+       # next rank on the others' ways), `seq` is its step and `part` its stream's op (grad, avg, params, sync)
        "relay_stream": 12}
-RELAY_HEAD = struct.Struct(">BB")  # a relayed message's (source, destination) ranks
+RELAY_HEAD = struct.Struct(">BH")  # a relayed message's source rank, and the ranks it is for (a bit a rank)
 OP_NAMES = {v: k for k, v in OPS.items()}
 COLLECTIVE_OPS = frozenset({"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"})  # `seq`: the collective
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,

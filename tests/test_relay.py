@@ -92,8 +92,9 @@ def test_a_send_to_a_camera_that_does_not_read_this_screen_is_relayed():
 
 def test_a_tensor_of_the_built_in_run_to_a_camera_that_does_not_read_this_screen_is_relayed():
     """The built-in run's tensors (protocols.streams) take the same way as a send: alice's word to bob and
-    carol goes straight to bob and, through him, to carol, whose camera does not see alice's screen; carol's
-    answer goes round by bob too. Each arrives as its sender's, with its step and state."""
+    carol goes to bob, who takes it and passes it on to carol, whose camera does not see alice's screen
+    (one transfer on alice's screen for both); carol's answer goes round by bob too. Each arrives as its
+    sender's, with its step and state."""
     cfg = make_config(room=ROOM3, link={"choose": "pinned"})
 
     async def go():
@@ -131,4 +132,5 @@ def test_a_tensor_of_the_built_in_run_to_a_camera_that_does_not_read_this_screen
     seen = {n: [(m.origin, m.step, m.stream, m.payload, m.epoch, m.base) for m in got[n]] for n in NAMES}
     assert seen == {"alice": [("carol", 8, "grad", b"answer" * 50, 0, 0)], "bob": word, "carol": word}, seen
     assert [results[n]["collectives"]["relayed"] for n in NAMES] == [0, 2, 0]
+    assert [results[n]["collectives"]["transfers_posted"] for n in NAMES] == [1, 2, 1]
     assert [results[n]["collectives"]["relay_refused"] for n in NAMES] == [0, 0, 0]
