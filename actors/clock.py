@@ -32,11 +32,12 @@ training (every frame carries timestamps). A node whose camera and the
 server's do not read each other's screens syncs the same way against the
 first laptop on its way to the server (`clock_sync_via`), which sends it its
 own estimate of the server's clock (`sync.ClockMap`, again whenever that
-moved by PUBLISH_S, and in answer to a hello), and composes the two. After the last step the reduce ticks go on up to the last
-step's deadline (steps `steps` .. `steps + DEADLINE_STEPS - 1`, reduce phase
-only), so the last steps are awaited as long as every other. The server answers every hello with the announcement, so a node
-that starts (or restarts) late learns the schedule and joins at the next
-step.
+moved by PUBLISH_S, and in answer to a hello), and composes the two. After
+the last step the reduce ticks go on up to the last step's deadline (steps
+`steps` .. `steps + DEADLINE_STEPS - 1`, reduce phase only), so the last
+steps are awaited as long as every other. The server answers every hello
+with the announcement, so a node that starts (or restarts) late learns the
+schedule and joins at the next step.
 
 In the simulated room, each `clock_synced` log also gives the residual error
 against the true server clock (the room's truth, used for that log only).
@@ -131,7 +132,8 @@ class Clock(Actor):
             await self._sync_payload(msg)
 
     def _check_synced(self) -> None:
-        if not self._synced.is_set() and self.estimator.ready() and (self.ref == self.server or self.ref_map):
+        mapped = self.ref == self.server or self.ref_map is not None
+        if not self._synced.is_set() and self.estimator.ready() and mapped:
             self._synced.set()
 
     def _graph(self) -> Sight:
@@ -149,13 +151,11 @@ class Clock(Actor):
         """Whom each node syncs against (the first laptop on its way to the server): this node's `ref`, and
         the nodes that sync against it. A node whose camera and the server's do not read each other's screens
         syncs against that laptop and composes its estimate with that laptop's (a ClockMap it sends)."""
-        if self.server not in self.ranks or self.ctx.node not in self.ranks:
+        if self.is_server or self.server not in self.ranks or self.ctx.node not in self.ranks:
             return
         sight = self._graph()
         refs = {n: (way[0] if (way := self._way_to_server(sight, n)) else self.server)
                 for n in self.ranks if n != self.server}
-        if self.is_server:
-            return
         self.downstream = tuple(n for n, r in refs.items() if r == self.ctx.node)
         if refs[self.ctx.node] == self.ref:
             return
