@@ -15,8 +15,12 @@ import asyncio
 from conftest import make_config, run_virtual
 
 import actors  # noqa: F401  (registers the actors)
+from actors.collectives import Collectives
+from protocols import streams, transfer
 from protocols.algorithms import Sight
-from protocols.messages import CollectiveRequest, Drain, SendTensor, TensorReceived
+from protocols.messages import CollectiveRequest, Drain, PostTransfer, SendTensor, TensorReceived, TransferArrived
+from wccl.actor import ActorContext, Mailbox
+from wccl.timebase import NodeClock
 from wccl.distributed.runtime import CollectiveNode
 from wccl.room import SimulatedRoom
 
@@ -134,3 +138,43 @@ def test_a_tensor_of_the_built_in_run_to_a_camera_that_does_not_read_this_screen
     assert [results[n]["collectives"]["relayed"] for n in NAMES] == [0, 2, 0]
     assert [results[n]["collectives"]["transfers_posted"] for n in NAMES] == [1, 2, 1]
     assert [results[n]["collectives"]["relay_refused"] for n in NAMES] == [0, 0, 0]
+
+
+def test_a_tensor_for_several_ranks_goes_once_to_each_next_laptop_which_takes_it_and_passes_it_on():
+    """Rank 0 reads only rank 1's screen, and rank 1 reads ranks 2 and 3 (each both ways): rank 0's tensor for
+    1, 2 and 3 goes up once, to rank 1, naming all three; rank 1 takes it and shows it on once to each of 2
+    and 3, naming that one."""
+    both = {(0, 1), (1, 0), (1, 2), (2, 1), (1, 3), (3, 1)}
+    sight = Sight(4, {e: 1000.0 for e in both}, 0.1)
+    names = ["a", "b", "c", "d"]
+
+    def actor(rank: int):
+        out: list = []
+
+        async def emit(msg):
+            out.append(msg)
+        ctx = ActorContext(node=names[rank], actor="collectives", clock=NodeClock(), inbox=Mailbox("c", 8, "block"),
+                           emit=emit)
+        return Collectives(ctx, rank, 4, 10.0, names=names, sight=sight), out
+
+    async def go():
+        a, out_a = actor(0)
+        await a.handle(SendTensor(sender="a", step=3, time=0.0, stream="avg", to=("b", "c", "d"), payload=b"w" * 40,
+                                  epoch=1, base=2))
+        b, out_b = actor(1)
+        (post,) = out_a
+        await b.handle(TransferArrived(sender="b", time=0.0, origin=0, tid=post.tid, seq=post.seq, op=post.op,
+                                       dtype=post.dtype, numel=post.numel, part=post.part, payload=post.payload,
+                                       frames=1))
+        return post, out_b
+
+    post, out_b = run_virtual(go)
+    assert isinstance(post, PostTransfer) and post.op == "relay_stream" and post.dest == 0b0010
+    assert transfer.RELAY_HEAD.unpack_from(post.payload) == (0, 0b1110)
+    passed = sorted((m.dest, transfer.RELAY_HEAD.unpack_from(m.payload)) for m in out_b if isinstance(m, PostTransfer))
+    assert passed == [(0b0100, (0, 0b0100)), (0b1000, (0, 0b1000))]
+    assert all(m.payload[transfer.RELAY_HEAD.size:] == post.payload[transfer.RELAY_HEAD.size:]
+               for m in out_b if isinstance(m, PostTransfer))
+    (got,) = [m for m in out_b if isinstance(m, TensorReceived)]
+    assert (got.origin, got.stream, got.step, got.payload, got.epoch, got.base) == ("a", "avg", 3, b"w" * 40, 1, 2)
+    assert streams.wrap(1, 2, b"w" * 40) == post.payload[transfer.RELAY_HEAD.size:]
