@@ -29,8 +29,8 @@ A transfer that nodes overhear (an observer reads the parameter server's
 words, acknowledging nothing) may *linger*: once its readers have it, it is
 shown `linger` frames more (fresh repair packets; the transfer shown the
 fewest times per packet first, the oldest of those: an observer applies the
-words in order, so each word's second chance comes soon), when the screen would
-otherwise be idle (`next_lingering`) and, while every open transfer has used
+words in order, so each word's second chance comes soon), when the screen
+would otherwise be idle (`next_lingering`) and, while every open transfer has used
 its budget and waits for its acknowledgements, taking turns with their
 repair packets: a screen kept busy by acknowledgements on their way still
 gives observers a second chance. A transfer for no rank (`dest` 0: shown for

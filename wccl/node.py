@@ -102,7 +102,7 @@ class RoomRun:
             return None
         await asyncio.sleep(max(0.0, sup.clock_origin + fault.at_s + fault.down_s - loop.time()))
         cfg = self.config.model_copy(deep=True)
-        if fault.resume and cfg.exchange == "server" and sup.node == cfg.room.server:
+        if fault.resume and fault.at_s > 0 and cfg.exchange == "server" and sup.node == cfg.room.server:
             # (the parameter server alone goes on from its checkpoint; a rank of the collectives rejoins)
             cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
         fresh = self.node_class[sup.node](cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
