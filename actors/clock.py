@@ -104,6 +104,7 @@ class Clock(Actor):
         # The server's: how long its frames take to each worker's camera and theirs back (sizing, `_phases`)
         self.flights: dict[str, FlightTimes] = {n: FlightTimes() for n in self.others} if self.is_server else {}
         self.sight: SightKnown | None = None
+        self.graph: Sight | None = None  # the sight graph over the ranks (reader, shown): each edge's share read
         self._sight = asyncio.Event()
         self.announce: sync.Announce | None = None
         self._announced = asyncio.Event()
@@ -116,6 +117,8 @@ class Clock(Actor):
     async def handle(self, msg: FrameTiming | SightKnown | TensorReceived) -> None:
         if isinstance(msg, SightKnown):
             self.sight = msg
+            n = len(self.ranks)
+            self.graph = Sight(n, {(r, c): q for r, c, q in msg.edges if r < n and c < n and q > 0}, 0.0)
             self._sight.set()
             await self._sync_tree()
         elif isinstance(msg, FrameTiming):
@@ -136,15 +139,10 @@ class Clock(Actor):
         if not self._synced.is_set() and self.estimator.ready() and mapped:
             self._synced.set()
 
-    def _graph(self) -> Sight:
-        """The room's sight graph over the ranks (reader, shown): each edge's share of frames read."""
-        n = len(self.ranks)
-        return Sight(n, {(r, c): q for r, c, q in self.sight.edges if r < n and c < n and q > 0}, 0.0)
-
-    def _way_to_server(self, sight: Sight, node: str) -> list[str] | None:
-        """The laptops a message from `node` passes through to the server, ending with it (Sight.route)."""
-        i, s = self.ranks.index(node), self.ranks.index(self.server)
-        way = [s] if sight.both_ways(i, s) else sight.route(i, s)
+    def _way(self, src: str, dst: str) -> list[str] | None:
+        """The laptops a message from `src` passes through to `dst`, ending with it (Sight.route: just `dst`
+        where the two read each other's screens), or None."""
+        way = self.graph.route(self.ranks.index(src), self.ranks.index(dst))
         return None if way is None else [self.ranks[r] for r in way]
 
     async def _sync_tree(self) -> None:
@@ -153,15 +151,14 @@ class Clock(Actor):
         syncs against that laptop and composes its estimate with that laptop's (a ClockMap it sends)."""
         if self.is_server or self.server not in self.ranks or self.ctx.node not in self.ranks:
             return
-        sight = self._graph()
-        refs = {n: (way[0] if (way := self._way_to_server(sight, n)) else self.server)
+        refs = {n: (way[0] if (way := self._way(n, self.server)) else self.server)
                 for n in self.ranks if n != self.server}
         self.downstream = tuple(n for n, r in refs.items() if r == self.ctx.node)
         if refs[self.ctx.node] == self.ref:
             return
         self.ref = refs[self.ctx.node]
         self.estimator = OffsetEstimator(self.cfg.window_s, self.cfg.bin_s, self.cfg.min_samples)
-        self.log.info("clock_sync_via", via=self.ref, way=self._way_to_server(sight, self.ctx.node))
+        self.log.info("clock_sync_via", via=self.ref, way=self._way(self.ctx.node, self.server))
         await self._send(self._hello(), (self.ref,))
 
     async def _sync_payload(self, msg: TensorReceived) -> None:
@@ -289,10 +286,9 @@ class Clock(Actor):
     def _depth(self) -> int:
         """The most hops from a worker to the server on the sight graph (1 where every worker reads the
         server's screen and it theirs, or before the sight graph is known)."""
-        if self.sight is None:
+        if self.graph is None:
             return 1
-        sight = self._graph()
-        return max([1] + [len(way) for w in self.others if (way := self._way_to_server(sight, w))])
+        return max([1] + [len(way) for w in self.others if (way := self._way(w, self.server))])
 
     def _phases(self) -> tuple[tuple[str, float], ...]:
         """The fixed phases, or (auto) the uplink and downlink each sized for its tensors in the layout
@@ -304,17 +300,15 @@ class Clock(Actor):
         if self.fixed_phases is not None:
             return self.fixed_phases
         codec, hold = self.ladder[min(self.sight.layout, len(self.ladder) - 1)]
-        sight = self._graph()
+        sight, me = self.graph, self.ctx.node
         index = {n: i for i, n in enumerate(self.ranks)}
         # A frame's way from a screen to the other camera, each way: half the slowest worker's measured round
         # trip, and never less than ROUND_HOLDS holds.
         trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
         flight = max([ROUND_HOLDS * hold] + [t / 2 for t in trips])
         frames = codec.frames_needed(self.tensor_bytes, len(self.ranks))
-        me = index[self.ctx.node]
-        ups = {w: [w] + (self._way_to_server(sight, w) or [self.ctx.node]) for w in self.others}
-        downs = {w: [self.ctx.node] + ([self.ranks[r] for r in way] if not sight.both_ways(me, index[w])
-                                       and (way := sight.route(me, index[w])) else [w]) for w in self.others}
+        ups = {w: [w] + (self._way(w, me) or [me]) for w in self.others}
+        downs = {w: [me] + (self._way(me, w) or [w]) for w in self.others}
 
         def phase(ways: dict[str, list[str]], shows: dict[str, int]) -> tuple[float, float]:
             """The slowest way's time (hop by hop, each screen's queue of `shows` tensors), and the lowest
@@ -335,8 +329,7 @@ class Clock(Actor):
         up_shows = {n: sum(n in way[:-1] for way in ups.values()) for n in self.ranks}
         relayed = {(a, b) for way in downs.values() if len(way) > 2 for a, b in zip(way, way[1:])}
         down_shows = {n: sum(a == n for a, _ in relayed) for n in self.ranks}
-        down_shows[self.ctx.node] += any(len(way) == 2 and (self.ctx.node, w) not in relayed
-                                         for w, way in downs.items())
+        down_shows[me] += any(len(way) == 2 and (me, w) not in relayed for w, way in downs.items())
         uplink, up = phase(ups, up_shows)
         downlink, down = phase(downs, down_shows)
         phases = (("compute", self.work_s), ("uplink", uplink), ("reduce", self.work_s),

@@ -192,30 +192,26 @@ class Collectives(Actor):
         sends, self._sends = self._sends, []
         for msg in sends:
             ranks = sum(1 << self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node)
-            near = ranks if self.sight is None else sum(1 << r for r in range(self.world)
-                                                         if ranks >> r & 1 and self.sight.both_ways(r, self.rank))
-            hops = self._next_hops(ranks & ~near, "relay_stream", self.rank)
-            for r in list(hops):
-                if near >> r & 1:  # (a rank on the way to others that is named too: one transfer for both)
-                    hops[r] |= 1 << r
-            plain = near & ~sum(1 << r for r in hops)
+            hops = self._next_hops(ranks, "relay_stream", self.rank)  # (a rank read both ways: its own next hop)
+            plain = sum(dests for hop, dests in hops.items() if dests == 1 << hop)
             step, payload = max(0, msg.step), streams.wrap(msg.epoch, msg.base, msg.payload)
             if plain or msg.overheard:
                 await self._post_one(step, msg.stream, "uint8", len(payload), 0, plain, payload,
                                      background=msg.background, overheard=msg.overheard)
             for hop, dests in hops.items():
-                await self._post_one(step, "relay_stream", "uint8", len(payload), transfer.OPS[msg.stream],
-                                     1 << hop, transfer.RELAY_HEAD.pack(self.rank, dests) + payload)
+                if dests != 1 << hop:
+                    await self._post_one(step, "relay_stream", "uint8", len(payload), transfer.OPS[msg.stream],
+                                         1 << hop, transfer.RELAY_HEAD.pack(self.rank, dests) + payload)
 
     def _next_hops(self, dests: int, op: str, source: int) -> dict[int, int]:
         """The ranks in `dests` (a bit a rank) by the next rank on the sight graph's route to each
-        (Sight.route): {next rank: the ranks its way leads to}. A rank no route leads to is refused and
-        counted."""
+        (Sight.route; a rank read both ways is its own): {next rank: the ranks its way leads to}. A rank no
+        route leads to is refused and counted. Only once the sight graph is known."""
         hops: dict[int, int] = {}
         for dest in range(self.world):
             if not dests >> dest & 1:
                 continue
-            route = self.sight.route(self.rank, dest) if self.sight is not None else None
+            route = self.sight.route(self.rank, dest)
             if route is None:
                 self.results["relay_refused"] += 1
                 self.log.error("relay_refused", op=op, source=source, destination=dest,

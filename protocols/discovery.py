@@ -23,8 +23,9 @@ none of which was read: clearly unreadable), every peer never read has been
 alive long enough to have shown that many, or the rank has watched for
 `watch_s` (the longest the schedule takes to show `need` frames of every
 layout) since its first frame read and since the last rank came alive (a
-rank that starts late is watched as long as the others were). A row measures the ladder from its first layout on (its qualities
-beyond are 0, and its flags say how many layouts it left out). A rank
+rank that starts late is watched as long as the others were). A row
+measures the ladder from its first layout on (its qualities beyond are 0,
+and its flags say how many layouts it left out). A rank
 freezes its row (FINAL) once every rank is alive (its nonce known) and it
 reads some screen, and either the rows it has decide without the layouts
 not measured (`decide`: the layout chosen from the layouts every row
