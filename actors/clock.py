@@ -77,7 +77,7 @@ class Clock(Actor):
         self.is_server = ctx.node == server
         self.server = server
         self.ranks = ranks
-        self.others = [n for n in ranks if n != ctx.node]
+        self.others = [n for n in ranks if n != ctx.node]  # (once the sight is known: those the room started with)
         self.steps = steps
         self.fixed_phases = tuple((n, float(s)) for n, s in phases) if phases else None
         self.start_s = start_s
@@ -119,6 +119,7 @@ class Clock(Actor):
             self.sight = msg
             n = len(self.ranks)
             self.graph = Sight(n, {(r, c): q for r, c, q in msg.edges if r < n and c < n and q > 0}, 0.0)
+            self.others = [m for m in self.others if self.ranks.index(m) not in msg.absent]
             self._sight.set()
             await self._sync_tree()
         elif isinstance(msg, FrameTiming):
@@ -152,7 +153,7 @@ class Clock(Actor):
         if self.is_server or self.server not in self.ranks or self.ctx.node not in self.ranks:
             return
         refs = {n: (way[0] if (way := self._way(n, self.server)) else self.server)
-                for n in self.ranks if n != self.server}
+                for n in self.ranks if n != self.server and (n in self.others or n == self.ctx.node)}
         self.downstream = tuple(n for n, r in refs.items() if r == self.ctx.node)
         if refs[self.ctx.node] == self.ref:
             return
@@ -313,7 +314,9 @@ class Clock(Actor):
         def phase(ways: dict[str, list[str]], shows: dict[str, int]) -> tuple[float, float]:
             """The slowest way's time (hop by hop, each screen's queue of `shows` tensors), and the lowest
             share of frames read on any hop."""
-            worst, low = 0.0, 1.0
+            # (no way at all, where the room started without every other worker: one hop read whole, for the
+            # observers the word is shown to)
+            worst, low = (0.0 if ways else (frames + self.margin_frames) * hold + flight), 1.0
             for way in ways.values():
                 t = 0.0
                 for a, b in zip(way, way[1:]):

@@ -111,6 +111,7 @@ class Collectives(Actor):
         self._queue: deque[CollectiveRequest] = deque()
         self._sends: list[SendTensor] = []  # point-to-point sends held until the layout is chosen
         self._passing: list[tuple] = []  # relayed transfers to pass on, held until the sight graph is known
+        self._absent = 0  # the ranks the room started without (a bit a rank): a send to them goes nowhere
         self._wake = asyncio.Event()
         self._pending: dict[int, _Pending] = {}
         self._early: dict[int, list[TransferArrived]] = {}
@@ -176,6 +177,7 @@ class Collectives(Actor):
                 k = min(msg.layout, len(self.goodputs) - 1)
                 self.sight = Sight(self.world, {(r, s): self.goodputs[k] * q for r, s, q in msg.edges},
                                    self.latencies[k])
+                self._absent = sum(1 << r for r in msg.absent)
                 self._sight_known.set()
                 await self._send_tensors()
                 passing, self._passing = self._passing, []
@@ -188,10 +190,11 @@ class Collectives(Actor):
         other (a name that is not a rank, or this node, is nobody to wait for; a send to nobody is dropped
         unless nodes overhear it: observers), and one "relay_stream" transfer for each rank that is the first
         on the sight graph's routes (Sight.route) to others named, which takes it if it is named too and
-        passes it on (`_pass_on`)."""
+        passes it on (`_pass_on`). A rank the room started without is nobody to wait for either."""
         sends, self._sends = self._sends, []
         for msg in sends:
             ranks = sum(1 << self.names.index(n) for n in msg.to if n in self.names and n != self.ctx.node)
+            ranks &= ~self._absent
             hops = self._next_hops(ranks, "relay_stream", self.rank)  # (a rank read both ways: its own next hop)
             plain = sum(dests for hop, dests in hops.items() if dests == 1 << hop)
             step, payload = max(0, msg.step), streams.wrap(msg.epoch, msg.base, msg.payload)

@@ -50,7 +50,7 @@ from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, Hol
                                 TensorReceived, TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
-from wccl.actor import Actor, ActorContext, Overflow
+from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
 
@@ -149,7 +149,7 @@ class FrameDecoder(Actor):
         super().__init__(ctx)
         # With a start-up ladder: what collectives would cost in a layout on its sight graph (seconds,
         # None: they cannot run there), for discovery's choice; without one, the densest wins.
-        self.layout_cost = layout_cost or (lambda k, edges: float(k))
+        self.layout_cost = layout_cost or (lambda k, edges, ranks: float(k))
         self.lens_mode = lens
         self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
         self._vote: tuple[float, float] | None = None  # the lens trial's reads of the code in the layout tried
@@ -193,6 +193,8 @@ class FrameDecoder(Actor):
         self.stats["captures"] += 1
         self._captures.append((msg.seq, msg.time))
         sight = self.receiver.handshake.sight if self.receiver is not None else None
+        if sight is not None and not sight.known and self.receiver.tick(self.clock.now()):
+            await self._handshake_changed(None)  # (time passing: a rank that reads nothing still decides)
         if sight is not None and not sight.known and len(self._captures) >= CAPTURES_FOR_PERIOD:
             # (discovery counts a layout held for too few of this camera's periods as unread). By the
             # camera's own count: captures this decoder had no time for are not a slower camera.
@@ -473,6 +475,48 @@ class FrameDecoder(Actor):
                                          echo_shown=tm.echo_shown_us / 1e6, echo_captured=tm.echo_captured_us / 1e6,
                                          layout=self._layout))
 
+    async def _handshake_changed(self, peer: str | None) -> None:
+        """The run handshake or the discovery table changed (a frame of `peer`, or time passing: None): log it,
+        pass on the acknowledgements, and once the sight is known say so (`SightKnown`, once)."""
+        hs = self.receiver.handshake
+        self.log.info("handshake", peer=peer, trusted=sorted(hs.trusted),
+                      trusted_by=sorted(hs.trusted_by), complete=hs.complete)
+        await self.emit(self._acks_message())
+        if hs.sight is not None and hs.sight.left_out:
+            raise GiveUp("the room started without this node: it had not started when the parameter server "
+                         "stopped waiting for it ([room] wait_for_nodes_s), and a node cannot join a run in "
+                         "progress that started without it; start every laptop within that time")
+        if hs.sight is not None and hs.sight.known and not self._sight_sent:
+            self._sight_sent = True
+            st = hs.sight
+            k, graph = st.choose_layout(self.layout_cost)
+            edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
+            names = self.node_names
+            lay = self.ladder[k].layout
+            # how many layouts of the ladder each rank measured (discovery stops where the rest could not
+            # change the choice), and whether it took a second round
+            measured = {names[r_]: st.layouts - st.rows[r_].unmeasured for r_ in range(len(names))
+                        if not st.rows[r_].absent}
+            second = any(row.full for row in st.rows)
+            adopted = st.adopted > 0  # this rank started again: it took the room's table
+            absent = tuple(r_ for r_ in range(len(names)) if st.rows[r_].absent)
+            self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
+                          layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
+                          **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
+                                          sorted(st.graph(j).items())} for j in range(len(self.ladder))],
+                              "measured": measured, "second_round": second}
+                             if len(self.ladder) > 1 else {}), **({"adopted": True} if adopted else {}),
+                          **({"started_without": [names[r_] for r_ in absent]} if absent else {}))
+            if self.current != k:
+                self.current = k
+                self._use(k)
+            self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second, adopted=adopted,
+                                                 edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
+                                                        for r_, s_, q in edges},
+                                                 captures=self.stats["captures"])
+            await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k,
+                                       absent=absent))
+
     async def _accept_transfer(self, message: bytes, code: reader.ReadCode, corrected: int,
                                captured: float) -> TransferArrived | None | bool:
         """A transfer frame (collectives), through the receive path of protocols.receiver: pass on its
@@ -491,36 +535,7 @@ class FrameDecoder(Actor):
             self.log.info("peer_restarted", peer=self.node_names[f.sender],
                           restarts=self.receiver.restarts.get(f.sender, 0))
         if r.handshake_changed:
-            hs = self.receiver.handshake
-            self.log.info("handshake", peer=self.node_names[f.sender], trusted=sorted(hs.trusted),
-                          trusted_by=sorted(hs.trusted_by), complete=hs.complete)
-            await self.emit(self._acks_message())
-            if hs.sight is not None and hs.sight.known and not self._sight_sent:
-                self._sight_sent = True
-                st = hs.sight
-                k, graph = st.choose_layout(self.layout_cost)
-                edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
-                names = self.node_names
-                lay = self.ladder[k].layout
-                # how many layouts of the ladder each rank measured (discovery stops where the rest could not
-                # change the choice), and whether it took a second round
-                measured = {names[r_]: st.layouts - st.rows[r_].unmeasured for r_ in range(len(names))}
-                second = any(row.full for row in st.rows)
-                adopted = st.adopted > 0  # this rank started again: it took the room's table
-                self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
-                              layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
-                              **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
-                                              sorted(st.graph(j).items())} for j in range(len(self.ladder))],
-                                  "measured": measured, "second_round": second}
-                                 if len(self.ladder) > 1 else {}), **({"adopted": True} if adopted else {}))
-                if self.current != k:
-                    self.current = k
-                    self._use(k)
-                self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second, adopted=adopted,
-                                                     edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
-                                                            for r_, s_, q in edges},
-                                                     captures=self.stats["captures"])
-                await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k))
+            await self._handshake_changed(self.node_names[f.sender])
         if r.refused == "unconfirmed_sender":
             self._read_from(f.sender)  # (its screen reads: it has not read this rank's nonce yet)
         if r.refused:

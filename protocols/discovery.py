@@ -62,8 +62,20 @@ handshake is. A copy of its own row newer than its own (an earlier
 incarnation's, during start-up) makes its numbering continue after it.
 COMPLETE is cleared while a rank's handshake is incomplete again (a peer
 started again: protocols.security.Handshake), so every rank greets until the
-new incarnation is greeted both ways. Pure: no I/O, no asyncio; times are
-the caller's clock.
+new incarnation is greeted both ways.
+
+A room may start without a rank that has not started: the lead (the rank
+given `start_without`, the parameter server's in the built-in run) waits
+`wait_s` from its own start for every rank to come alive; then, if
+`start_without` allows the room to go on without the ranks still not alive,
+it writes each of them a row of its own: ABSENT (FINAL, reading nothing) at
+version ABSENT_VERSION, newer than any row that rank can have made by then.
+Every rank relays it and lets it replace any other row of that rank, so the
+ranks agree on who is in (`members`): discovery, the sight graph, the
+layout's cost and the handshake go on over the members alone. A rank that
+finds its own row ABSENT in a trusted peer's table was left out
+(`left_out`): the room trains without it. Pure: no I/O, no asyncio; times
+are the caller's clock.
 """
 
 from __future__ import annotations
@@ -95,9 +107,11 @@ def table_bytes(layouts: int) -> int:
 
 
 TABLE_BYTES = table_bytes(MAX_LAYOUTS)  # the largest table
-# Flags: FINAL (frozen), COMPLETE (handshake complete), FULL (second round: every layout measured), and in
-# bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout).
-FINAL, COMPLETE, FULL = 0x01, 0x02, 0x04
+# Flags: FINAL (frozen), COMPLETE (handshake complete), FULL (second round: every layout measured), in
+# bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout), and
+# ABSENT (the lead's row for a rank the room started without).
+FINAL, COMPLETE, FULL, ABSENT = 0x01, 0x02, 0x04, 0x40
+ABSENT_VERSION = 0x4000  # an ABSENT row's version: newer than any a rank makes in its first hours
 UNMEASURED_SHIFT, UNMEASURED_MASK = 3, 0x38
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
 MIN_FRAMES = 4  # frames of a peer before its quality is measured
@@ -146,6 +160,11 @@ class Row:
     def full(self) -> bool:
         """Of the second round: measured over the whole ladder."""
         return bool(self.flags & FULL)
+
+    @property
+    def absent(self) -> bool:
+        """The lead's row for a rank the room started without."""
+        return bool(self.flags & ABSENT)
 
     @property
     def unmeasured(self) -> int:
@@ -306,7 +325,9 @@ def level(q: float) -> int:
     return max(1, math.ceil(q * QUALITY_LEVELS - 1e-9))
 
 
-Cost = Callable[[int, dict[tuple[int, int], float]], "float | None"]
+# What the collectives cost in layout k on a graph of edges among `ranks` ranks numbered 0 .. ranks - 1 (the
+# room's members in rank order), in seconds; None: they cannot run there.
+Cost = Callable[[int, dict[tuple[int, int], float], int], "float | None"]
 
 
 @dataclass
@@ -335,6 +356,12 @@ class SightTable:
     _costs: dict = field(default_factory=dict)  # (layout, edges) -> cost, as `cost` said
     adopted: int = 0  # times this rank took its own row from the room's table (it started again)
     camera_period_s: float = 0.0  # this rank's camera: seconds between captures (0: not known yet)
+    # The lead's: whether the room may start without the ranks of a mask (None: it waits for every rank),
+    # asked once `wait_s` passed since this rank's first update
+    start_without: Callable[[int], bool] | None = None
+    wait_s: float = math.inf
+    _started: float | None = None
+    left_out: bool = False  # a trusted peer's table holds this rank's own row ABSENT
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -406,15 +433,14 @@ class SightTable:
         docstring)."""
         # (watched since the first frame read and since the last rank came alive: a rank that starts late is
         # watched for as long as the others were)
+        peers = [r for r in range(self.world) if r != self.rank and not self.rows[r].absent]
         last = max([self._first if self._first is not None else math.inf]
-                   + [self._alive_at.get(r, math.inf) for r in range(self.world) if r != self.rank])
+                   + [self._alive_at.get(r, math.inf) for r in peers])
         if now - last >= self.watch_s:
             return self.layouts
         m = 0
         for k in range(self.layouts):
-            for r in range(self.world):
-                if r == self.rank:
-                    continue
+            for r in peers:
                 if self._span(r) is None:
                     # never read: long enough, since it came alive, that its frames would have been read
                     since = max(self._first if self._first is not None else math.inf, self._alive_at.get(r, math.inf))
@@ -433,7 +459,7 @@ class SightTable:
         q = [[0] * MAX_LAYOUTS for _ in range(MAX_RANKS)]
         mask = 0
         for r in range(self.world):
-            if r == self.rank:
+            if r == self.rank or self.rows[r].absent:
                 continue
             for k in range(layouts):
                 share = self.quality(r, k)
@@ -447,8 +473,11 @@ class SightTable:
     # ---- rows
     def update(self, now: float, trusts: int, complete: bool) -> bool:
         """Refresh this rank's own row at time `now`; True if it changed (a new version to show)."""
+        if self._started is None:
+            self._started = now
+        self._leave_out(now)
         me = self.rows[self.rank]
-        everyone = (1 << self.world) - 1
+        members = self.members()
         for r in range(self.world):
             if self._alive >> r & 1:
                 self._alive_at.setdefault(r, now)
@@ -476,12 +505,13 @@ class SightTable:
                 self._alive_new = False
                 self._edges = edges
             flags = (flags & ~UNMEASURED_MASK) | unmeasured << UNMEASURED_SHIFT
-        # FINAL: every rank is up and this camera reads some screen; and either it has measured the whole ladder
-        # and nothing changed for settle_s, or (first round) it has measured enough of the ladder that the rows
-        # decide (`decide`: measuring the rest could not change the choice)
+        # FINAL: every member is up and this camera reads some screen (or this rank is the only member); and
+        # either it has measured the whole ladder and nothing changed for settle_s, or (first round) it has
+        # measured enough of the ladder that the rows decide (`decide`: measuring the rest could not change
+        # the choice)
         if self._seen and self._first is None:
             self._first = now
-        if not flags & FINAL and self._alive & everyone == everyone and reads:
+        if not flags & FINAL and self._alive & members == members and (reads or members == 1 << self.rank):
             if unmeasured == 0:
                 final = now - self._since >= self.settle_s
             else:
@@ -495,6 +525,25 @@ class SightTable:
         self.rows[self.rank] = Row((me.version + 1) & 0xFFFF, flags, reads, trusts, quality)
         return True
 
+    def members(self, rows: list[Row] | tuple[Row, ...] | None = None) -> int:
+        """The ranks in the room (a bit a rank): all but those whose rows are ABSENT."""
+        rows = self.rows if rows is None else rows
+        return sum(1 << r for r in range(self.world) if not rows[r].absent)
+
+    def _leave_out(self, now: float) -> None:
+        """The lead's choice, once `wait_s` passed since this rank's first update with some rank not alive:
+        if `start_without` allows, an ABSENT row for each such rank (see the module docstring)."""
+        everyone = (1 << self.world) - 1
+        if (self.start_without is None or self._alive & everyone == everyone or now - self._started < self.wait_s
+                or any(r.absent for r in self.rows)):
+            return
+        missing = everyone & ~self._alive
+        if not self.start_without(missing):
+            return
+        for r in range(self.world):
+            if missing >> r & 1:
+                self.rows[r] = Row(ABSENT_VERSION, FINAL | ABSENT)
+
     def relay(self, sender_rows: tuple[Row, ...]) -> bool:
         """Take the newer rows of a trusted sender's table; True if any changed. This rank's own row is
         never taken from another table, but for a rank that started again (see the module docstring): its
@@ -506,6 +555,12 @@ class SightTable:
             if r == self.rank:
                 continue
             theirs, mine = sender_rows[r], self.rows[r]
+            if mine.absent:
+                continue  # the room started without it
+            if theirs.absent:
+                self.rows[r] = theirs  # (whatever this rank had of it: the lead's word on who is in wins)
+                changed = True
+                continue
             if theirs.version and (not mine.version or _newer(theirs.version, mine.version)):
                 if mine.full and not theirs.full:
                     continue  # a row of the first round never replaces one of the second
@@ -523,6 +578,9 @@ class SightTable:
         on while this rank's table does not decide, was made by an earlier incarnation of this rank."""
         mine = self.rows[self.rank]
         if not theirs.version:
+            return False
+        if theirs.absent:
+            self.left_out = True  # the room started without this rank
             return False
         version = theirs.version if _newer(theirs.version, mine.version) else mine.version
         if theirs.final and not self.known:
@@ -555,14 +613,23 @@ class SightTable:
     def _measured_by(self, row: Row) -> int:
         return 0 if not row.version else max(0, self.layouts - row.unmeasured)
 
-    def _cost(self, cost: Cost, k: int, graph: dict[tuple[int, int], float]) -> float | None:
-        key = (k, tuple(sorted(graph.items())))
+    def _cost(self, cost: Cost, k: int, graph: dict[tuple[int, int], float], rows) -> float | None:
+        """`cost` of layout k on `graph`, numbered among the members of `rows` (a room of one member: 0, there
+        is nothing to move; a graph with no edge in a larger room: None)."""
+        members = [r for r in range(self.world) if not rows[r].absent]
+        if len(members) == 1:
+            return 0.0
+        if not graph:
+            return None
+        index = {r: i for i, r in enumerate(members)}
+        mine = {(index[a], index[b]): q for (a, b), q in graph.items()}
         if cost is not self.cost:
-            return cost(k, graph) if graph else None
+            return cost(k, mine, len(members))
+        key = (k, len(members), tuple(sorted(mine.items())))
         if key not in self._costs:
             if len(self._costs) > 256:
                 self._costs.clear()
-            self._costs[key] = cost(k, graph) if graph else None
+            self._costs[key] = cost(k, mine, len(members))
         return self._costs[key]
 
     def decide(self, rows: list[Row] | tuple[Row, ...] | None = None,
@@ -575,7 +642,7 @@ class SightTable:
         measured the whole ladder always decide (`choose_layout`'s fallbacks included)."""
         rows = list(self.rows if rows is None else rows)
         cost = cost or self.cost
-        m = min(self._measured_by(r) for r in rows)
+        m = min(self._measured_by(r) for r in rows if not r.absent)
         if m >= self.layouts:
             return self._choose(rows, cost)
         if cost is None or m == 0:
@@ -584,14 +651,16 @@ class SightTable:
         best: tuple[float, int, dict] | None = None
         for k in range(m):
             g = self.graph(k, max(self.min_ok, MIN_QUALITY) if k != last else MIN_QUALITY, rows)
-            c = self._cost(cost, k, g)
+            c = self._cost(cost, k, g, rows)
             if c is not None and (best is None or c < best[0]):
                 best = (c, k, g)
         if best is None:
             return None
-        whole = {(r, s): 1.0 for r in range(self.world) for s in range(self.world) if r != s}
+        members = self.members(rows)
+        whole = {(r, s): 1.0 for r in range(self.world) for s in range(self.world)
+                 if r != s and members >> r & 1 and members >> s & 1}
         for j in range(m, self.layouts):
-            c = self._cost(cost, j, whole)
+            c = self._cost(cost, j, whole, rows)
             if c is not None and c < best[0]:
                 return None
         return best[1], best[2]
@@ -603,7 +672,7 @@ class SightTable:
 
     def _undecided(self) -> bool:
         """Every row is frozen in the first round and they do not decide: a second round is due."""
-        return (all(r.final and not r.full for r in self.rows)
+        return (all(r.final and not r.full for r in self.rows if not r.absent)
                 and self.decide() is None)
 
     @property
@@ -616,13 +685,13 @@ class SightTable:
         """Would these rows (one per rank) make the table `known`?"""
         if not all(r.final for r in rows):
             return False
-        if all(r.full for r in rows):
+        if all(r.full for r in rows if not r.absent):
             return True
         return not any(r.full for r in rows) and self.decide(rows) is not None
 
     @property
     def all_complete(self) -> bool:
-        return all(r.complete for r in self.rows)
+        return all(r.complete for r in self.rows if not r.absent)
 
     def reads(self, reader: int, shown: int) -> bool:
         return bool(self.rows[reader].reads >> shown & 1)
@@ -639,7 +708,7 @@ class SightTable:
         for r in range(self.world):
             row = rows[r]
             for s in range(self.world):
-                if s != r and row.quality[s][layout] >= need:
+                if s != r and row.quality[s][layout] >= need and not rows[s].absent:
                     out[(r, s)] = row.share(s, layout)
         return out
 
@@ -662,13 +731,13 @@ class SightTable:
 
     def _choose(self, rows: list[Row], cost: Cost | None) -> tuple[int, dict]:
         """`choose_layout` over rows that measured every layout."""
-        cost = cost or (lambda k, edges: float(k))
+        cost = cost or (lambda k, edges, ranks: float(k))
         last = self.layouts - 1
         for strict in (True, False):
             best: tuple[float, int, dict] | None = None
             for k in range(self.layouts):
                 g = self.graph(k, max(self.min_ok, MIN_QUALITY) if strict and k != last else MIN_QUALITY, rows)
-                c = self._cost(cost, k, g)
+                c = self._cost(cost, k, g, rows)
                 if c is not None and (best is None or c < best[0]):
                     best = (c, k, g)
             if best is not None:

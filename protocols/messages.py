@@ -250,11 +250,13 @@ class AcksChanged(Message):
 class SightKnown(Message):
     """Every rank's row of the discovery table is final (protocols.discovery): the layout every rank uses
     from now on (its index in the start-up ladder), and which camera reads which screen in it, as (reader,
-    shown, quality: the share of frames read), the same on every rank."""
+    shown, quality: the share of frames read), the same on every rank; `absent`: the ranks the room
+    started without (they had not started when the lead stopped waiting)."""
 
     control: ClassVar[bool] = True
     edges: tuple[tuple[int, int, float], ...]
     layout: int = 0
+    absent: tuple[int, ...] = ()
 
 
 class PeerAcks(Message):

@@ -67,6 +67,12 @@ class TransferReceiver:
         self.holds: tuple[int, ...] = (0,) * world  # how many collectives each rank is known to hold
         self.restarts: dict[int, int] = {}  # peer -> new incarnations of it met
 
+    def tick(self, now: float) -> bool:
+        """Let the handshake's discovery measure up to `now` with no frame read; True if the handshake changed."""
+        before = self._state()
+        self.handshake.tick(now)
+        return self._state() != before
+
     def receive(self, message: bytes, now: float | None = None, layout: int = 0, margin: float = 1.0) -> Received:
         """One frame message (after error correction) read in `layout` (its index in the start-up ladder),
         at `now` on this node's clock (None: time is not kept, no discovery), with `margin` of its error

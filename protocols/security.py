@@ -218,8 +218,9 @@ class Handshake:
     the replaced nonce again) is forgotten.
 
     With a `sight` table (protocols.discovery), the handshake is complete when every rank agrees on which
-    camera reads which screen, this node trusts every peer it reads and every peer that reads it trusts
-    it; without one (every camera reads every screen), when every pair trusts each other.
+    camera reads which screen (and on the room's members: the room may start without a rank), this node
+    trusts every peer it reads and every peer that reads it trusts it; without one (every camera reads
+    every screen), when every pair trusts each other.
     """
 
     rank: int
@@ -436,8 +437,9 @@ class Handshake:
         if self.sight is None:
             return peers <= self.trusted_by and peers <= current
         st = self.sight
-        if not st.known:
+        if not st.known or st.left_out:
             return False
+        peers = {p for p in peers if st.members() >> p & 1}  # (the room may have started without some)
         reads = {p for p in peers if st.reads(self.rank, p)}
         readers = {q for q in peers if st.reads(q, self.rank)}
         return reads <= current and all(self.trusts_me(q) for q in readers)

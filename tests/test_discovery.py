@@ -192,10 +192,10 @@ def simulate_ladder(read_share, world: int, seconds: float = 30.0, seed: int = 0
 
 
 def _cost(world, want, nominal=(1.0, 1.0, 1.0)):
-    """A layout's cost as the runtime judges it: an all_reduce's estimated time on its graph, or None if
-    `want` (an algorithm, or "auto") cannot run on it."""
-    def cost(k, edges):
-        sight = Sight(world, {e: 20_000.0 * nominal[k] * q for e, q in edges.items()}, 0.3)
+    """A layout's cost as the runtime judges it: an all_reduce's estimated time on its graph (of the room's
+    `ranks` members), or None if `want` (an algorithm, or "auto") cannot run on it."""
+    def cost(k, edges, ranks):
+        sight = Sight(ranks, {e: 20_000.0 * nominal[k] * q for e, q in edges.items()}, 0.3)
         try:
             return choose(sight, "allreduce", 65536, 0, want).estimate(sight, "allreduce", 65536)
         except Exception:
@@ -249,7 +249,7 @@ def test_the_ladder_picks_by_cost_not_by_density_alone():
     cost = _cost(world, "auto", nominal=(1.1, 1.0, 0.3))
     dense = nodes[0].hs.sight.graph(0, 0.5)
     assert len(dense) == 2  # the dense layout was measured and is a candidate: it loses on cost
-    assert cost(0, dense) > cost(1, nodes[0].hs.sight.graph(1, 0.5))
+    assert cost(0, dense, world) > cost(1, nodes[0].hs.sight.graph(1, 0.5), world)
     assert {n.hs.sight.choose_layout(cost)[0] for n in nodes} == {1}
 
 
@@ -417,13 +417,13 @@ def test_two_rows_of_eight_whose_diagonals_read_only_big_cells_agree():
 # ------------------------------------------------------------------------------ stopping early
 def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, seed: int = 0,
                    offsets: tuple[float, ...] | None = None, settle_s: float = 1.0, nodes: list | None = None,
-                   start: dict[int, float] | None = None):
+                   start: dict[int, float] | None = None, tables: dict[int, dict] | None = None):
     """Every rank shows its status frames on its own clock (its offset from the others': `offsets`, random
     by default) in the layouts its probe schedule (protocols.discovery.ProbeSchedule) gives each frame's time,
     until its handshake is complete and every rank's is; rank r reads rank s's frame in layout k shown at
     room time t with probability `read_share(r, s, k, t)`, 40 ms after it went up. A rank in `start` shows
-    and reads nothing before that room time. Returns the nodes (also put in `nodes`, as soon as they are
-    made) and when (room time) each completed."""
+    and reads nothing before that room time; `tables[r]`: more fields of rank r's SightTable. Returns the
+    nodes (also put in `nodes`, as soon as they are made) and when (room time) each completed."""
     start = start or {}
     rng = random.Random(seed)
     schedule = discovery.ProbeSchedule(LADDER_HOLDS)
@@ -432,7 +432,7 @@ def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, see
     for r in range(world):
         n = Node(r, world)
         n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=settle_s, cost=cost,
-                                                              schedule=schedule))
+                                                              schedule=schedule, **(tables or {}).get(r, {})))
         n.rx = TransferReceiver(r, world, 7, KEY, handshake=n.hs)
         nodes.append(n)
     done: dict[int, float] = {}
@@ -468,6 +468,36 @@ def test_a_rank_that_starts_late_is_measured_as_long_as_the_others_were():
     rows = {n.rank: n.hs.sight.rows[1] for n in nodes}  # rank 1's row, as every rank has it
     assert len(set(rows.values())) == 1 and rows[1].final, rows
     assert rows[1].reads == 0b101 and rows[1].quality[2][2] == discovery.QUALITY_LEVELS, rows[1]
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_the_lead_starts_the_room_without_a_rank_not_started_when_allowed_and_it_is_told_so(allowed):
+    """Rank 2 starts 30 s late. Rank 0 leads: 10 s after its start it may start the room without the ranks
+    not alive (if `start_without` allows). Allowed: ranks 0 and 1 agree on a room of the two of them
+    (rank 2's row ABSENT everywhere, no edge to it) long before rank 2 starts, and rank 2 then finds itself
+    left out and never completes. Not allowed: the room waits for rank 2, and all three agree once it
+    started."""
+    asked = []
+
+    def start_without(missing):
+        asked.append(missing)
+        return allowed
+
+    everyone = lambda r, s, k, t: 1.0  # noqa: E731
+    nodes, done = simulate_probe(everyone, 3, seconds=60.0, start={2: 30.0}, offsets=(0.0, 0.3, 0.7),
+                                 tables={0: dict(start_without=start_without, wait_s=10.0)})
+    assert asked and set(asked) == {0b100}  # (asked once the wait is over, about the rank not started)
+    if not allowed:
+        assert sorted(done) == [0, 1, 2] and min(done.values()) > 30.0
+        assert not any(n.hs.sight.left_out for n in nodes)
+        return
+    assert sorted(done) == [0, 1] and 10.0 <= min(done.values()) and max(done.values()) < 30.0
+    for n in nodes[:2]:
+        st = n.hs.sight
+        assert st.rows[2].absent and st.rows[2].final and st.members() == 0b011
+        assert st.known and set(st.choose_layout()[1]) == {(0, 1), (1, 0)}
+    late = nodes[2].hs
+    assert late.sight.left_out and not late.complete
 
 
 def _picks(nodes, cost) -> set[int]:
@@ -537,10 +567,10 @@ def test_every_rank_picks_the_same_layout_and_one_every_camera_reads(seed):
     k, graph = picks[0]
     sight = nodes[0].hs.sight
     assert graph.items() <= sight.graph(k).items()  # edges read at least MIN_QUALITY of the time
-    if any(cost(j, sight.graph(j, 0.5 if j < 2 else discovery.MIN_QUALITY)) is not None for j in range(3)):
-        assert graph == sight.graph(k, 0.5 if k < 2 else discovery.MIN_QUALITY) and cost(k, graph) is not None
-    elif cost(k, graph) is None:  # no layout carries the collectives (they fail, saying why)
-        assert all(cost(j, sight.graph(j)) is None for j in range(3))
+    if any(cost(j, sight.graph(j, 0.5 if j < 2 else discovery.MIN_QUALITY), world) is not None for j in range(3)):
+        assert graph == sight.graph(k, 0.5 if k < 2 else discovery.MIN_QUALITY) and cost(k, graph, world) is not None
+    elif cost(k, graph, world) is None:  # no layout carries the collectives (they fail, saying why)
+        assert all(cost(j, sight.graph(j), world) is None for j in range(3))
 
 
 def test_a_camera_that_stops_reading_after_the_others_froze_their_rows_leads_to_a_second_round():

@@ -27,7 +27,7 @@ from wccl.timebase import NodeClock
 from conftest import ROOT, make_config, run_room, run_virtual
 
 
-def _reference_sha(cfg) -> str:
+def _reference_sha(cfg, absent: tuple[str, ...] = ()) -> str:
     from wccl.training.data import load_dataset
     from wccl.training.replica import reference_run
 
@@ -39,7 +39,8 @@ def _reference_sha(cfg) -> str:
                               dataset=load_dataset(tr.dataset, seed=tr.data_seed, test_size=tr.test_size),
                               batch_size=tr.batch_size, data_seed=tr.data_seed, workers=cfg.room.workers,
                               steps=tr.steps, eval_every=tr.steps,
-                              codec=None if tr.codec == "bf16" else codec_from_config(tr), split=tr.split)
+                              codec=None if tr.codec == "bf16" else codec_from_config(tr), split=tr.split,
+                              absent=absent)
     return hashlib.sha256(params.numpy().tobytes()).hexdigest()
 
 

@@ -15,6 +15,7 @@ from protocols import sync
 from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.node import Fault, RoomRun
 from wccl.registry import REGISTRY
+from wccl.supervisor import NodeFailed
 
 from conftest import ROOT, make_config, run_virtual
 from test_node import _reference_sha
@@ -215,6 +216,33 @@ def test_worker_killed_and_restarted_rejoins_and_ends_identical(_quiet_logs):
     assert result["nodes"]["alice"]["server"]["reduced"] == 30
     assert result["replicas_identical"]
     assert result["nodes"]["bob"]["worker"]["state_applied"] == 30
+
+
+@pytest.mark.slow
+def test_a_room_whose_quorum_allows_starts_without_a_worker_that_never_came_and_one_too_late_is_told(_quiet_logs):
+    """carol never starts; the server waits `wait_for_nodes_s` (5 s) for her, then starts the room without
+    her (its quorum, 2, is alice and bob): every step is the reference's with carol's gradient left out.
+    With dave, who comes 3 s after that wait, the room has started without him too: he stops, saying so."""
+    steps = 6
+    nodes = [*TWO, {"name": "carol", "roles": ["worker"]}]
+    cfg = make_config(training={"steps": steps, "eval_every": 0, "quorum": 2},
+                      room={"nodes": nodes, "profile": "exact", "wait_for_nodes_s": 5.0})
+    result = _run(cfg, faults=(Fault("carol", at_s=0.0),))
+    events = _events(_quiet_logs)
+    known = {e["node"]: e for e in events if e["event"] == "sight_known"}
+    assert sorted(known) == ["alice", "bob"] and all(e["started_without"] == ["carol"] for e in known.values())
+    assert all(set(e["edges"]) == {"alice<-bob", "bob<-alice"} for e in known.values())
+    assert result["applied"] == steps and result["replicas_identical"]
+    assert result["nodes"]["alice"]["server"]["reduced"] == steps
+    assert result["nodes"]["bob"]["worker"]["params_sha256"] == _reference_sha(cfg, absent=("carol",))
+
+    nodes.append({"name": "dave", "roles": ["worker"]})
+    cfg = make_config(training={"steps": 30, "eval_every": 0, "quorum": 2, "exchange": "server"},
+                      room={"nodes": nodes, "profile": "exact", "wait_for_nodes_s": 5.0})
+    with pytest.raises(BaseExceptionGroup) as eg:
+        _run(cfg, faults=(Fault("carol", at_s=0.0), Fault("dave", at_s=0.0, down_s=7.0)))
+    failed = [str(e) for e in eg.value.subgroup(NodeFailed).exceptions]
+    assert len(failed) == 1 and failed[0].startswith("node dave: frame_decoder: the room started without this node")
 
 
 @pytest.mark.slow

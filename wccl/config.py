@@ -274,6 +274,9 @@ class RoomConfig(_Strict):
     key_env: str | None = None  # or: the environment variable holding the room's passphrase (stretched with scrypt)
     # A frame shown more than this long before its sender's newest one is a replay (protocols.security).
     replay_window_s: float = Field(default=20.0, ge=1, le=3600)
+    # Start-up waits this long (room seconds, on the parameter server's clock) for every node; then the parameter
+    # server's run starts without the workers not started, if the rest make its quorum (they cannot join later).
+    wait_for_nodes_s: float = Field(default=60.0, gt=0, le=3600)
     security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this

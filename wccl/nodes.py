@@ -115,6 +115,15 @@ class ServerRunNode(_TrainingNode):
         cfg, room, tr, col = self.config, self.config.room, self.config.training, self.config.collectives
         self.greet_timeout_s = cfg.sync.timeout_s  # greeting and clock sync: `[sync] timeout_s`
         roles = self.spec.roles
+        if "server" in roles and self.handshake.sight is not None:
+            # The server leads start-up: after `wait_for_nodes_s` it starts without the workers not started, if
+            # those started make its quorum (protocols.discovery).
+            def start_without(missing: int) -> bool:
+                present = [w for w in room.workers if not missing >> self.ranks.index(w) & 1]
+                return len(present) >= cfg.quorum
+
+            self.handshake.sight.start_without = start_without
+            self.handshake.sight.wait_s = room.wait_for_nodes_s
         replica = _replica(cfg, self.node) if "worker" in roles else None
         grad_codec = codec_from_config(tr)  # what gradients and averages travel as (wccl.training.exchange)
         resume, ckpt_path, server_replica = None, None, None

@@ -159,8 +159,8 @@ class CollectiveNode(NodeSupervisor):
         from protocols.algorithms import Sight
         from protocols.discovery import ProbeSchedule, SightTable
 
-        def cost(k: int, edges: dict) -> float | None:  # the collectives' cost in layout k (every rank alike)
-            return layout_cost(self.world, edges, col.algorithm, link_goodput(cfg, *ladder[k]),
+        def cost(k: int, edges: dict, ranks: int) -> float | None:  # the collectives' cost in layout k (alike everywhere)
+            return layout_cost(ranks, edges, col.algorithm, link_goodput(cfg, *ladder[k]),
                                ROUND_HOLDS * ladder[k][1], self.layout_bytes)
 
         # While the layout is not chosen, status frames follow the probe schedule (the same on every rank).
@@ -228,7 +228,10 @@ class CollectiveNode(NodeSupervisor):
         st = hs.sight
         key = (f"or they use another room key (this one's fingerprint: {self.key_fingerprint}; "
                "python -m wccl.keys fingerprint)")
-        peers = [r for r in range(len(names)) if r != self.rank]
+        if st is not None and st.left_out:
+            return (f"was left out{w}: the room started without it (it had not started when the parameter server "
+                    "stopped waiting, [room] wait_for_nodes_s)")
+        peers = [r for r in range(len(names)) if r != self.rank and (st is None or st.members() >> r & 1)]
         silent = [names[r] for r in peers if not hs.echo()[r]]
         blind = self.results.get("camera_problem")  # (the FrameDecoder's: why its camera reads nothing)
         seen = self.results.get("camera_seen")  # (and what it saw: whose screens it reads, what else)

@@ -244,9 +244,11 @@ def reference_run(
     eval_every: int = 1,
     codec: Any = None,
     split: str = "iid",
+    absent: Sequence[str] = (),
 ) -> tuple[torch.Tensor, list[float]]:
     """In-process synchronous data-parallel run: worker ``workers[i]`` is rank
-    i of ``len(workers)``; each step is the built-in run's exchange with
+    i of ``len(workers)`` (those in ``absent`` never send a gradient: a room
+    that started without them); each step is the built-in run's exchange with
     ``codec`` (a protocols.codecs.Codec; None: bf16), wccl.training.exchange:
     each worker encodes its gradient with its own error feedback, the server
     averages the decoded gradients (keyed by worker name) and encodes the
@@ -277,7 +279,8 @@ def reference_run(
     downlink = ErrorFeedback(codec)
     accs: list[float] = []
     for step in range(steps):
-        sent = {w: encoders[w].encode(r.compute_gradient(step, raw=True)[0])[0] for w, r in zip(workers, replicas)}
+        sent = {w: encoders[w].encode(r.compute_gradient(step, raw=True)[0])[0] for w, r in zip(workers, replicas)
+                if w not in absent}
         avg = reduce(codec, sent, replicas[0].numel, downlink).average
         if avg is None:
             raise RuntimeError(f"step {step}: no finite gradient to average (training diverged)")
