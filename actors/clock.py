@@ -216,7 +216,8 @@ class Clock(Actor):
     async def _known(self, a: sync.Announce, join: int) -> None:
         await self.emit(ScheduleKnown(sender=self.ctx.node, step=join, time=self.clock.now(), t0=a.t0_us / 1e6,
                                       phases=a.phases, steps=a.steps, epoch=a.epoch, applied=a.applied,
-                                      join_step=join))
+                                      join_step=join, absent=tuple(self.ranks[r] for r in self.sight.absent)
+                                      if self.sight is not None else ()))
 
     async def _server_startup(self) -> tuple[Schedule, int]:
         a = self.state.get("announce")

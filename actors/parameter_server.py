@@ -8,7 +8,8 @@ Emits: `AveragedGradient` for the worker on this node (if any), `SendTensor`
 (its word on every step to the other workers: the average, or empty when
 the step was skipped; snapshots), `Snapshot` for the worker on this node.
 
-A step is reduced as soon as every worker's gradient for it arrived, or at
+A step is reduced as soon as every worker's gradient for it arrived (of
+the workers the room started with), or at
 its deadline (the reduce tick wccl.schedule.DEADLINE_STEPS steps later; the
 schedule ends at the last step's) with what arrived; steps are reduced in
 order. Only gradients computed on
@@ -120,6 +121,8 @@ class ParameterServer(Actor):
     async def _schedule_known(self, msg: ScheduleKnown) -> None:
         self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
         self.phases = msg.phases
+        if msg.absent:  # (the room started without them: no step waits for them)
+            self.workers = [w for w in self.workers if w not in msg.absent]
         self.epoch = msg.epoch
         self._reduced = max(self._reduced, msg.join_step - 1)  # (steps before this node's first are not its)
         if self.resume is not None:

@@ -102,7 +102,8 @@ class FrameTiming(Message):
 class ScheduleKnown(Message):
     """The step schedule (on the server's clock, as this node's Clock maps it) and the server's
     state: step 0 starts at `t0`; `epoch` is the server's incarnation, `applied` its update count
-    when it announced; `join_step` is the first step this node takes part in."""
+    when it announced; `join_step` is the first step this node takes part in; `absent`: the nodes the
+    room started without (they had not started when the server stopped waiting)."""
 
     control: ClassVar[bool] = True
     t0: float
@@ -111,6 +112,7 @@ class ScheduleKnown(Message):
     epoch: int
     applied: int
     join_step: int
+    absent: tuple[str, ...] = ()
 
 
 class TensorReceived(Message):
