@@ -153,6 +153,7 @@ class FrameDecoder(Actor):
         self.lens_mode = lens
         self.lens: LensFit | None = None  # lens "fit": this camera's, made at its first capture
         self._vote: tuple[float, float] | None = None  # the lens trial's reads of the code in the layout tried
+        self._place_vote: tuple | None = None  # the same at a place on trial (LensFit.place_vote)
         self._idle = False  # the code being read looked like an idle screen in some layout tried
         self.ladder = ladder or [codec]
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
@@ -229,13 +230,15 @@ class FrameDecoder(Actor):
             done = self._idle = False
             for k in order:
                 self._use(k)
-                self._vote = None
+                self._vote = self._place_vote = None
                 done = await self._read(msg, quad, previous)
                 if done:
                     if self.current is None and self._order[0] != k:
                         self._order = list(range(k, len(self.ladder))) + list(range(k))
                     if self._vote is not None:
                         self._lens_vote(*self._vote)
+                    if self._place_vote is not None:
+                        self._lens_place_vote(*self._place_vote)
                     break
             if not done and self._idle:  # even in every layout tried: an idle screen
                 self.stats["idle_screens"] += 1
@@ -292,7 +295,8 @@ class FrameDecoder(Actor):
 
     def _sample(self, image: np.ndarray, quad: reader.Quad) -> tuple[np.ndarray, float]:
         """The code's cells: through a pinhole, or (lens "fit") through this camera's fitted lens once it
-        has read better than the way before it on trial (wccl.imaging.lens.LensFit)."""
+        has read better than the way before it on trial, and once the fits are done, the way the code's
+        place chose on its own trial (wccl.imaging.lens.LensFit)."""
         fit = self.lens
         if fit is None or (fit.used is False and fit.settled):
             return reader.sample(image, quad, self.grid)
@@ -304,7 +308,17 @@ class FrameDecoder(Actor):
             return reader.sample(image, quad, self.grid)
         through = reader.sample(image, quad, self.grid, pixels)
         if fit.used:
-            return through
+            use = fit.place_use(quad.corners) if fit.settled else True
+            if use is not None:
+                return through if use else reader.sample(image, quad, self.grid)
+            # Its place is on trial: read through the lens and through a pinhole, and vote for the place (a
+            # way that does not read: 0).
+            pinhole = reader.sample(image, quad, self.grid)
+            a = reader.read_quad(image, quad, self.grid, self.model, sampled=through)
+            b = reader.read_quad(image, quad, self.grid, self.model, sampled=pinhole)
+            ca, cb = (0.0 if r is None else float(r.confidence.mean()) for r in (a, b))
+            self._place_vote = (quad.corners, ca, cb)
+            return through if ca >= cb else pinhole
         kept = None if fit.kept is None else fit.pixels(sides, self.grid, image.shape, fit.kept)
         before = reader.sample(image, quad, self.grid, kept)
         a = reader.read_quad(image, quad, self.grid, self.model, sampled=through)
@@ -321,6 +335,11 @@ class FrameDecoder(Actor):
         if fit.used is not None:
             self.log.info("lens_chosen", lens="fit" if fit.used else "pinhole", a=round(fit.lens.a, 4),
                           b=round(fit.lens.b, 4), fits=fit.fits)
+
+    def _lens_place_vote(self, corners, with_lens: float, pinhole: float) -> None:
+        use = self.lens.place_vote(corners, with_lens, pinhole)
+        if use is not None:
+            self.log.info("lens_chosen_at", place=list(self.lens.place(corners)), lens="fit" if use else "pinhole")
 
     def _forget_edges(self, quad: reader.Quad) -> None:
         """A code no layout read in this capture: its edges are found again in the next capture, not taken

@@ -128,3 +128,27 @@ def test_edges_kept_for_a_still_screen_are_found_again_once_forgotten():
     fit.forget(quad.corners)
     again = fit.edges(image, quad.corners, grid)
     assert again is not wrong and all(np.allclose(a, b) for a, b in zip(again, sides))
+
+
+def test_each_place_reads_both_ways_until_it_chooses_its_own(monkeypatch):
+    """Once the fits are done, each place in the image has its own trial: the lens won on the codes in the
+    middle of the view, but a screen at the edge (one that lit up later) that reads only through a pinhole
+    is read both ways for PLACE_TRIAL codes, and that place then keeps the pinhole (a way that did not read
+    votes 0), while the middle keeps the lens."""
+    monkeypatch.setattr(lens, "fit", lambda w, h, codes, start=None: lens.Lens(w, h, -0.02, -0.1))
+    monkeypatch.setattr(lens.LensFit, "_find", staticmethod(lambda image, corners, layout: [np.zeros((6, 2))] * 4))
+    fit = lens.LensFit(1280, 720, fit_at=(1,), trial=1)
+    grid = GridLayout(28, 50, 8, 24)
+    image = np.zeros((720, 1280, 3), np.uint8)
+    middle = np.array([[600.0, 330.0], [680.0, 330.0], [680.0, 390.0], [600.0, 390.0]])
+    fit.edges(image, middle, grid)  # the fit, from a code in the middle of the view
+    fit.vote(0.8, 0.6)
+    fit.edges(np.zeros_like(image), middle + 1.0, grid)  # (a later capture of it: the fits are done)
+    assert fit.settled and fit.used
+    edge = middle - np.array([560.0, 0.0])  # a screen at the left edge
+    assert fit.place_use(middle) is None and fit.place_use(edge) is None  # both on trial
+    for _ in range(lens.PLACE_TRIAL - 1):
+        assert fit.place_vote(edge, 0.0, 0.7) is None  # through the lens it does not read
+        assert fit.place_vote(middle, 0.8, 0.7) is None
+    assert fit.place_vote(edge, 0.0, 0.7) is False and fit.place_use(edge) is False
+    assert fit.place_vote(middle, 0.8, 0.7) is True and fit.place_use(middle) is True

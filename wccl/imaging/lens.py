@@ -25,6 +25,8 @@ from protocols.layout import GridLayout
 from wccl.imaging.reader import SAMPLE_OFFSETS, _brightest_channel, grid_homography, pixel_index
 
 PROFILES = 24  # normal profiles per side
+PLACE_CELLS = 8  # a code's place in the image: its centre on a grid of this many cells across
+PLACE_TRIAL = 10  # codes at each place, read both ways once the fits are done, before its way is chosen
 REUSE_PX = 0.5  # a code whose corners moved less than this keeps the edges found before
 MAX_KEPT_LAYOUTS = 8  # edges are kept for four codes in up to this many layouts each
 _S = np.linspace(2.0, -0.8, 57)  # outward offsets (cells) along a profile: outside (dark) into the white ring
@@ -144,6 +146,13 @@ class LensFit:
     an earlier fit, or a pinhole), reads the better, and `vote`s the colour model's mean confidence of
     each; the fitted lens is `used` if it won on average, else the one before it comes back (a later fit
     from other codes can be worse than an earlier one).
+
+    The trial is won on average over the codes, most of them where the screens read from the start are;
+    a screen elsewhere in the view (one that lights up later, at the image's edge) can then read through
+    a pinhole and not through the lens. So once the fits are done, each place in the image (`place`)
+    has a trial of its own: its first PLACE_TRIAL codes are read both through the lens and through a
+    pinhole (`place_use` None: the better read is used, `place_vote`), and the place then keeps the way
+    that read better on average (a way that did not read counts 0).
     """
 
     def __init__(self, width: int, height: int, keep: int = 12, fit_at: tuple[int, ...] = (6, 60, 600),
@@ -161,6 +170,8 @@ class LensFit:
         self._seen_last: tuple[np.ndarray, np.ndarray] | None = None  # the last capture and code counted
         # Pixels to sample the last codes' cells at: (edges, lens, layout, image size, pixel_index)
         self._pixels: list[tuple] = []
+        self._place_votes: dict[tuple[int, int], list[float]] = {}
+        self.place_lens: dict[tuple[int, int], bool] = {}  # other places: the lens (True) or a pinhole
 
     def edges(self, image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
         """The code's edge points for `layout` (see edge_points), found in a crop of `image` around
@@ -188,6 +199,28 @@ class LensFit:
                 self.fits += 1
                 self.used, self._votes = None, []  # a new guess: on trial again
         return sides
+
+    def place(self, corners: np.ndarray) -> tuple[int, int]:
+        """Where a code is in the image: its centre's cell on a grid PLACE_CELLS cells across."""
+        x, y = np.asarray(corners, np.float64).mean(axis=0) / (self.lens.width / PLACE_CELLS)
+        return int(x), int(y)
+
+    def place_use(self, corners: np.ndarray) -> bool | None:
+        """Whether a code at `corners` is read through the fitted lens (True: its place chose the lens), through
+        a pinhole (False), or both ways on trial (None)."""
+        return self.place_lens.get(self.place(corners))
+
+    def place_vote(self, corners: np.ndarray, with_lens: float, pinhole: float) -> bool | None:
+        """One code's mean confidence read through the lens and through a pinhole (0: not read) at a place
+        on trial; the way that place keeps once PLACE_TRIAL codes voted (returned then), else None."""
+        key = self.place(corners)
+        votes = self._place_votes.setdefault(key, [])
+        votes.append(with_lens - pinhole)
+        if len(votes) < PLACE_TRIAL:
+            return None
+        self.place_lens[key] = float(np.mean(votes)) >= 0
+        del self._place_votes[key]
+        return self.place_lens[key]
 
     def forget(self, corners: np.ndarray) -> None:
         """Drop the edges kept for a code at `corners`: the next capture of it finds them again."""
