@@ -87,7 +87,8 @@ def pytest_addoption(parser):
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--slow"):
         # The slow runs first (stable: otherwise in file order), so that with `-n 2` the short tests fill
-        # the end of both workers' time instead of one long run finishing alone.
+        # the end of both workers' time instead of one long run finishing alone (with `--dist worksteal`,
+        # pyproject.toml: an idle worker takes half of the other's queue).
         items.sort(key=lambda item: "slow" not in item.keywords)
         return
     skip = pytest.mark.skip(reason="slow end-to-end test: run with --slow")
