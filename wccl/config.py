@@ -703,7 +703,8 @@ class WcclConfig(_Strict):
         q = self.training.quorum
         if q is not None and q > len(self.room.workers):
             raise ValueError(f"training.quorum: {q} is more than the {len(self.room.workers)} workers")
-        if self.exchange == "server" and self.room.wait_for_nodes_s >= self.sync.timeout_s:
+        if (self.exchange == "server" and "wait_for_nodes_s" in self.room.model_fields_set
+                and self.room.wait_for_nodes_s >= self.sync.timeout_s):
             raise ValueError(f"room.wait_for_nodes_s: {self.room.wait_for_nodes_s:g} s is not less than sync.timeout_s "
                              f"({self.sync.timeout_s:g} s), when every node stops waiting for the room to start")
         return self
