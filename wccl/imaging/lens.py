@@ -171,7 +171,7 @@ class LensFit:
         # Pixels to sample the last codes' cells at: (edges, lens, layout, image size, pixel_index)
         self._pixels: list[tuple] = []
         self._place_votes: dict[tuple[int, int], list[float]] = {}
-        self.place_lens: dict[tuple[int, int], bool] = {}  # other places: the lens (True) or a pinhole
+        self.place_lens: dict[tuple[int, int], bool] = {}  # each place, once its trial is over: the lens (True) or a pinhole
 
     def edges(self, image: np.ndarray, corners: np.ndarray, layout: GridLayout) -> list[np.ndarray] | None:
         """The code's edge points for `layout` (see edge_points), found in a crop of `image` around
