@@ -77,7 +77,7 @@ class Clock(Actor):
         self.is_server = ctx.node == server
         self.server = server
         self.ranks = ranks
-        self.others = [n for n in ranks if n != ctx.node]  # (once the sight is known: those the room started with)
+        self.others = [n for n in ranks if n != ctx.node]  # (once the sight is known: those in the room)
         self.steps = steps
         self.fixed_phases = tuple((n, float(s)) for n, s in phases) if phases else None
         self.start_s = start_s
@@ -119,7 +119,7 @@ class Clock(Actor):
             self.sight = msg
             n = len(self.ranks)
             self.graph = Sight(n, {(r, c): q for r, c, q in msg.edges if r < n and c < n and q > 0}, 0.0)
-            self.others = [m for m in self.others if self.ranks.index(m) not in msg.absent]
+            self.others = [m for i, m in enumerate(self.ranks) if m != self.ctx.node and i not in msg.absent]
             self._sight.set()
             await self._sync_tree()
         elif isinstance(msg, FrameTiming):

@@ -173,11 +173,13 @@ class Collectives(Actor):
         elif isinstance(msg, VoidCollectives):
             await self._void(msg.first_seq)
         elif isinstance(msg, SightKnown):
-            if self.sight is None:
-                k = min(msg.layout, len(self.goodputs) - 1)
-                self.sight = Sight(self.world, {(r, s): self.goodputs[k] * q for r, s, q in msg.edges},
-                                   self.latencies[k])
-                self._absent = sum(1 << r for r in msg.absent)
+            # (again when a rank joins the room: its edges, and sends to it from then on)
+            known = self.sight is not None
+            k = min(msg.layout, len(self.goodputs) - 1)
+            self.sight = Sight(self.world, {(r, s): self.goodputs[k] * q for r, s, q in msg.edges},
+                               self.latencies[k])
+            self._absent = sum(1 << r for r in msg.absent)
+            if not known:
                 self._sight_known.set()
                 await self._send_tensors()
                 passing, self._passing = self._passing, []

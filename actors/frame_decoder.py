@@ -6,7 +6,10 @@ from frames whose checks passed and whose bytes match the transfer's digest
 (or, for the built-in run's streams, protocols.streams, `TensorReceived`),
 `PeerAcks` (what a peer has of this rank's transfers), `AcksChanged` (what
 this rank has of theirs, and the handshake's echo), `HoldsKnown`,
-`SightKnown` (discovery is done: the layout and the sight graph), and
+`LayoutChosen` (the room's layout: when the sight is known, or for a rank
+the room started without, as soon as it has the room's rows and asks to
+join), `SightKnown` (discovery is done: the layout and the sight graph; again
+each time a rank joins the room), and
 `FrameTiming` for every trusted frame from a peer (its timestamps, for the
 clock sync; the capture time is the camera's, on this node's own clock),
 and `CodeSeen` for every capture with a code in it (for the CameraReader's
@@ -46,11 +49,11 @@ import numpy as np
 from protocols import discovery, fec, streams, transfer
 from protocols.frames import FrameError
 from protocols.link import LinkCodec
-from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, HoldsKnown, PeerAcks, SightKnown,
-                                TensorReceived, TransferArrived)
+from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks,
+                                SightKnown, TensorReceived, TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
-from wccl.actor import Actor, ActorContext, GiveUp, Overflow
+from wccl.actor import Actor, ActorContext, Overflow
 from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
 
@@ -187,15 +190,19 @@ class FrameDecoder(Actor):
         self.receiver = (None if listen else
                          TransferReceiver(node_names.index(ctx.node), len(node_names), session, key, handshake,
                                           transfers))
-        self._sight_sent = False
+        self._layout_sent = False
+        self._members_sent = 0  # the room's members in the SightKnown sent last (0: none sent)
         self._heard: dict[int, tuple[int, int]] = {}  # a listener's: sender -> (its run nonce, latest shown_us)
 
     async def handle(self, msg: Capture) -> None:
         self.stats["captures"] += 1
         self._captures.append((msg.seq, msg.time))
         sight = self.receiver.handshake.sight if self.receiver is not None else None
-        if sight is not None and not sight.known and self.receiver.tick(self.clock.now()):
-            await self._handshake_changed(None)  # (time passing: a rank that reads nothing still decides)
+        if (sight is not None and (not sight.known or not sight.member or sight.welcoming)
+                and self.receiver.tick(self.clock.now())):
+            # (time passing: a rank that reads nothing still decides, and still says what it read of a rank
+            # that joins)
+            await self._handshake_changed(None)
         if sight is not None and not sight.known and len(self._captures) >= CAPTURES_FOR_PERIOD:
             # (discovery counts a layout held for too few of this camera's periods as unread). By the
             # camera's own count: captures this decoder had no time for are not a slower camera.
@@ -496,45 +503,77 @@ class FrameDecoder(Actor):
 
     async def _handshake_changed(self, peer: str | None) -> None:
         """The run handshake or the discovery table changed (a frame of `peer`, or time passing: None): log it,
-        pass on the acknowledgements, and once the sight is known say so (`SightKnown`, once)."""
+        pass on the acknowledgements; once the room's layout is known show and read it (`LayoutChosen`),
+        and once this rank is in the room say what the sight is (`SightKnown`; again when a rank joins)."""
         hs = self.receiver.handshake
         self.log.info("handshake", peer=peer, trusted=sorted(hs.trusted),
                       trusted_by=sorted(hs.trusted_by), complete=hs.complete)
-        await self.emit(self._acks_message())
-        if hs.sight is not None and hs.sight.left_out:
-            raise GiveUp("the room started without this node: it had not started when the parameter server "
-                         "stopped waiting for it ([room] wait_for_nodes_s), and a node cannot join a run in "
-                         "progress that started without it; start every laptop within that time")
-        if hs.sight is not None and hs.sight.known and not self._sight_sent:
-            self._sight_sent = True
-            st = hs.sight
-            k, graph = st.choose_layout(self.layout_cost)
-            edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
-            names = self.node_names
-            lay = self.ladder[k].layout
-            # how many layouts of the ladder each rank measured (discovery stops where the rest could not
-            # change the choice), and whether it took a second round
-            measured = {names[r_]: st.layouts - st.rows[r_].unmeasured for r_ in range(len(names))
-                        if not st.rows[r_].absent}
-            second = any(row.full for row in st.rows)
-            adopted = st.adopted > 0  # this rank started again: it took the room's table
-            absent = tuple(r_ for r_ in range(len(names)) if st.rows[r_].absent)
-            self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
-                          layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
-                          **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
-                                          sorted(st.graph(j).items())} for j in range(len(self.ladder))],
-                              "measured": measured, "second_round": second}
-                             if len(self.ladder) > 1 else {}), **({"adopted": True} if adopted else {}),
-                          **({"started_without": [names[r_] for r_ in absent]} if absent else {}))
+        st = hs.sight
+        if st is None or not st.known:
+            await self.emit(self._acks_message())
+            return
+        if not self._layout_sent:
+            # The room's layout, before the rows go up again: this screen shows them in it. A rank the room
+            # started without learns it from the room's rows, and shows and reads only it while it joins.
+            self._layout_sent = True
+            k = st.room_layout()
+            if st.joining:
+                self.log.info("joining_room", layout=k, members=[self.node_names[r] for r in range(len(self.node_names))
+                                                               if st.members() >> r & 1])
+            await self.emit(LayoutChosen(sender=self.ctx.node, time=self.clock.now(), layout=k))
             if self.current != k:
                 self.current = k
                 self._use(k)
-            self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second, adopted=adopted,
-                                                 edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
-                                                        for r_, s_, q in edges},
-                                                 captures=self.stats["captures"])
-            await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k,
-                                       absent=absent))
+        await self.emit(self._acks_message())
+        if not st.member or st.members() == self._members_sent:
+            return
+        if self._members_sent:
+            await self._sight_changed(st)
+            return
+        self._members_sent = st.members()
+        k, graph = st.choose_layout(self.layout_cost)
+        edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
+        names = self.node_names
+        lay = self.ladder[k].layout
+        # how many layouts of the ladder each rank measured (discovery stops where the rest could not
+        # change the choice), and whether it took a second round
+        measured = {names[r_]: st.layouts - st.rows[r_].unmeasured for r_ in range(len(names))
+                    if st.rows[r_].stage == 0}
+        second = any(row.full for row in st.rows)
+        adopted = st.adopted > 0  # this rank started again: it took the room's table
+        absent = self._absent(st)
+        self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
+                      layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
+                      **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
+                                      sorted(st.graph(j).items())} for j in range(len(self.ladder))],
+                          "measured": measured, "second_round": second}
+                         if len(self.ladder) > 1 else {}), **({"adopted": True} if adopted else {}),
+                      **({"started_without": [names[r_] for r_ in absent]} if absent else {}),
+                      **({"joined": True} if st.rows[st.rank].admitted else {}))
+        self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second, adopted=adopted,
+                                             edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
+                                                    for r_, s_, q in edges},
+                                             captures=self.stats["captures"])
+        await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k,
+                                   absent=absent))
+
+    def _absent(self, st: discovery.SightTable) -> tuple[int, ...]:
+        """The ranks not in the room."""
+        return tuple(r for r in range(len(self.node_names)) if not st.members() >> r & 1)
+
+    async def _sight_changed(self, st: discovery.SightTable) -> None:
+        """A rank joined the room: the sight graph again, with its edges (the layout stays the room's)."""
+        joined = st.members() & ~self._members_sent
+        self._members_sent = st.members()
+        k, graph = st.choose_layout(self.layout_cost)
+        edges = tuple((r_, s_, q) for (r_, s_), q in sorted(graph.items()))
+        names = self.node_names
+        self.log.info("rank_joined", joined=[names[r] for r in range(len(names)) if joined >> r & 1],
+                      edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges})
+        self.ctx.results.setdefault("discovery", {})["edges"] = {f"{names[r_]}<-{names[s_]}": round(q, 2)
+                                                                 for r_, s_, q in edges}
+        await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k,
+                                   absent=self._absent(st)))
 
     async def _accept_transfer(self, message: bytes, code: reader.ReadCode, corrected: int,
                                captured: float) -> TransferArrived | None | bool:

@@ -9,7 +9,8 @@ Emits: `AveragedGradient` for the worker on this node (if any), `SendTensor`
 the step was skipped; snapshots), `Snapshot` for the worker on this node.
 
 A step is reduced as soon as every worker's gradient for it arrived (of
-the workers the room started with), or at
+the workers in the room: one the room started without counts from the
+hello it says once it has joined), or at
 its deadline (the reduce tick wccl.schedule.DEADLINE_STEPS steps later; the
 schedule ends at the last step's) with what arrived; steps are reduced in
 order. Only gradients computed on
@@ -61,7 +62,8 @@ class ParameterServer(Actor):
         super().__init__(ctx)
         if not 1 <= quorum <= len(workers):
             raise ValueError(f"quorum must be between 1 and {len(workers)}")
-        self.workers = workers
+        self.roster = tuple(workers)  # every worker of the room file
+        self.workers = workers  # those whose gradients a step waits for: in the room
         self.others = tuple(w for w in workers if w != ctx.node)  # the workers its word goes to over the light
         self.quorum = quorum
         self.numel = numel
@@ -121,7 +123,7 @@ class ParameterServer(Actor):
     async def _schedule_known(self, msg: ScheduleKnown) -> None:
         self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
         self.phases = msg.phases
-        if msg.absent:  # (the room started without them: no step waits for them)
+        if msg.absent:  # (the room started without them: no step waits for them until they join)
             self.workers = [w for w in self.workers if w not in msg.absent]
         self.epoch = msg.epoch
         self._reduced = max(self._reduced, msg.join_step - 1)  # (steps before this node's first are not its)
@@ -157,6 +159,10 @@ class ParameterServer(Actor):
             payload = sync.decode(msg.payload)
         except sync.SyncError:
             return
+        if isinstance(payload, sync.Hello) and msg.origin in self.roster and msg.origin not in self.workers:
+            # A worker the room started without has joined: its gradients count from now on.
+            self.workers = [w for w in self.roster if w in self.workers or w == msg.origin]
+            self.log.info("worker_joined", worker=msg.origin, workers=list(self.workers))
         if isinstance(payload, sync.Hello) and payload.wants_snapshot:
             why, to = self._snapshot_due or (f"asked_by_{msg.origin}", ())
             self._snapshot_due = (why, tuple(sorted(set(to) | {msg.origin})))

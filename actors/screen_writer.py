@@ -42,7 +42,7 @@ With a start-up ladder of layouts (`ladder`, densest first), the status frames
 go up in the layouts of the probe schedule (`probe`: the layout a frame shown
 at a time goes up in and until when, protocols.discovery.ProbeSchedule.at;
 without one, each layout in turn, each held for its own hold) until discovery
-says which layout the room's cameras read (`SightKnown.layout`, the same on
+says which layout the room's cameras read (`LayoutChosen`, the same on
 every rank); from then on every frame is in that layout.
 """
 
@@ -54,7 +54,7 @@ from collections import deque
 
 from protocols import discovery, frames, layout, transfer
 from protocols.link import LinkCodec
-from protocols.messages import AcksChanged, FrameTiming, HoldsKnown, PeerAcks, PostTransfer, SightKnown
+from protocols.messages import AcksChanged, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks, PostTransfer
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey, new_run_nonce
 from wccl.actor import Actor, ActorContext, Overflow
@@ -74,7 +74,7 @@ STARTUP_OVERLAY = [
 
 
 class ScreenWriter(Actor):
-    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, SightKnown, FrameTiming)
+    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, LayoutChosen, FrameTiming)
     mailbox = (256, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
@@ -125,13 +125,13 @@ class ScreenWriter(Actor):
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
         await self.run_beside(self._present())
 
-    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | SightKnown | FrameTiming) -> None:
+    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | LayoutChosen | FrameTiming) -> None:
         if isinstance(msg, FrameTiming):
             if msg.origin in self.names:
                 peer = self.names.index(msg.origin)
                 self._clock_echoes.setdefault(peer, deque(maxlen=ECHO_QUEUE)).append((msg.shown, msg.captured))
             return
-        if isinstance(msg, SightKnown):
+        if isinstance(msg, LayoutChosen):
             if self.ladder is not None:
                 self.codec, self.hold_s = self.ladder[msg.layout]
                 self.ladder = None

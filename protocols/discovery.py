@@ -84,7 +84,7 @@ import bisect
 import math
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MAX_RANKS = 16
 MAX_LAYOUTS = 7  # layouts of the start-up ladder a row measures
@@ -94,7 +94,9 @@ QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # measures 1 to MAX_LAYOUTS layouts (a pinned layout's table is small enough for a coarse layout's
 # frames); a status frame too small for every row of the table shows it a page of consecutive rows at a
 # time (protocols.transfer.status_message).
-ROW_HEAD = struct.Struct(">HBHH")  # version, flags, reads and trusts (a bit a rank)
+# (What a row reads is not sent: a rank reads another exactly when its quality in some layout is at least
+# MIN_QUALITY, and the receiver works it out from the qualities.)
+ROW_HEAD = struct.Struct(">HBHH")  # version, flags, watched and trusts (a bit a rank)
 
 
 def row_bytes(layouts: int, ranks: int = MAX_RANKS) -> int:
@@ -108,9 +110,13 @@ def table_bytes(layouts: int) -> int:
 
 TABLE_BYTES = table_bytes(MAX_LAYOUTS)  # the largest table
 # Flags: FINAL (frozen), COMPLETE (handshake complete), FULL (second round: every layout measured), in
-# bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout), and
-# ABSENT (the lead's row for a rank the room started without).
-FINAL, COMPLETE, FULL, ABSENT = 0x01, 0x02, 0x04, 0x40
+# bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout), and in
+# bits 6-7 the rank's stage (Row.stage): in the room from the start (0), ABSENT (the lead's row for a rank
+# the room started without), JOINING (the row of such a rank, which now runs and asks to join) or ADMITTED
+# (the lead's answer: the row of a rank that joined after the room started, and every later row of it).
+FINAL, COMPLETE, FULL = 0x01, 0x02, 0x04
+STAGE_SHIFT, STAGE_MASK = 6, 0xC0
+ABSENT, JOINING, ADMITTED = 1 << STAGE_SHIFT, 2 << STAGE_SHIFT, 3 << STAGE_SHIFT
 ABSENT_VERSION = 0x4000  # an ABSENT row's version: newer than any a rank makes in its first hours
 UNMEASURED_SHIFT, UNMEASURED_MASK = 3, 0x38
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
@@ -126,6 +132,10 @@ OTHER_FRAMES = 2  # and of each other layout
 # a time every capture straddles a change of frame (a 67 ms hold at 15 frames a second reads for ten
 # seconds, then nothing for three). 1.5 periods (50 ms at 30 frames a second) reads steadily.
 MIN_HOLD_PERIODS = 1.4
+# A rank watches the screen of a rank that joins after the room started for at most this many holds of the
+# room's layout (4 s at 100 ms) before its row says what it read of it (a screen read well is measured
+# sooner: once `need` of its frames were shown between the first and the last read).
+JOIN_HOLDS = 40
 
 
 def startup_budget_s(world: int) -> float:
@@ -139,11 +149,14 @@ def startup_budget_s(world: int) -> float:
 class Row:
     version: int = 0
     flags: int = 0
-    reads: int = 0
+    reads: int = 0  # the ranks whose quality in some layout is at least MIN_QUALITY (not sent: see ROW_HEAD)
     trusts: int = 0
     # quality[r][k]: the share of rank r's frames in layout k read, in fifteenths (0: not read, or layout k
     # not measured: see `unmeasured`)
     quality: tuple[tuple[int, ...], ...] = ((0,) * MAX_LAYOUTS,) * MAX_RANKS
+    # the ranks whose columns this row has measured and keeps (set once the row is FINAL; a rank that joins
+    # later is added once this rank has watched its screen)
+    watched: int = 0
 
     def share(self, shown: int, layout: int = 0) -> float:
         return self.quality[shown][layout] / QUALITY_LEVELS
@@ -162,9 +175,25 @@ class Row:
         return bool(self.flags & FULL)
 
     @property
+    def stage(self) -> int:
+        """Where the rank stands: 0 in the room from the start, 1 absent, 2 joining, 3 admitted. A row of a
+        later stage replaces any row of an earlier one (SightTable.relay)."""
+        return (self.flags & STAGE_MASK) >> STAGE_SHIFT
+
+    @property
     def absent(self) -> bool:
         """The lead's row for a rank the room started without."""
-        return bool(self.flags & ABSENT)
+        return self.stage == 1
+
+    @property
+    def joining(self) -> bool:
+        """The row of a rank the room started without, which now asks to join."""
+        return self.stage == 2
+
+    @property
+    def admitted(self) -> bool:
+        """A row of a rank that joined after the room started (the lead admitted it)."""
+        return self.stage == 3
 
     @property
     def unmeasured(self) -> int:
@@ -173,6 +202,13 @@ class Row:
 
 
 EMPTY = Row()
+LEFT_OUT = Row(ABSENT_VERSION, FINAL | ABSENT)  # a rank's row as the room's choice counts it when it joined later
+
+
+def _kept(row: Row, columns: int) -> tuple:
+    """What a row says of the ranks in `columns` (a bit a rank): what a FINAL row keeps."""
+    cols = [c for c in range(MAX_RANKS) if columns >> c & 1]
+    return row.reads & columns, tuple(row.quality[c] for c in cols), row.unmeasured
 
 
 def _pack_quality(q: tuple[tuple[int, ...], ...], layouts: int, ranks: int) -> bytes:
@@ -199,7 +235,7 @@ def pack_rows(rows: tuple[Row, ...], layouts: int, ranks: int = MAX_RANKS) -> by
     if not 1 <= layouts <= MAX_LAYOUTS or not len(rows) <= ranks <= MAX_RANKS:
         raise ValueError(f"a page of a table of up to {MAX_RANKS} ranks measures 1 to {MAX_LAYOUTS} layouts and has "
                          f"a row per rank at most, not {layouts} layouts and {len(rows)} rows of {ranks} ranks")
-    return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.reads, r.trusts)
+    return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.watched, r.trusts)
                     + _pack_quality(r.quality, layouts, ranks) for r in rows)
 
 
@@ -229,10 +265,15 @@ def unpack_rows(data: bytes, layouts: int, first: int, count: int, ranks: int = 
                          f"is {len(data)} bytes")
     out = [EMPTY] * MAX_RANKS
     for i in range(count):
-        v, flags, reads, trusts = ROW_HEAD.unpack_from(data, i * n)
-        out[first + i] = Row(v, flags, reads, trusts,
-                             _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts, ranks))
+        v, flags, watched, trusts = ROW_HEAD.unpack_from(data, i * n)
+        quality = _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts, ranks)
+        out[first + i] = Row(v, flags, reads_of(quality), trusts, quality, watched)
     return tuple(out)
+
+
+def reads_of(quality: tuple[tuple[int, ...], ...]) -> int:
+    """The ranks (a bit a rank) a row's qualities say it reads: at least MIN_QUALITY in some layout."""
+    return sum(1 << r for r, per in enumerate(quality) if max(per) >= level(MIN_QUALITY))
 
 
 def _newer(a: int, b: int) -> bool:
@@ -361,7 +402,8 @@ class SightTable:
     start_without: Callable[[int], bool] | None = None
     wait_s: float = math.inf
     _started: float | None = None
-    left_out: bool = False  # a trusted peer's table holds this rank's own row ABSENT
+    _watch_from: dict[int, float] = field(default_factory=dict)  # joining rank -> when this rank began to watch it
+    _room: tuple[int, float] | None = None  # the room's layout and the least share of its graph's edges, once known
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -433,7 +475,7 @@ class SightTable:
         docstring)."""
         # (watched since the first frame read and since the last rank came alive: a rank that starts late is
         # watched for as long as the others were)
-        peers = [r for r in range(self.world) if r != self.rank and not self.rows[r].absent]
+        peers = [r for r in range(self.world) if r != self.rank and self.rows[r].stage == 0]
         last = max([self._first if self._first is not None else math.inf]
                    + [self._alive_at.get(r, math.inf) for r in peers])
         if now - last >= self.watch_s:
@@ -459,7 +501,7 @@ class SightTable:
         q = [[0] * MAX_LAYOUTS for _ in range(MAX_RANKS)]
         mask = 0
         for r in range(self.world):
-            if r == self.rank or self.rows[r].absent:
+            if r == self.rank or self.rows[r].stage != 0:
                 continue
             for k in range(layouts):
                 share = self.quality(r, k)
@@ -476,7 +518,10 @@ class SightTable:
         if self._started is None:
             self._started = now
         self._leave_out(now)
+        self._admit()
         me = self.rows[self.rank]
+        if me.stage == 2 or (me.final and self.known):
+            return self._watch_joining(now, trusts, complete)
         members = self.members()
         for r in range(self.world):
             if self._alive >> r & 1:
@@ -519,30 +564,131 @@ class SightTable:
             if final:
                 flags |= FINAL
         flags = flags | COMPLETE if complete else flags & ~COMPLETE
-        new = Row(me.version, flags, reads, trusts, quality)
-        if new == me:
+        watched = members & ~(1 << self.rank) if flags & FINAL else 0
+        return self._set_row(Row(me.version, flags, reads, trusts, quality, watched))
+
+    def _set_row(self, new: Row) -> bool:
+        """This rank's row says `new` (its version aside): True if that is news (a new version)."""
+        me = self.rows[self.rank]
+        if new == replace(me, version=new.version):
             return False
-        self.rows[self.rank] = Row((me.version + 1) & 0xFFFF, flags, reads, trusts, quality)
+        self.rows[self.rank] = replace(new, version=(me.version + 1) & 0xFFFF)
         return True
 
+    def _watch_joining(self, now: float, trusts: int, complete: bool) -> bool:
+        """After the room started: this rank's row measures, in the room's layout, the screen of each rank
+        that joins (a joining rank's own row: every rank in the room, then it is FINAL), each column once."""
+        me = self.rows[self.rank]
+        flags = me.flags | COMPLETE if complete else me.flags & ~COMPLETE
+        if not self.known:
+            return self._set_row(replace(me, flags=flags, trusts=trusts))  # (a joining rank waits for the rows)
+        k = self.room_layout()
+        reads, watched = me.reads, me.watched
+        quality = [list(q) for q in me.quality]
+        todo = [r for r in range(self.world)
+                if r != self.rank and not watched >> r & 1 and self.rows[r].version and self.rows[r].stage != 1]
+        for r in todo:
+            q = self._watch(r, k, now)
+            if q is None:
+                continue
+            quality[r][k] = max(round(QUALITY_LEVELS * q), level(MIN_QUALITY)) if q >= MIN_QUALITY else \
+                min(round(QUALITY_LEVELS * q), level(MIN_QUALITY) - 1)
+            reads = reads | 1 << r if q >= MIN_QUALITY else reads & ~(1 << r)
+            watched |= 1 << r
+        if me.stage == 2 and todo and all(watched >> r & 1 for r in todo):
+            flags |= FINAL
+        return self._set_row(Row(me.version, flags, reads, trusts, tuple(tuple(q) for q in quality), watched))
+
+    def _watch(self, r: int, k: int, now: float) -> float | None:
+        """The share of rank `r`'s frames in layout k this camera reads, counted by the hold (the room's
+        screens show a frame every hold while a rank joins: they greet), once measured (None: not yet):
+        `need` of them shown between the first and the last read, or JOIN_HOLDS holds since this rank began
+        to watch it (then 0 if fewer than MIN_FRAMES were shown)."""
+        since = self._watch_from.get(r)
+        if since is None:
+            # (what this camera read of it before, in another layout of the ladder or with gaps, does not count)
+            self._watch_from[r] = now
+            for key in [key for key in self._seen if key[0] == r]:
+                del self._seen[key]
+            return None
+        hold = self.holds[k]
+        s = self._seen.get((r, k))
+        shown = 0 if s is None else round((s.last_us - s.first_us) / 1e6 / hold) + 1
+        if shown < self.need and now - since < JOIN_HOLDS * hold:
+            return None
+        if s is None or shown < MIN_FRAMES or hold < MIN_HOLD_PERIODS * self.camera_period_s:
+            return 0.0
+        return min(1.0, sum(s.frames.values()) / shown)
+
     def members(self, rows: list[Row] | tuple[Row, ...] | None = None) -> int:
-        """The ranks in the room (a bit a rank): all but those whose rows are ABSENT."""
+        """The ranks in the room (a bit a rank): those in it from the start, and each admitted rank whose
+        screen the row of every other of them has watched (then every rank's graph has the same edges to
+        it); not the ABSENT ones, nor those still joining."""
         rows = self.rows if rows is None else rows
-        return sum(1 << r for r in range(self.world) if not rows[r].absent)
+        base = [r for r in range(self.world) if rows[r].stage in (0, 3)]
+        return sum(1 << r for r in base
+                   if not rows[r].admitted or all(rows[s].watched >> r & 1 for s in base if s != r))
+
+    @property
+    def member(self) -> bool:
+        """This rank is in the room."""
+        return bool(self.members() >> self.rank & 1)
+
+    @property
+    def joining(self) -> bool:
+        """The room started without this rank, which asks to join (its row is JOINING)."""
+        return self.rows[self.rank].joining
+
+    @property
+    def welcoming(self) -> bool:
+        """Some rank not (yet) in the room runs: one ABSENT but alive, joining, or admitted but not yet
+        watched by every member. Every rank shows status frames meanwhile, a frame every hold."""
+        members = self.members()
+        return any(not members >> r & 1 and (row.stage in (2, 3) or self._alive >> r & 1)
+                   for r, row in enumerate(self.rows))
+
+    def _admit(self) -> None:
+        """The lead's: a joining rank whose row is FINAL, whose screen every member's row has watched, that
+        reads a member's screen and whose screen a member reads, is admitted (its row, ADMITTED)."""
+        if self.start_without is None:
+            return
+        members = self.members()
+        for r, row in enumerate(self.rows):
+            if row.stage != 2 or not row.final:
+                continue
+            base = [s for s in range(self.world) if s != r and self.rows[s].stage in (0, 3)]
+            if (all(self.rows[s].watched >> r & 1 for s in base) and row.reads & members
+                    and any(self.rows[s].reads >> r & 1 for s in base)):
+                self.rows[r] = replace(row, version=(row.version + 1) & 0xFFFF,
+                                       flags=row.flags & ~(STAGE_MASK | COMPLETE) | ADMITTED)
+
+    def room_layout(self) -> int:
+        """The layout the room chose (once `known`)."""
+        return self._chosen()[0]
+
+    def _chosen(self) -> tuple[int, float]:
+        """The room's layout and the least share of its graph's edges, from the rows of the ranks in from
+        the start (fixed once `known`)."""
+        if self._room is None:
+            k, _, least = self._decide_or_last(self.cost)
+            if not self.known:
+                return k, least
+            self._room = (k, least)
+        return self._room
 
     def _leave_out(self, now: float) -> None:
         """The lead's choice, once `wait_s` passed since this rank's first update with some rank not alive:
         if `start_without` allows, an ABSENT row for each such rank (see the module docstring)."""
         everyone = (1 << self.world) - 1
         if (self.start_without is None or self._alive & everyone == everyone or now - self._started < self.wait_s
-                or any(r.absent for r in self.rows)):
+                or any(r.stage for r in self.rows)):
             return
         missing = everyone & ~self._alive
         if not self.start_without(missing):
             return
         for r in range(self.world):
             if missing >> r & 1:
-                self.rows[r] = Row(ABSENT_VERSION, FINAL | ABSENT)
+                self.rows[r] = LEFT_OUT
 
     def relay(self, sender_rows: tuple[Row, ...]) -> bool:
         """Take the newer rows of a trusted sender's table; True if any changed. This rank's own row is
@@ -555,18 +701,23 @@ class SightTable:
             if r == self.rank:
                 continue
             theirs, mine = sender_rows[r], self.rows[r]
-            if mine.absent:
-                continue  # the room started without it
-            if theirs.absent:
-                self.rows[r] = theirs  # (whatever this rank had of it: the lead's word on who is in wins)
-                changed = True
+            if not theirs.version or theirs.stage < mine.stage:
                 continue
-            if theirs.version and (not mine.version or _newer(theirs.version, mine.version)):
+            if theirs.stage > mine.stage:
+                # The lead's ABSENT row over any row of the rank's own; the rank's JOINING row over ABSENT;
+                # the lead's ADMITTED row over JOINING: whatever this rank had of it.
+                self.rows[r] = theirs
+                changed = True
+                if theirs.stage >= 2:
+                    self.alive(1 << r)
+                continue
+            if not mine.version or _newer(theirs.version, mine.version):
                 if mine.full and not theirs.full:
                     continue  # a row of the first round never replaces one of the second
-                if (mine.final and (theirs.reads, theirs.quality, theirs.unmeasured)
-                        != (mine.reads, mine.quality, mine.unmeasured) and not (theirs.full and not mine.full)):
-                    continue  # a FINAL row never changes what it reads (but for a second round): keep the first
+                if mine.final and not (theirs.full and not mine.full) and (
+                        theirs.watched & mine.watched != mine.watched
+                        or _kept(theirs, mine.watched) != _kept(mine, mine.watched)):
+                    continue  # a FINAL row never changes a column it watched (but for a second round)
                 self.rows[r] = theirs
                 changed = True
                 self.alive(1 << r)
@@ -579,24 +730,37 @@ class SightTable:
         mine = self.rows[self.rank]
         if not theirs.version:
             return False
-        if theirs.absent:
-            self.left_out = True  # the room started without this rank
-            return False
         version = theirs.version if _newer(theirs.version, mine.version) else mine.version
+        if theirs.stage in (1, 2) and mine.stage in (0, 1):
+            # The room started without this rank (or an earlier incarnation of it asked to join): ask to
+            # join, watching the room's screens afresh.
+            self.rows[self.rank] = Row((version + 1) & 0xFFFF, JOINING, 0, mine.trusts)
+            self._seen.clear()
+            self._watch_from.clear()
+            return True
+        if theirs.stage == 3 and mine.stage != 3:
+            # Admitted (or an earlier incarnation was): the room's row of this rank, not COMPLETE until this
+            # incarnation's handshake is.
+            self.rows[self.rank] = replace(theirs, version=(version + 1) & 0xFFFF, flags=theirs.flags & ~COMPLETE,
+                                           trusts=mine.trusts)
+            self.adopted += mine.stage == 0
+            return True
+        if theirs.stage != mine.stage:
+            return False
         if theirs.final and not self.known:
             rows = list(self.rows)
             rows[self.rank] = theirs
             if self.known_rows(rows):
                 # The room chose its layout on that row: take it (what this camera reads does not change
                 # with a restart), as a new version, not COMPLETE until this incarnation's handshake is.
-                self.rows[self.rank] = Row((version + 1) & 0xFFFF, theirs.flags & ~COMPLETE, theirs.reads,
-                                           mine.trusts, theirs.quality)
+                self.rows[self.rank] = replace(theirs, version=(version + 1) & 0xFFFF,
+                                               flags=theirs.flags & ~COMPLETE, trusts=mine.trusts)
                 self.adopted += 1
                 return True
         if version != mine.version:
             # Rows of an earlier incarnation of this rank are still about: continue after them, so that
             # this incarnation's rows replace them (a FINAL one is kept by every rank; see above).
-            self.rows[self.rank] = Row((version + 1) & 0xFFFF, mine.flags, mine.reads, mine.trusts, mine.quality)
+            self.rows[self.rank] = replace(mine, version=(version + 1) & 0xFFFF)
             return True
         return False
 
@@ -604,7 +768,7 @@ class SightTable:
         """Show this rank's row again as a new version (what it says unchanged): a rank that started again
         counts the trusts of a row only from a version made after it took the room's table."""
         me = self.rows[self.rank]
-        self.rows[self.rank] = Row((me.version + 1) & 0xFFFF, me.flags, me.reads, me.trusts, me.quality)
+        self.rows[self.rank] = replace(me, version=(me.version + 1) & 0xFFFF)
 
     def table(self) -> tuple[Row, ...]:
         return tuple(self.rows)
@@ -616,7 +780,8 @@ class SightTable:
     def _cost(self, cost: Cost, k: int, graph: dict[tuple[int, int], float], rows) -> float | None:
         """`cost` of layout k on `graph`, numbered among the members of `rows` (a room of one member: 0, there
         is nothing to move; a graph with no edge in a larger room: None)."""
-        members = [r for r in range(self.world) if not rows[r].absent]
+        mask = self.members(rows)
+        members = [r for r in range(self.world) if mask >> r & 1]
         if len(members) == 1:
             return 0.0
         if not graph:
@@ -640,7 +805,13 @@ class SightTable:
         collectives (the last layout: MIN_QUALITY), provided no layout left out would be cheaper even read
         whole on every edge (ties go to the denser, a measured one). None: they do not decide. Rows that
         measured the whole ladder always decide (`choose_layout`'s fallbacks included)."""
-        rows = list(self.rows if rows is None else rows)
+        chosen = self._decide(rows, cost)
+        return None if chosen is None else chosen[:2]
+
+    def _decide(self, rows, cost: Cost | None) -> tuple[int, dict, float] | None:
+        """`decide`, with the least share of the graph's edges, over the rows of the ranks in the room from
+        the start (a rank that joined later does not change the room's choice)."""
+        rows = [LEFT_OUT if r.stage >= 2 else r for r in (self.rows if rows is None else rows)]
         cost = cost or self.cost
         m = min(self._measured_by(r) for r in rows if not r.absent)
         if m >= self.layouts:
@@ -648,12 +819,13 @@ class SightTable:
         if cost is None or m == 0:
             return None
         last = self.layouts - 1
-        best: tuple[float, int, dict] | None = None
+        best: tuple[float, int, dict, float] | None = None
         for k in range(m):
-            g = self.graph(k, max(self.min_ok, MIN_QUALITY) if k != last else MIN_QUALITY, rows)
+            least = max(self.min_ok, MIN_QUALITY) if k != last else MIN_QUALITY
+            g = self.graph(k, least, rows)
             c = self._cost(cost, k, g, rows)
             if c is not None and (best is None or c < best[0]):
-                best = (c, k, g)
+                best = (c, k, g, least)
         if best is None:
             return None
         members = self.members(rows)
@@ -663,7 +835,7 @@ class SightTable:
             c = self._cost(cost, j, whole, rows)
             if c is not None and c < best[0]:
                 return None
-        return best[1], best[2]
+        return best[1:]
 
     def _decides(self, mine: Row) -> bool:
         rows = list(self.rows)
@@ -683,6 +855,7 @@ class SightTable:
 
     def known_rows(self, rows: list[Row] | tuple[Row, ...]) -> bool:
         """Would these rows (one per rank) make the table `known`?"""
+        rows = [LEFT_OUT if r.stage >= 2 else r for r in rows]  # (the ranks in the room from the start decide)
         if not all(r.final for r in rows):
             return False
         if all(r.full for r in rows if not r.absent):
@@ -691,7 +864,8 @@ class SightTable:
 
     @property
     def all_complete(self) -> bool:
-        return all(r.complete for r in self.rows if not r.absent)
+        members = self.members()
+        return all(row.complete for r, row in enumerate(self.rows) if members >> r & 1)
 
     def reads(self, reader: int, shown: int) -> bool:
         return bool(self.rows[reader].reads >> shown & 1)
@@ -705,10 +879,11 @@ class SightTable:
         rows = self.rows if rows is None else rows
         out = {}
         need = level(min_quality)
+        members = self.members(rows)
         for r in range(self.world):
             row = rows[r]
             for s in range(self.world):
-                if s != r and row.quality[s][layout] >= need and not rows[s].absent:
+                if s != r and row.quality[s][layout] >= need and members >> r & 1 and members >> s & 1:
                     out[(r, s)] = row.share(s, layout)
         return out
 
@@ -724,22 +899,29 @@ class SightTable:
         ties go to the denser. The last layout counts every edge read at least MIN_QUALITY of the time. If
         none fits, the cheapest of the every-edge graphs, else the last layout (its collectives then fail,
         saying why)."""
-        chosen = self.decide(cost=cost)
+        k, g, least = self._decide_or_last(cost)
+        if self.members() != self.members([LEFT_OUT if r.stage >= 2 else r for r in self.rows]):
+            g = self.graph(k, least)  # (with the edges of the ranks admitted since, read as well)
+        return k, g
+
+    def _decide_or_last(self, cost: Cost | None) -> tuple[int, dict, float]:
+        chosen = self._decide(None, cost)
         if chosen is None:
-            return self.layouts - 1, self.graph(self.layouts - 1)
+            return self.layouts - 1, self.graph(self.layouts - 1), MIN_QUALITY
         return chosen
 
-    def _choose(self, rows: list[Row], cost: Cost | None) -> tuple[int, dict]:
+    def _choose(self, rows: list[Row], cost: Cost | None) -> tuple[int, dict, float]:
         """`choose_layout` over rows that measured every layout."""
         cost = cost or (lambda k, edges, ranks: float(k))
         last = self.layouts - 1
         for strict in (True, False):
-            best: tuple[float, int, dict] | None = None
+            best: tuple[float, int, dict, float] | None = None
             for k in range(self.layouts):
-                g = self.graph(k, max(self.min_ok, MIN_QUALITY) if strict and k != last else MIN_QUALITY, rows)
+                least = max(self.min_ok, MIN_QUALITY) if strict and k != last else MIN_QUALITY
+                g = self.graph(k, least, rows)
                 c = self._cost(cost, k, g, rows)
                 if c is not None and (best is None or c < best[0]):
-                    best = (c, k, g)
+                    best = (c, k, g, least)
             if best is not None:
-                return best[1], best[2]
-        return last, self.graph(last, rows=rows)
+                return best[1:]
+        return last, self.graph(last, rows=rows), MIN_QUALITY

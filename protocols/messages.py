@@ -249,11 +249,20 @@ class AcksChanged(Message):
     rows: bytes = b""  # the discovery table (protocols.discovery.pack_table), shown in status frames
 
 
+class LayoutChosen(Message):
+    """The layout this node's screen shows from now on (its index in the start-up ladder): the room's
+    choice (protocols.discovery), known to a rank in the room when the sight is, and to a rank that joins
+    later from the room's rows."""
+
+    control: ClassVar[bool] = True
+    layout: int
+
+
 class SightKnown(Message):
     """Every rank's row of the discovery table is final (protocols.discovery): the layout every rank uses
     from now on (its index in the start-up ladder), and which camera reads which screen in it, as (reader,
-    shown, quality: the share of frames read), the same on every rank; `absent`: the ranks the room
-    started without (they had not started when the lead stopped waiting)."""
+    shown, quality: the share of frames read), the same on every rank; `absent`: the ranks not in the room
+    (it started without them and they have not joined). Sent again each time a rank joins."""
 
     control: ClassVar[bool] = True
     edges: tuple[tuple[int, int, float], ...]
@@ -293,24 +302,3 @@ class VoidCollectives(Message):
     control: ClassVar[bool] = True
     first_seq: int = Field(ge=0)
 
-
-ALL_MESSAGES: tuple[type[Message], ...] = (
-    Tick,
-    ScheduleDone,
-    Capture,
-    SendTensor,
-    FrameTiming,
-    ScheduleKnown,
-    TensorReceived,
-    Snapshot,
-    LocalGradient,
-    AveragedGradient,
-    CollectiveRequest,
-    CollectiveDone,
-    PostTransfer,
-    TransferArrived,
-    AcksChanged,
-    PeerAcks,
-    Drain,
-    VoidCollectives,
-)

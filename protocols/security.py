@@ -425,10 +425,11 @@ class Handshake:
     @property
     def greeting(self) -> bool:
         """Keep showing status frames: this node is not complete, a new incarnation of a peer is settling,
-        or (with a sight table) some rank is not complete yet and may need what this node relays."""
+        or (with a sight table) some rank is not complete yet and may need what this node relays, or a rank
+        the room started without runs and is not in yet (it measures the room's screens frame by frame)."""
         if not self.complete or self.renewed or self.newer:
             return True
-        return self.sight is not None and not self.sight.all_complete
+        return self.sight is not None and (not self.sight.all_complete or self.sight.welcoming)
 
     @property
     def complete(self) -> bool:
@@ -437,7 +438,7 @@ class Handshake:
         if self.sight is None:
             return peers <= self.trusted_by and peers <= current
         st = self.sight
-        if not st.known or st.left_out:
+        if not st.known or not st.member:
             return False
         peers = {p for p in peers if st.members() >> p & 1}  # (the room may have started without some)
         reads = {p for p in peers if st.reads(self.rank, p)}

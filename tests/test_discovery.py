@@ -257,7 +257,8 @@ def test_the_ladder_picks_by_cost_not_by_density_alone():
 def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_measures(layouts):
     q = tuple(tuple((r + k) % 16 if k < layouts else 0 for k in range(discovery.MAX_LAYOUTS))
               for r in range(discovery.MAX_RANKS))
-    rows = tuple(discovery.Row(3 + r, discovery.FINAL, 0b110, 0b10, q) for r in range(discovery.MAX_RANKS))
+    rows = tuple(discovery.Row(3 + r, discovery.FINAL, discovery.reads_of(q), 0b10, q, 0b101)
+                 for r in range(discovery.MAX_RANKS))
     packed = discovery.pack_table(rows[:2], layouts)
     assert len(packed) == discovery.table_bytes(layouts) == 16 * (7 + 8 * layouts)
     assert discovery.unpack_table(packed)[:2] == rows[:2]
@@ -300,7 +301,9 @@ def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time(
             pass
 
     codec = LinkCodec(GridLayout(28, 50, 8, 22), 0.8)
-    rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (r ^ 1), 0) for r in range(8))
+    rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (r ^ 1), 0,
+                               tuple(((15 if c == r ^ 1 else 0),) + (0,) * (discovery.MAX_LAYOUTS - 1)
+                                     for c in range(discovery.MAX_RANKS))) for r in range(8))
     assert transfer.status_rows(codec.message_bytes, 8, 6) == 5
 
     async def go():
@@ -396,7 +399,11 @@ def test_two_rows_of_eight_whose_diagonals_read_only_big_cells_agree():
         s = min(range(world), key=lambda r: due[r])
         t = due[s]
         local = t + offsets[s]
-        k, end = schedule.at(local)
+        st = nodes[s].hs.sight
+        # (in a room that started without a rank: once the room's layout is known, that layout, a frame
+        # every hold)
+        joins = st.known and any(row.stage for row in st.rows)
+        k, end = (st.room_layout(), local + LADDER_HOLDS[st.room_layout()]) if joins else schedule.at(local)
         due[s] = t + (end - local)
         hs, rows = nodes[s].hs, nodes[s].hs.sight.table()
         frame = transfer.status_message(session=7, sender=s, acks=(), message_bytes=sizes[k],
@@ -419,8 +426,9 @@ def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, see
                    offsets: tuple[float, ...] | None = None, settle_s: float = 1.0, nodes: list | None = None,
                    start: dict[int, float] | None = None, tables: dict[int, dict] | None = None):
     """Every rank shows its status frames on its own clock (its offset from the others': `offsets`, random
-    by default) in the layouts its probe schedule (protocols.discovery.ProbeSchedule) gives each frame's time,
-    until its handshake is complete and every rank's is; rank r reads rank s's frame in layout k shown at
+    by default) in the layouts its probe schedule (protocols.discovery.ProbeSchedule) gives each frame's time
+    (in a room that started without a rank, once its table knows the room's layout: in that one), until
+    its handshake is complete and every rank's is; rank r reads rank s's frame in layout k shown at
     room time t with probability `read_share(r, s, k, t)`, 40 ms after it went up. A rank in `start` shows
     and reads nothing before that room time; `tables[r]`: more fields of rank r's SightTable. Returns the
     nodes (also put in `nodes`, as soon as they are made) and when (room time) each completed."""
@@ -446,7 +454,11 @@ def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, see
         if t > seconds:
             break
         local = t + offsets[s]
-        k, end = schedule.at(local)
+        st = nodes[s].hs.sight
+        # (in a room that started without a rank: once the room's layout is known, that layout, a frame
+        # every hold)
+        joins = st.known and any(row.stage for row in st.rows)
+        k, end = (st.room_layout(), local + LADDER_HOLDS[st.room_layout()]) if joins else schedule.at(local)
         due[s] = t + (end - local)
         frame = nodes[s].status(local)
         for r, n in enumerate(nodes):
@@ -463,7 +475,12 @@ def test_a_rank_that_starts_late_is_measured_as_long_as_the_others_were():
     def share(r, s, k, t):
         return 1.0 if {r, s} == {0, 1} or (r, s) == (2, 1) or (r, s, k) == (1, 2, 2) else 0.0
 
-    nodes, done = simulate_probe(share, 3, seconds=80.0, start={2: 20.0}, offsets=(0.0, 0.3, 0.7))
+    def cost(k, edges, ranks):  # (the collectives run where every rank reaches every other)
+        sight = Sight(ranks, edges, 0.0)
+        ways = all(sight.route(a, b) for a in range(ranks) for b in range(ranks) if a != b)
+        return float(k) if ways else None
+
+    nodes, done = simulate_probe(share, 3, cost=cost, seconds=80.0, start={2: 20.0}, offsets=(0.0, 0.3, 0.7))
     assert len(done) == 3 and min(done.values()) > 20.0
     rows = {n.rank: n.hs.sight.rows[1] for n in nodes}  # rank 1's row, as every rank has it
     assert len(set(rows.values())) == 1 and rows[1].final, rows
@@ -471,12 +488,13 @@ def test_a_rank_that_starts_late_is_measured_as_long_as_the_others_were():
 
 
 @pytest.mark.parametrize("allowed", [True, False])
-def test_the_lead_starts_the_room_without_a_rank_not_started_when_allowed_and_it_is_told_so(allowed):
+def test_the_lead_starts_the_room_without_a_rank_not_started_when_allowed_and_admits_it_later(allowed):
     """Rank 2 starts 30 s late. Rank 0 leads: 10 s after its start it may start the room without the ranks
     not alive (if `start_without` allows). Allowed: ranks 0 and 1 agree on a room of the two of them
-    (rank 2's row ABSENT everywhere, no edge to it) long before rank 2 starts, and rank 2 then finds itself
-    left out and never completes. Not allowed: the room waits for rank 2, and all three agree once it
-    started."""
+    (rank 2's row ABSENT everywhere, no edge to it) long before rank 2 starts; rank 2 then finds itself
+    left out, asks to join (JOINING) in the room's layout, the two watch its screen, rank 0 admits it, and
+    all three agree on a room of three in the layout the two chose. Not allowed: the room waits for rank 2,
+    and all three agree once it started."""
     asked = []
 
     def start_without(missing):
@@ -489,15 +507,20 @@ def test_the_lead_starts_the_room_without_a_rank_not_started_when_allowed_and_it
     assert asked and set(asked) == {0b100}  # (asked once the wait is over, about the rank not started)
     if not allowed:
         assert sorted(done) == [0, 1, 2] and min(done.values()) > 30.0
-        assert not any(n.hs.sight.left_out for n in nodes)
+        assert not any(row.stage for n in nodes for row in n.hs.sight.rows)
         return
-    assert sorted(done) == [0, 1] and 10.0 <= min(done.values()) and max(done.values()) < 30.0
-    for n in nodes[:2]:
+    assert sorted(done) == [0, 1, 2] and 10.0 <= min(done[0], done[1]) and max(done[0], done[1]) < 30.0
+    assert 30.0 < done[2] < 45.0, done
+    layouts = set()
+    for n in nodes:
         st = n.hs.sight
-        assert st.rows[2].absent and st.rows[2].final and st.members() == 0b011
-        assert st.known and set(st.choose_layout()[1]) == {(0, 1), (1, 0)}
-    late = nodes[2].hs
-    assert late.sight.left_out and not late.complete
+        assert st.rows[2].admitted and st.rows[2].final and st.members() == 0b111 and st.member
+        k, graph = st.choose_layout()
+        layouts.add(k)
+        assert set(graph) == {(r, s) for r in range(3) for s in range(3) if r != s}
+        assert all(st.rows[r].watched == 0b111 & ~(1 << r) for r in range(3)), [st.rows[r].watched for r in range(3)]
+        assert not n.hs.greeting
+    assert len(layouts) == 1
 
 
 def _picks(nodes, cost) -> set[int]:

@@ -318,8 +318,9 @@ def test_frames_of_a_sixteen_rank_room_carry_every_ranks_fields():
     assert got.header == header and got.acks == acks and got.holds == holds and got.trusts == 0xFFFE
     assert transfer.peek(transfer.frame_message(header, fnt, 1, message_bytes=1500, run_nonce=77, key=key)) == (77, 9)
     q = tuple(tuple((r + k) % 16 for k in range(discovery.MAX_LAYOUTS)) for r in range(n))
-    rows = tuple(discovery.Row(1 + r, discovery.FINAL, 1 << (15 - r), 0xFFFF ^ 1 << r,
-                               tuple(qr[:2] + (0,) * (discovery.MAX_LAYOUTS - 2) for qr in q)) for r in range(n))
+    qs = [tuple(qr[:2] + (0,) * (discovery.MAX_LAYOUTS - 2) for qr in q) for _ in range(n)]
+    rows = tuple(discovery.Row(1 + r, discovery.FINAL, discovery.reads_of(qs[r]), 0xFFFF ^ 1 << r, qs[r],
+                               1 << (15 - r)) for r in range(n))
     status = transfer.parse_message(transfer.status_message(session=3, sender=15, acks=acks, holds=holds, rows=rows,
                                                             layouts=2, echo=tuple(range(1, n + 1)), trusts=0x8001,
                                                             message_bytes=1500, key=key), key)

@@ -219,6 +219,23 @@ class CollectiveNode(NodeSupervisor):
         if not self.handshake.complete:
             structlog.get_logger("wccl").error("room_not_connected", problem=self.greet_problem(budget))
 
+    def _join_problem(self, st) -> str:
+        """What a joining rank's admission waits for (protocols.discovery: its own row, the members')."""
+        names, me = self.ranks, st.rows[self.rank]
+        members = [r for r in range(len(names)) if st.members() >> r & 1]
+        if not st.known:
+            return "the room's rows have not all reached it"
+        if not me.final:
+            return "it is still watching the room's screens"
+        if not me.reads & st.members():
+            return "its camera reads no screen of the room's"
+        waiting = [names[r] for r in members if not st.rows[r].watched >> self.rank & 1]
+        if waiting:
+            return f"{', '.join(waiting)} have not yet watched its screen"
+        if not any(st.rows[r].reads >> self.rank & 1 for r in members):
+            return "no camera of the room's reads its screen"
+        return "the parameter server's word has not reached it"
+
     def greet_problem(self, within_s: float) -> str:
         """What the run handshake (and discovery) still lacks after `within_s` room seconds, for the error of
         a rank that cannot start; with what its own camera saw (the FrameDecoder's camera_problem and
@@ -228,9 +245,10 @@ class CollectiveNode(NodeSupervisor):
         st = hs.sight
         key = (f"or they use another room key (this one's fingerprint: {self.key_fingerprint}; "
                "python -m wccl.keys fingerprint)")
-        if st is not None and st.left_out:
-            return (f"was left out{w}: the room started without it (it had not started when the parameter server "
-                    "stopped waiting, [room] wait_for_nodes_s)")
+        if st is not None and st.joining:
+            return (f"could not join{w}: the room started without it (it had not started when the parameter "
+                    f"server stopped waiting, [room] wait_for_nodes_s) and has not admitted it: "
+                    f"{self._join_problem(st)}")
         peers = [r for r in range(len(names)) if r != self.rank and (st is None or st.members() >> r & 1)]
         silent = [names[r] for r in peers if not hs.echo()[r]]
         blind = self.results.get("camera_problem")  # (the FrameDecoder's: why its camera reads nothing)
