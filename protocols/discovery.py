@@ -73,9 +73,27 @@ version ABSENT_VERSION, newer than any row that rank can have made by then.
 Every rank relays it and lets it replace any other row of that rank, so the
 ranks agree on who is in (`members`): discovery, the sight graph, the
 layout's cost and the handshake go on over the members alone. A rank that
-finds its own row ABSENT in a trusted peer's table was left out
-(`left_out`): the room trains without it. Pure: no I/O, no asyncio; times
-are the caller's clock.
+finds its own row ABSENT in a trusted peer's table was left out.
+
+Such a rank joins later. It takes the room's layout from the rows of the
+ranks in from the start (they decide it as they did: `room_layout`), shows
+and reads only that layout, and makes its own row JOINING (versions after
+the ABSENT one's). While a rank not in the room runs (`welcoming`), every
+rank greets: its screen shows a frame every hold, so a camera counts the
+frames a screen showed by the hold. The joining rank watches every rank
+in the room, and each of them watches it (`_watch`: the share of its frames
+read, once `need` of them were shown between the first and the last read,
+or after JOIN_HOLDS holds); each row then keeps that column for good and
+says so in its `watched` mask, and the joining row becomes FINAL. Once its
+row is FINAL, every member's row has watched it, it reads a member's
+screen and a member reads its own, the lead admits it: its row, ADMITTED.
+A rank counts an admitted rank among the `members` once every other
+member's row it holds has watched it, so every rank builds the same graph
+with its edges; the layout stays the room's (a rank that joined later
+never changes the choice). The admitted rank takes the ADMITTED row as its
+own (as a rank that starts again takes its row) and goes on from it; a
+rank in the room keeps watching the ranks that join after it. Pure: no I/O,
+no asyncio; times are the caller's clock.
 """
 
 from __future__ import annotations

@@ -785,3 +785,41 @@ def test_a_small_groups_status_frame_carries_its_ranks_qualities_only():
     got = transfer.parse_message(msg, KEY)
     assert got.rows[:2] == rows and got.rows[2:] == (discovery.EMPTY,) * 14 and got.echo[:2] == (11, 12)
     assert transfer.peek(msg)[1] == 0
+
+
+def test_a_rank_that_starts_late_and_whose_screen_no_camera_reads_is_never_let_in_and_the_room_goes_on():
+    """As above, but no camera reads rank 2's screen (it reads theirs): its nonce reaches nobody, so no frame
+    proves to it that a member heard it, and it never takes the room's rows; the two never hear of it and go
+    on without greeting (their screens idle between transfers), and rank 2 never completes."""
+    def share(r, s, k, t):
+        return 0.0 if s == 2 else 1.0
+
+    nodes, done = simulate_probe(share, 3, seconds=50.0, start={2: 30.0}, offsets=(0.0, 0.3, 0.7),
+                                 tables={0: dict(start_without=lambda missing: True, wait_s=10.0)})
+    assert sorted(done) == [0, 1]
+    for n in nodes[:2]:
+        st = n.hs.sight
+        assert st.rows[2].absent and st.members() == 0b011 and not st.welcoming and not n.hs.greeting
+    late = nodes[2].hs
+    assert not late.trusted and not late.complete and not late.sight.known and late.greeting
+
+
+def test_a_joining_rank_says_what_its_admission_waits_for():
+    """The error of a joining rank that is not let in names what is missing, from its own table."""
+    from types import SimpleNamespace
+
+    from wccl.distributed.runtime import CollectiveNode
+
+    st = discovery.SightTable(2, 3, LADDER_HOLDS)
+    q = lambda *cols: tuple((15,) * 3 + (0,) * 4 if c in cols else (0,) * 7 for c in range(16))  # noqa: E731
+    st.rows = [discovery.Row(5, discovery.FINAL, 0b10, 0b10, q(1), 0b10),
+               discovery.Row(6, discovery.FINAL, 0b01, 0b01, q(0), 0b01),
+               discovery.Row(discovery.ABSENT_VERSION + 3, discovery.FINAL | discovery.JOINING, 0b11, 0, q(0, 1),
+                             0b11)]
+    node = SimpleNamespace(ranks=["a", "b", "c"], rank=2)
+    assert st.known and st.joining and not st.member
+    assert CollectiveNode._join_problem(node, st) == \
+        "a, b have not yet watched its screen (are they in view of its screen?)"
+    st.rows[0] = discovery.Row(7, discovery.FINAL, 0b10, 0b10, q(1), 0b110)
+    st.rows[1] = discovery.Row(8, discovery.FINAL, 0b01, 0b01, q(0), 0b101)
+    assert CollectiveNode._join_problem(node, st) == "no camera of the room's reads its screen"

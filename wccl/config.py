@@ -275,7 +275,7 @@ class RoomConfig(_Strict):
     # A frame shown more than this long before its sender's newest one is a replay (protocols.security).
     replay_window_s: float = Field(default=20.0, ge=1, le=3600)
     # Start-up waits this long (room seconds, on the parameter server's clock) for every node; then the parameter
-    # server's run starts without the workers not started, if the rest make its quorum (they cannot join later).
+    # server's run starts without the workers not started, if the rest make its quorum (they join when they start).
     wait_for_nodes_s: float = Field(default=60.0, gt=0, le=3600)
     security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this

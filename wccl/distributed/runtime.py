@@ -231,7 +231,7 @@ class CollectiveNode(NodeSupervisor):
             return "its camera reads no screen of the room's"
         waiting = [names[r] for r in members if not st.rows[r].watched >> self.rank & 1]
         if waiting:
-            return f"{', '.join(waiting)} have not yet watched its screen"
+            return f"{', '.join(waiting)} have not yet watched its screen (are they in view of its screen?)"
         if not any(st.rows[r].reads >> self.rank & 1 for r in members):
             return "no camera of the room's reads its screen"
         return "the parameter server's word has not reached it"
