@@ -126,7 +126,6 @@ def table_bytes(layouts: int) -> int:
     return MAX_RANKS * row_bytes(layouts)
 
 
-TABLE_BYTES = table_bytes(MAX_LAYOUTS)  # the largest table
 # Flags: FINAL (frozen), COMPLETE (handshake complete), FULL (second round: every layout measured), in
 # bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout), and in
 # bits 6-7 the rank's stage (Row.stage): in the room from the start (0), ABSENT (the lead's row for a rank

@@ -57,7 +57,6 @@ class Capture(Message):
 
     image: np.ndarray
     seq: int = Field(ge=0)
-    dropped_before: int = Field(default=0, ge=0)
 
 
 class CodeSeen(Message):

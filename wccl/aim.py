@@ -68,7 +68,6 @@ TEXT_SCALE = 0.4
 TEXT_COLOUR = (60, 120, 135)  # BGR: the start-up overlay's dim amber
 READ_COLOUR = (40, 110, 40)
 FOUND_COLOUR = (30, 90, 130)
-STATES = ("searching", "found", "reading", "both")
 
 
 def aim_layout(width: int, height: int) -> GridLayout:

@@ -34,7 +34,6 @@ from protocols import named_subclasses
 __all__ = ["Plan", "Send", "Sight", "ALGORITHMS", "choose", "estimates", "AlgorithmError"]
 
 OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter", "barrier")
-REDUCES = ("allreduce", "reduce_scatter")  # the ops whose result a plan may deliver already reduced
 
 
 class AlgorithmError(ValueError):
