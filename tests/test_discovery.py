@@ -823,3 +823,20 @@ def test_a_joining_rank_says_what_its_admission_waits_for():
     st.rows[0] = discovery.Row(7, discovery.FINAL, 0b10, 0b10, q(1), 0b110)
     st.rows[1] = discovery.Row(8, discovery.FINAL, 0b01, 0b01, q(0), 0b101)
     assert CollectiveNode._join_problem(node, st) == "no camera of the room's reads its screen"
+
+
+@pytest.mark.parametrize("gap_s", [0.0, 1.0, 6.0])
+def test_two_ranks_that_start_late_join_one_after_the_other_or_together(gap_s):
+    """Ranks 2 and 3 start 30 s and 30 + gap_s s in, after the lead started the room of ranks 0 and 1:
+    each joining rank watches every rank not absent (the other joining one too), each is admitted, and
+    the four agree on a room of four with every edge, in the layout the two chose."""
+    nodes, done = simulate_probe(lambda r, s, k, t: 0.95, 4, seconds=90.0, start={2: 30.0, 3: 30.0 + gap_s},
+                                 offsets=(0.0, 0.3, 0.7, 0.2),
+                                 tables={0: dict(start_without=lambda missing: True, wait_s=10.0)})
+    assert sorted(done) == [0, 1, 2, 3] and max(done[0], done[1]) < 30.0
+    assert all(30.0 + (gap_s if r == 3 else 0.0) < done[r] < 40.0 + gap_s for r in (2, 3)), done
+    picks = {(n.hs.sight.room_layout(), tuple(sorted(n.hs.sight.choose_layout()[1]))) for n in nodes}
+    assert len(picks) == 1
+    (k, edges), = picks
+    assert set(edges) == {(r, s) for r in range(4) for s in range(4) if r != s}
+    assert all(n.hs.sight.members() == 0b1111 and not n.hs.greeting for n in nodes)
