@@ -658,11 +658,12 @@ class SightTable:
 
     @property
     def welcoming(self) -> bool:
-        """Some rank not (yet) in the room runs: one ABSENT but alive, joining, or admitted but not yet
-        watched by every member. Every rank shows status frames meanwhile, a frame every hold."""
+        """A rank asks to join (its JOINING row reached this rank) or is admitted and not yet watched by
+        every member. Every rank shows status frames meanwhile, a frame every hold. (A rank the room
+        started without that runs but has not taken the room's rows yet gets the status frames every rank
+        shows when its acknowledgements change: the echo of its nonce, and the rows.)"""
         members = self.members()
-        return any(not members >> r & 1 and (row.stage in (2, 3) or self._alive >> r & 1)
-                   for r, row in enumerate(self.rows))
+        return any(not members >> r & 1 and row.stage in (2, 3) for r, row in enumerate(self.rows))
 
     def _admit(self) -> None:
         """The lead's: a joining rank whose row is FINAL, whose screen every member's row has watched, that
