@@ -101,8 +101,9 @@ class FrameTiming(Message):
 class ScheduleKnown(Message):
     """The step schedule (on the server's clock, as this node's Clock maps it) and the server's
     state: step 0 starts at `t0`; `epoch` is the server's incarnation, `applied` its update count
-    when it announced; `join_step` is the first step this node takes part in; `absent`: the nodes the
-    room started without (they had not started when the server stopped waiting)."""
+    when it announced; `join_step` is the first step this node takes part in; `absent`: the nodes not in
+    the room when the schedule became known here (the room started without them and they have not joined
+    yet: a worker that joins later says hello to the server)."""
 
     control: ClassVar[bool] = True
     t0: float
