@@ -78,9 +78,10 @@ finds its own row ABSENT in a trusted peer's table was left out.
 Such a rank joins later. It takes the room's layout from the rows of the
 ranks in from the start (they decide it as they did: `room_layout`), shows
 and reads only that layout, and makes its own row JOINING (versions after
-the ABSENT one's). While a rank not in the room runs (`welcoming`), every
-rank greets: its screen shows a frame every hold, so a camera counts the
-frames a screen showed by the hold. The joining rank watches every rank
+the ABSENT one's). While a rank asks to join (`welcoming`: its JOINING row
+reached this rank, for up to WELCOME_S), every rank greets: its screen shows
+a frame every hold, so a camera counts the frames a screen showed by the
+hold. The joining rank watches every rank
 in the room, and each of them watches it (`_watch`: the share of its frames
 read, once `need` of them were shown between the first and the last read,
 or after JOIN_HOLDS holds); each row then keeps that column for good and
@@ -153,6 +154,10 @@ MIN_HOLD_PERIODS = 1.4
 # room's layout (4 s at 100 ms) before its row says what it read of it (a screen read well is measured
 # sooner: once `need` of its frames were shown between the first and the last read).
 JOIN_HOLDS = 40
+# The ranks greet for a rank that asks to join for at most this long from when its JOINING row reached them
+# (a laptop that asked and then went away would otherwise keep every screen greeting for the rest of the
+# run); it can still be let in later, on the status frames every rank shows when its acknowledgements change.
+WELCOME_S = 60.0
 
 
 def startup_budget_s(world: int) -> float:
@@ -420,6 +425,8 @@ class SightTable:
     wait_s: float = math.inf
     _started: float | None = None
     _watch_from: dict[int, float] = field(default_factory=dict)  # joining rank -> when this rank began to watch it
+    _asked_at: dict[int, float] = field(default_factory=dict)  # joining rank -> when its JOINING row reached this rank
+    _now: float = 0.0  # the time of the latest update
     _room: tuple[int, float] | None = None  # the room's layout and the least share of its graph's edges, once known
 
     def __post_init__(self) -> None:
@@ -534,8 +541,12 @@ class SightTable:
         """Refresh this rank's own row at time `now`; True if it changed (a new version to show)."""
         if self._started is None:
             self._started = now
+        self._now = now
         self._leave_out(now)
         self._admit()
+        for r, row in enumerate(self.rows):
+            if row.stage == 2:
+                self._asked_at.setdefault(r, now)
         me = self.rows[self.rank]
         if me.stage == 2 or (me.final and self.known):
             return self._watch_joining(now, trusts, complete)
@@ -658,12 +669,13 @@ class SightTable:
 
     @property
     def welcoming(self) -> bool:
-        """A rank asks to join (its JOINING row reached this rank) or is admitted and not yet watched by
-        every member. Every rank shows status frames meanwhile, a frame every hold. (A rank the room
-        started without that runs but has not taken the room's rows yet gets the status frames every rank
-        shows when its acknowledgements change: the echo of its nonce, and the rows.)"""
+        """A rank asks to join (its JOINING row reached this rank, less than WELCOME_S ago) or is admitted
+        and not yet watched by every member. Every rank shows status frames meanwhile, a frame every hold.
+        (A rank the room started without that runs but has not taken the room's rows yet gets the status
+        frames every rank shows when its acknowledgements change: the echo of its nonce, and the rows.)"""
         members = self.members()
-        return any(not members >> r & 1 and row.stage in (2, 3) for r, row in enumerate(self.rows))
+        return any(not members >> r & 1 and row.stage in (2, 3)
+                   and self._now - self._asked_at.get(r, self._now) < WELCOME_S for r, row in enumerate(self.rows))
 
     def _admit(self) -> None:
         """The lead's: a joining rank whose row is FINAL, whose screen every member's row has watched, that

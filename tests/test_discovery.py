@@ -840,3 +840,24 @@ def test_two_ranks_that_start_late_join_one_after_the_other_or_together(gap_s):
     (k, edges), = picks
     assert set(edges) == {(r, s) for r in range(4) for s in range(4) if r != s}
     assert all(n.hs.sight.members() == 0b1111 and not n.hs.greeting for n in nodes)
+
+
+def test_a_rank_that_asks_to_join_and_goes_away_is_greeted_for_a_while_then_not():
+    """Rank 2 starts 30 s in, after the room of ranks 0 and 1 started without it, asks to join, and is gone
+    (no camera reads its screen) before it is let in: the two greet for it (a frame every hold) for
+    WELCOME_S from when its JOINING row reached them, then stop, and the room of two goes on."""
+    gone = 30.6
+
+    def share(r, s, k, t):
+        return 0.0 if s == 2 and t > gone else 1.0
+
+    nodes, done = simulate_probe(share, 3, seconds=110.0, start={2: 30.0},
+                                 offsets=(0.0, 0.3, 0.7),
+                                 tables={0: dict(start_without=lambda missing: True, wait_s=10.0)})
+    for n in nodes[:2]:
+        st = n.hs.sight
+        assert st.rows[2].joining and st.members() == 0b011, st.rows[2]
+        asked = st._asked_at[2]
+        assert 30.0 < asked <= gone + 0.1
+        assert not st.welcoming and not n.hs.greeting and st._now >= asked + discovery.WELCOME_S
+    assert not nodes[2].hs.complete
