@@ -518,8 +518,9 @@ class FrameDecoder(Actor):
             self._layout_sent = True
             k = st.room_layout()
             if st.joining:
-                self.log.info("joining_room", layout=k, members=[self.node_names[r] for r in range(len(self.node_names))
-                                                               if st.members() >> r & 1])
+                absent = self._absent(st)
+                self.log.info("joining_room", layout=k, members=[name for r, name in enumerate(self.node_names)
+                                                               if r not in absent])
             await self.emit(LayoutChosen(sender=self.ctx.node, time=self.clock.now(), layout=k))
             if self.current != k:
                 self.current = k
@@ -559,7 +560,8 @@ class FrameDecoder(Actor):
 
     def _absent(self, st: discovery.SightTable) -> tuple[int, ...]:
         """The ranks not in the room."""
-        return tuple(r for r in range(len(self.node_names)) if not st.members() >> r & 1)
+        members = st.members()
+        return tuple(r for r in range(len(self.node_names)) if not members >> r & 1)
 
     async def _sight_changed(self, st: discovery.SightTable) -> None:
         """A rank joined the room: the sight graph again, with its edges (the layout stays the room's)."""

@@ -427,7 +427,7 @@ class SightTable:
     _watch_from: dict[int, float] = field(default_factory=dict)  # joining rank -> when this rank began to watch it
     _asked_at: dict[int, float] = field(default_factory=dict)  # joining rank -> when its JOINING row reached this rank
     _now: float = 0.0  # the time of the latest update
-    _room: tuple[int, float] | None = None  # the room's layout and the least share of its graph's edges, once known
+    _room: tuple[int, float] | None = None  # the room's layout and the least share of its graph's edges: once `known`
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -610,11 +610,13 @@ class SightTable:
         flags = me.flags | COMPLETE if complete else me.flags & ~COMPLETE
         if not self.known:
             return self._set_row(replace(me, flags=flags, trusts=trusts))  # (a joining rank waits for the rows)
-        k = self.room_layout()
         reads, watched = me.reads, me.watched
-        quality = [list(q) for q in me.quality]
         todo = [r for r in range(self.world)
                 if r != self.rank and not watched >> r & 1 and self.rows[r].version and self.rows[r].stage != 1]
+        if not todo:  # (the common case, on every frame of a run: nobody joins)
+            return self._set_row(replace(me, flags=flags, trusts=trusts))
+        k = self.room_layout()
+        quality = [list(q) for q in me.quality]
         for r in todo:
             q = self._watch(r, k, now)
             if q is None:
@@ -623,7 +625,7 @@ class SightTable:
                 min(round(QUALITY_LEVELS * q), level(MIN_QUALITY) - 1)
             reads = reads | 1 << r if q >= MIN_QUALITY else reads & ~(1 << r)
             watched |= 1 << r
-        if me.stage == 2 and todo and all(watched >> r & 1 for r in todo):
+        if me.stage == 2 and all(watched >> r & 1 for r in todo):
             flags |= FINAL
         return self._set_row(Row(me.version, flags, reads, trusts, tuple(tuple(q) for q in quality), watched))
 
@@ -699,12 +701,10 @@ class SightTable:
     def _chosen(self) -> tuple[int, float]:
         """The room's layout and the least share of its graph's edges, from the rows of the ranks in from
         the start (fixed once `known`)."""
-        if self._room is None:
-            k, _, least = self._decide_or_last(self.cost)
-            if not self.known:
-                return k, least
-            self._room = (k, least)
-        return self._room
+        if self.known:
+            return self._room
+        k, _, least = self._decide_or_last(self.cost)
+        return k, least
 
     def _leave_out(self, now: float) -> None:
         """The lead's choice, once `wait_s` passed since this rank's first update with some rank not alive:
@@ -880,8 +880,12 @@ class SightTable:
     @property
     def known(self) -> bool:
         """Every rank's row is FINAL, of the same round, and they decide: the sight graph and the layout are
-        the same on every rank."""
-        return self.known_rows(self.rows)
+        the same on every rank. Once known, always (those rows never change what they say), so the room's
+        choice is kept then (`_room`) and not worked out again on every frame."""
+        if self._room is None and self.known_rows(self.rows):
+            k, _, least = self._decide_or_last(self.cost)
+            self._room = (k, least)
+        return self._room is not None
 
     def known_rows(self, rows: list[Row] | tuple[Row, ...]) -> bool:
         """Would these rows (one per rank) make the table `known`?"""
