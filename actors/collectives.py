@@ -39,11 +39,22 @@ that holds a collective but never learns that the others do fails it with
 that reason.) After a failed collective the group is broken, as NCCL's is
 after a timeout: every later collective fails at once, saying why.
 
-When a rank's node restarts and rejoins the built-in run (actors.rank_worker),
-every rank's program voids the collectives before an agreed number
-(`VoidCollectives`): one still running here is dropped unapplied, its
-transfers count as delivered, and this rank counts every collective before
-that number as held, so the next one is agreed as usual.
+The group: the ranks a collective runs over. It is every rank, or in a room
+that started without some (the built-in run's `[training] quorum`) the ranks
+in it from the start (`SightKnown`: not absent, not joined later). A
+collective's plan runs on the group's part of the sight graph, numbered
+within the group; its `CollectiveDone` has every rank's parts in rank order,
+none for a rank outside the group, and only the group's holds agree it.
+
+When a rank's node restarts and rejoins the built-in run, or a rank joins
+it late (actors.rank_worker), every rank's program voids the collectives
+before an agreed number (`VoidCollectives`): one still running here is
+dropped unapplied, its transfers count as delivered, and this rank counts
+every collective before that number as held, so the next one is agreed as
+usual. From that number on the collectives run over the group it names;
+they wait until this rank's sight graph has every rank of it (a rank that
+joined is in it once discovery let it in here, which may come later than
+the void).
 """
 
 from __future__ import annotations
@@ -78,6 +89,7 @@ class _Pending:
     req: CollectiveRequest
     deadline: float
     plan: Plan
+    ranks: list[int]  # the group's ranks, in order: the plan numbers them 0, 1, ...
     held: bool = False  # this rank has every part (it waits for every rank to hold it too)
 
 
@@ -112,6 +124,8 @@ class Collectives(Actor):
         self._sends: list[SendTensor] = []  # point-to-point sends held until the layout is chosen
         self._passing: list[tuple] = []  # relayed transfers to pass on, held until the sight graph is known
         self._absent = 0  # the ranks the room started without (a bit a rank): a send to them goes nowhere
+        self._group = (1 << world) - 1  # the ranks the collectives run over (a bit a rank)
+        self._group_sight: tuple[int, Sight, Sight] | None = None  # (group, sight graph, the group's part of it)
         self._wake = asyncio.Event()
         self._pending: dict[int, _Pending] = {}
         self._early: dict[int, list[TransferArrived]] = {}
@@ -171,7 +185,7 @@ class Collectives(Actor):
             self._drain = msg
             self._wake.set()
         elif isinstance(msg, VoidCollectives):
-            await self._void(msg.first_seq)
+            await self._void(msg.first_seq, msg.group)
         elif isinstance(msg, SightKnown):
             # (again when a rank joins the room: its edges, and sends to it from then on)
             known = self.sight is not None
@@ -179,7 +193,10 @@ class Collectives(Actor):
             self.sight = Sight(self.world, {(r, s): self.goodputs[k] * q for r, s, q in msg.edges},
                                self.latencies[k])
             self._absent = sum(1 << r for r in msg.absent)
+            self._wake.set()  # (collectives held back for a group whose ranks were not all in the room)
             if not known:
+                if msg.absent or msg.joined:
+                    self._group &= ~sum(1 << r for r in (*msg.absent, *msg.joined))
                 self._sight_known.set()
                 await self._send_tensors()
                 passing, self._passing = self._passing, []
@@ -250,6 +267,10 @@ class Collectives(Actor):
                 continue
             req = self._queue[0]
             await self._sight_known.wait()  # (discovery ends inside init_process_group: no wait in practice)
+            if self._group & self._absent and req.op not in P2P_OPS:
+                self._wake.clear()  # a rank of the group is not in the room here yet: wait for its SightKnown
+                await self._wake.wait()
+                continue
             await self.clock.sleep_until(req.ready_at)
             self._queue.popleft()
             await self._start(req)
@@ -266,13 +287,19 @@ class Collectives(Actor):
                                            f"{self._broken}; the ranks cannot agree on later collectives "
                                            "(destroy the process group and start again)"))
             return
-        if self.world == 1 or req.numel == 0:
+        ranks = [r for r in range(self.world) if self._group >> r & 1]
+        if len(ranks) == 1 or req.numel == 0:
             await self._hold(req.seq)  # nothing moves: every rank has it as soon as it asks
-            await self._done(req, tuple(req.inputs for _ in range(self.world)))
+            await self._done(req, tuple(req.inputs if self._group >> r & 1 else () for r in range(self.world)))
             return
         payload = req.inputs[0] if len(req.inputs) == 1 else b"".join(req.inputs)
+        sight = self._sight_of(ranks)
         try:
-            cls = choose(self.sight, req.op, len(payload), req.root, self.algorithm)
+            if req.root not in ranks and req.op == "broadcast":
+                raise AlgorithmError(f"broadcast from rank {req.root} ({self.names[req.root]}), which is not in "
+                                     "the group")
+            root = ranks.index(req.root) if req.root in ranks else 0
+            cls = choose(sight, req.op, len(payload), root, self.algorithm)
         except AlgorithmError as e:
             # Every rank refuses it alike (the same sight graph, the same choice): nothing to agree on. It
             # counts as held, so the collectives after it are not held back waiting for it.
@@ -286,20 +313,35 @@ class Collectives(Actor):
             self._chosen[req.op] = cls.name
             self.log.info("algorithm_chosen", op=req.op, bytes=len(payload), algorithm=cls.name,
                           configured=self.algorithm)
-        plan = cls(self.rank, self.world, req.op, req.dtype, req.numel, payload, req.root, req.reduce_op,
-                   self.sight)
-        pend = _Pending(req, self.clock.now() + self.timeout_s, plan)
+        plan = cls(ranks.index(self.rank), len(ranks), req.op, req.dtype, req.numel, payload, root, req.reduce_op,
+                   sight)
+        pend = _Pending(req, self.clock.now() + self.timeout_s, plan, ranks)
         self._pending[req.seq] = pend
-        await self._post(req, plan.start())
+        await self._post(pend, plan.start())
         for early in self._early.pop(req.seq, []):
             if req.seq in self._pending:
                 await self._arrived(pend, early)
         if plan.done and req.seq in self._pending and not pend.held:
             await self._has_all(pend)
 
-    async def _post(self, req: CollectiveRequest, sends) -> None:
+    def _sight_of(self, ranks: list[int]) -> Sight:
+        """The sight graph between the ranks of the group, numbered by their place in it (kept while the group
+        and the graph stay)."""
+        if len(ranks) == self.world:
+            return self.sight
+        kept = self._group_sight
+        if kept is None or kept[0] != self._group or kept[1] is not self.sight:
+            at = {r: i for i, r in enumerate(ranks)}
+            part = Sight(len(ranks), {(at[a], at[b]): g for (a, b), g in self.sight.goodput.items()
+                                      if a in at and b in at}, self.sight.latency_s)
+            kept = self._group_sight = (self._group, self.sight, part)
+        return kept[2]
+
+    async def _post(self, pend: _Pending, sends) -> None:
+        req = pend.req
         for s in sends:
-            await self._post_one(req.seq, req.op, req.dtype, req.numel, s.part, s.dest, s.payload)
+            dest = sum(1 << r for i, r in enumerate(pend.ranks) if s.dest >> i & 1)
+            await self._post_one(req.seq, req.op, req.dtype, req.numel, s.part, dest, s.payload)
 
     async def _post_one(self, seq: int, op: str, dtype: str, numel: int, part: int, dest: int, payload: bytes,
                         background: bool = False, overheard: bool = False) -> None:
@@ -325,7 +367,10 @@ class Collectives(Actor):
                                    f"{req.op}({req.dtype}, {req.numel} elements): every rank must issue the same "
                                    "collectives in the same order")
             return
-        await self._post(req, pend.plan.received(msg.origin, msg.part, msg.payload))
+        if msg.origin not in pend.ranks:
+            self.log.warning("transfer_outside_group", seq=req.seq, origin=msg.origin)
+            return
+        await self._post(pend, pend.plan.received(pend.ranks.index(msg.origin), msg.part, msg.payload))
         if pend.plan.done and req.seq in self._pending and not pend.held:
             await self._has_all(pend)
 
@@ -335,15 +380,18 @@ class Collectives(Actor):
         await self._hold(pend.req.seq)
         await self._commit()
 
-    async def _void(self, first_seq: int) -> None:
-        """Drop every collective before `first_seq`, running or queued, with no outcome, and count them held."""
+    async def _void(self, first_seq: int, group: int) -> None:
+        """Drop every collective before `first_seq`, running or queued, with no outcome, and count them held;
+        run the later ones over `group`."""
+        self._group = group
         void = sorted(seq for seq in self._pending if seq < first_seq)
         for seq in void:
             del self._pending[seq]
         self._queue = deque(r for r in self._queue if r.op in P2P_OPS or r.seq >= first_seq)
         self._early = {seq: early for seq, early in self._early.items() if seq >= first_seq}
         self._last_seq = max(self._last_seq, first_seq - 1)
-        self.log.info("collectives_voided", first_seq=first_seq, running=void)
+        self.log.info("collectives_voided", first_seq=first_seq, running=void,
+                      group=[self.names[r] for r in range(self.world) if group >> r & 1])
         if first_seq > self._count:
             self._held = {seq for seq in self._held if seq >= first_seq}
             self._count = first_seq - 1
@@ -362,7 +410,8 @@ class Collectives(Actor):
             await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=tuple(self._known)))
 
     def _everyone_holds(self, seq: int) -> bool:
-        return all(k > seq for k in self._known)
+        """Every rank of the group holds collective `seq`."""
+        return all(k > seq for r, k in enumerate(self._known) if self._group >> r & 1)
 
     async def _commit(self) -> None:
         for seq in sorted(self._pending):
@@ -373,6 +422,9 @@ class Collectives(Actor):
     async def _complete(self, pend: _Pending) -> None:
         req = pend.req
         parts, reduced = pend.plan.result()
+        if parts and len(pend.ranks) < self.world:
+            at = {r: i for i, r in enumerate(pend.ranks)}
+            parts = tuple(parts[at[r]] if r in at else () for r in range(self.world))
         del self._pending[req.seq]
         self.results["done"] += 1
         used = self.results.setdefault("algorithms", {})
@@ -532,14 +584,14 @@ class Collectives(Actor):
             for pend in [p for p in self._pending.values() if p.deadline <= now]:
                 seq = pend.req.seq
                 if pend.held:
-                    unsure = [r for r in range(self.world) if self._known[r] <= seq]
+                    unsure = [r for r in pend.ranks if self._known[r] <= seq]
                     who = ", ".join(f"rank {r} ({self.names[r]})" for r in unsure)
                     await self._fail(pend, f"collective #{seq} ({pend.req.op}) timed out after {self.timeout_s:g} s: "
                                            f"this rank has every part, but {who} never showed that it has them "
                                            "too, so it is not applied here (a rank applies a collective only "
                                            "once every rank has it)")
                     continue
-                missing = sorted(pend.plan.waiting_for())
+                missing = sorted(pend.ranks[i] for i in pend.plan.waiting_for())
                 who = ", ".join(f"rank {r} ({self.names[r]}): "
                                 + (f"last transfer {now - self._heard[r]:.1f} s ago" if r in self._heard
                                    else "nothing received yet")

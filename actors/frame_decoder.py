@@ -556,12 +556,18 @@ class FrameDecoder(Actor):
                                                     for r_, s_, q in edges},
                                              captures=self.stats["captures"])
         await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k,
-                                   absent=absent))
+                                   absent=absent, joined=self._joined(st)))
 
     def _absent(self, st: discovery.SightTable) -> tuple[int, ...]:
         """The ranks not in the room."""
         members = st.members()
         return tuple(r for r in range(len(self.node_names)) if not members >> r & 1)
+
+    @staticmethod
+    def _joined(st: discovery.SightTable) -> tuple[int, ...]:
+        """The ranks in the room that joined after it started."""
+        members = st.members()
+        return tuple(r for r, row in enumerate(st.rows) if members >> r & 1 and row.admitted)
 
     async def _sight_changed(self, st: discovery.SightTable) -> None:
         """A rank joined the room: the sight graph again, with its edges (the layout stays the room's)."""
@@ -575,7 +581,7 @@ class FrameDecoder(Actor):
         self.ctx.results.setdefault("discovery", {})["edges"] = {f"{names[r_]}<-{names[s_]}": round(q, 2)
                                                                  for r_, s_, q in edges}
         await self.emit(SightKnown(sender=self.ctx.node, time=self.clock.now(), edges=edges, layout=k,
-                                   absent=self._absent(st)))
+                                   absent=self._absent(st), joined=self._joined(st)))
 
     async def _accept_transfer(self, message: bytes, code: reader.ReadCode, corrected: int,
                                captured: float) -> TransferArrived | None | bool:

@@ -61,7 +61,14 @@ Every rank takes the lead's state (a rank that had applied the step the lead
 had not goes back to the lead's), so the replicas stay identical; the
 restarted rank's lost work is redone. A restarted lead cannot be answered
 (its state went with it): it stops, saying to resume every rank from its
-checkpoints. A RankWorker that fails is not restarted in place: its node
+checkpoints.
+
+A room may start without some ranks (`[room] wait_for_nodes_s`, `[training]
+quorum`): the collectives then run over the ranks it started with (the
+group), each step averaging their gradients. A rank that starts later, once
+discovery let it into the room, says hello as a restarted rank does; the
+lead's Regroup then names the group with it, and every rank goes on from the
+lead's state with the newcomer's gradients averaged in. A RankWorker that fails is not restarted in place: its node
 fails, saying why.
 
 Compute is charged to the node's clock as in wccl.distributed: a step's
@@ -116,12 +123,13 @@ class RankWorker(Actor):
                  eval_every: int = 1, compute_scale: float = 1.0, drain_s: float = 10.0,
                  shows_observers: bool = False, snapshot_every: int = 10, checkpoint: Path | None = None,
                  checkpoint_every: int = 0, resume: bool = False, session: int = 0, key: RoomKey = NO_KEY,
-                 lead: str = "", joining=lambda: False) -> None:
+                 lead: str = "", joining=lambda: False, start_group=None) -> None:
         """`names`: the ranks in rank order; `greeted`: set once the run handshake and discovery are done
         (`greet_problem(greet_timeout_s)` says what is missing if they are not within `greet_timeout_s` room
         seconds); `lead`: the rank that answers a restarted rank (the room's `server` role); `joining()`: true
         once greeted if this node started again while the others ran (it took its row of the sight from
-        them); `shows_observers`: this rank shows the room's observers each step's average and a snapshot
+        them); `start_group()`: the ranks the room started with, once greeted (a bit a rank; None: every
+        rank); `shows_observers`: this rank shows the room's observers each step's average and a snapshot
         every `snapshot_every` steps; `checkpoint`: this rank's checkpoint file, written every
         `checkpoint_every` applied steps (0: never) and read back with `resume`."""
         super().__init__(ctx)
@@ -143,6 +151,8 @@ class RankWorker(Actor):
         self._seq = 0  # the group's next collective: #0 is the resume agreement when resuming
         self.lead = lead or names[0]
         self.joining = joining
+        self.start_group = start_group
+        self._group = (1 << len(names)) - 1  # the ranks whose gradients the collectives gather (a bit a rank)
         self._group_from = 0  # the group's first collective since it last regrouped
         self._hellos: list[str] = []  # ranks that started again and wait for the lead's answer
         # Node-clock time up to which this rank's compute is charged. Virtual time stands still while it
@@ -172,7 +182,10 @@ class RankWorker(Actor):
             await asyncio.wait_for(self.greeted.wait(), self.greet_timeout_s)
         except TimeoutError:
             raise GiveUp(self.greet_problem(self.greet_timeout_s)) from None
-        self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe())
+        if self.start_group is not None:
+            self._group = self.start_group()
+        self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe(),
+                      **({"group": self._members()} if self._group != (1 << len(self.names)) - 1 else {}))
         self._mark = self.clock.now()
         step: int | None = None  # the step to train next (None: not known yet)
         while step is None or step < self.steps:
@@ -287,11 +300,16 @@ class RankWorker(Actor):
                          "from this one to it?)") from None
         return regroup
 
+    def _members(self, group: int | None = None) -> list[str]:
+        group = self._group if group is None else group
+        return [n for r, n in enumerate(self.names) if group >> r & 1]
+
     async def _regroup(self, step: int) -> None:
-        """At the lead, for the ranks that started again: tell every other rank to void the group's collectives
-        so far and go on from `step` (`Regroup`), then broadcast this rank's state to them as the first
-        collective after the void."""
+        """At the lead, for the ranks that started again or joined late: tell every other rank to void the
+        group's collectives so far and go on from `step` with the joiners in the group (`Regroup`), then
+        broadcast this rank's state to them as the first collective after the void."""
         joiners, self._hellos = self._hellos, []
+        group = self._group | sum(1 << self.names.index(n) for n in joiners if n in self.names)
         first = (self._seq // GROUP_SPAN + 1) * GROUP_SPAN  # past any collective a rank may have issued
         applied = self.results["applied"]
         start, cpu0 = max(self._mark, self.clock.now()), time.thread_time()
@@ -299,21 +317,22 @@ class RankWorker(Actor):
         self._mark = start + (time.thread_time() - cpu0) * self.compute_scale
         others = tuple(n for n in self.names if n != self.ctx.node)
         self.log.info("group_regrouped", joined=joiners, step=step, applied=applied, first_collective=first,
-                      bytes=len(state))
+                      bytes=len(state), group=self._members(group))
         await self.emit(SendTensor(sender=self.ctx.node, time=self.clock.now(), step=step, stream="sync", to=others,
-                                   payload=sync.Regroup(first, step, len(state)).encode()))
-        await self._go_on(first, step, state)
+                                   payload=sync.Regroup(first, step, len(state), group).encode()))
+        await self._go_on(first, step, state, group)
 
     async def _adopt(self, regroup: sync.Regroup) -> None:
         """The lead's Regroup: void the group's collectives so far, take the lead's state (broadcast as the
         first collective after the void), go on from its step."""
-        await self._go_on(regroup.first_seq, regroup.step, bytes(regroup.state_bytes))
+        await self._go_on(regroup.first_seq, regroup.step, bytes(regroup.state_bytes), regroup.group)
 
-    async def _go_on(self, first: int, step: int, state: bytes) -> None:
+    async def _go_on(self, first: int, step: int, state: bytes, group: int) -> None:
         """Void the collectives before `first`, start error feedback again, take the lead's state (`state` at
-        the lead) from collective `first`, and go on from `step` (_Regrouped)."""
+        the lead) from collective `first` on with the ranks of `group`, and go on from `step` (_Regrouped)."""
         self._seq = self._group_from = first
-        await self.emit(VoidCollectives(sender=self.ctx.node, time=self.clock.now(), first_seq=first))
+        self._group = group
+        await self.emit(VoidCollectives(sender=self.ctx.node, time=self.clock.now(), first_seq=first, group=group))
         self.uplink.reset()
         self.downlink.reset()
         lead = self.names.index(self.lead)
@@ -372,14 +391,14 @@ class RankWorker(Actor):
         payload = b"".join(_HELD.pack(*e) for e in entries)
         done = await self._exchange("recovery.resume: agreeing on a checkpoint", payload, self.clock.now())
         each = []
-        for parts in done.parts:
+        for parts in (p for r, p in enumerate(done.parts) if self._group >> r & 1):
             data = b"".join(parts)
             each.append({s: d.hex() for s, d in (_HELD.unpack_from(data, k * _HELD.size)
                                                    for k in range(KEEP_CHECKPOINTS)) if s != NO_STEP})
         common = [s for s in each[0] if all(e.get(s) == each[0][s] for e in each)]
         if not common:
             holds = "; ".join(f"{n}: {', '.join(f'step {s}' for s in sorted(e)) or 'none'}"
-                              for n, e in zip(self.names, each))
+                              for n, e in zip(self._members(), each))
             raise GiveUp(f"recovery.resume: the ranks hold no checkpoint of one state in common ({holds}); "
                          "start the run again without --resume")
         step = max(common)
@@ -408,7 +427,7 @@ class RankWorker(Actor):
         encoded average, empty if the step was skipped)."""
         algos = self.results["algorithms"]
         algos[done.algorithm] = algos.get(done.algorithm, 0) + 1
-        payloads = {self.names[r]: b"".join(parts) for r, parts in enumerate(done.parts)}
+        payloads = {self.names[r]: b"".join(parts) for r, parts in enumerate(done.parts) if self._group >> r & 1}
         red = reduce(self.codec, payloads, self.numel, self.downlink, self.quorum)
         for key, names in (("gradient_nonfinite", red.nonfinite), ("gradient_undecodable", red.undecodable)):
             if names:

@@ -262,12 +262,14 @@ class SightKnown(Message):
     """Every rank's row of the discovery table is final (protocols.discovery): the layout every rank uses
     from now on (its index in the start-up ladder), and which camera reads which screen in it, as (reader,
     shown, quality: the share of frames read), the same on every rank; `absent`: the ranks not in the room
-    (it started without them and they have not joined). Sent again each time a rank joins."""
+    (it started without them and they have not joined); `joined`: the ranks in it that joined after it
+    started. Sent again each time a rank joins."""
 
     control: ClassVar[bool] = True
     edges: tuple[tuple[int, int, float], ...]
     layout: int = 0
     absent: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
 
 
 class PeerAcks(Message):
@@ -295,10 +297,12 @@ class Drain(Message):
 
 
 class VoidCollectives(Message):
-    """The group changed (a rank restarted and rejoined): the rank's program goes on from collective `first_seq`,
-    and every collective before it is void (one still running ends with no `CollectiveDone`; each counts as
-    held, so none holds a later one back)."""
+    """The group changed (a rank restarted and rejoined, or joined late): the rank's program goes on from
+    collective `first_seq`, and every collective before it is void (one still running ends with no
+    `CollectiveDone`; each counts as held, so none holds a later one back). From `first_seq` on the
+    collectives run over the ranks of `group` (a bit a rank)."""
 
     control: ClassVar[bool] = True
     first_seq: int = Field(ge=0)
+    group: int = Field(ge=1)
 

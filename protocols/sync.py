@@ -33,7 +33,7 @@ PHASES = ("compute", "uplink", "reduce", "downlink", "apply", "guard")
 _ANNOUNCE = struct.Struct(">BqIHIB")
 _PHASE = struct.Struct(">BI")
 _HELLO = struct.Struct(">BBiHI")
-_REGROUP = struct.Struct(">BIII")
+_REGROUP = struct.Struct(">BIIIH")
 _CLOCK_MAP = struct.Struct(">BdddI")
 
 
@@ -72,9 +72,10 @@ class Regroup:
     first_seq: int  # the group's next collective (the lead's state, broadcast): every one before it is void
     step: int  # the training step every rank goes on from
     state_bytes: int  # the size of that state (protocols.snapshot)
+    group: int  # the ranks whose collectives these are from `first_seq` on (a bit a rank)
 
     def encode(self) -> bytes:
-        return _REGROUP.pack(3, self.first_seq, self.step, self.state_bytes)
+        return _REGROUP.pack(3, self.first_seq, self.step, self.state_bytes, self.group)
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,8 @@ def decode(data: bytes) -> Announce | Hello | Regroup | ClockMap:
         if data[0] == 3:
             if len(data) != _REGROUP.size:
                 raise SyncError("regroup: wrong length")
-            _, first_seq, step, state_bytes = _REGROUP.unpack(data)
-            return Regroup(first_seq, step, state_bytes)
+            _, first_seq, step, state_bytes, group = _REGROUP.unpack(data)
+            return Regroup(first_seq, step, state_bytes, group)
         if data[0] == 4:
             if len(data) != _CLOCK_MAP.size:
                 raise SyncError("clock map: wrong length")

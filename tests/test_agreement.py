@@ -181,7 +181,7 @@ def test_voided_collectives_end_unapplied_and_the_next_one_is_agreed():
             await alice.submit(_req(alice, 1, bytes([3]) * 8))
             await asyncio.sleep(2.0)  # alice's #1 waits for bob's part, which never comes
             for i, n in enumerate(names):
-                await nodes[n].mailboxes["collectives"].put(VoidCollectives(sender=n, time=0.0, first_seq=8))
+                await nodes[n].mailboxes["collectives"].put(VoidCollectives(sender=n, time=0.0, first_seq=8, group=0b11))
                 await nodes[n].submit(_req(nodes[n], 8, bytes([10 + i]) * 8))
             await until(8)
             await asyncio.sleep(1.0)

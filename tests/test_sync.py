@@ -92,9 +92,10 @@ def test_hello_round_trips(wants, applied, epoch, err):
     assert sync.decode(h.encode()) == h
 
 
-@given(first_seq=st.integers(0, 2**32 - 1), step=st.integers(0, 2**32 - 1), size=st.integers(0, 2**32 - 1))
-def test_regroup_round_trips(first_seq, step, size):
-    r = sync.Regroup(first_seq, step, size)
+@given(first_seq=st.integers(0, 2**32 - 1), step=st.integers(0, 2**32 - 1), size=st.integers(0, 2**32 - 1),
+       group=st.integers(1, 2**16 - 1))
+def test_regroup_round_trips(first_seq, step, size, group):
+    r = sync.Regroup(first_seq, step, size, group)
     assert sync.decode(r.encode()) == r
 
 
@@ -119,7 +120,7 @@ def test_a_clock_map_composed_with_an_estimate_against_its_node_maps_to_the_serv
 
 def test_malformed_sync_and_snapshot_payloads_are_errors_not_values():
     good = sync.Announce(1, (("compute", 0.1),), 3, 0, 0).encode()
-    regroup = sync.Regroup(1, 2, 3).encode()
+    regroup = sync.Regroup(1, 2, 3, 5).encode()
     clock = sync.ClockMap(1.0, 1e-5, 2.0, 3).encode()
     wild = sync.ClockMap(1.0, 0.5, 2.0, 3).encode()  # a clock running half again as fast: no laptop's
     nan = sync.ClockMap(float("nan"), 0.0, 2.0, 3).encode()
@@ -345,6 +346,35 @@ def test_a_rank_killed_and_restarted_rejoins_when_every_node_is_a_rank(_quiet_lo
         assert w["applied"] == 20 and w["regroups"] == 1 and w["skipped"] == 0, (n, w)
     dave = nodes["dave"]["observer"]
     assert result["observer_identical"] is True and dave["applied"] == 20 and not dave["stalled"]
+
+
+@pytest.mark.slow
+def test_when_every_node_is_a_rank_the_room_starts_without_one_that_never_came_and_one_who_comes_later_joins(
+        _quiet_logs):
+    """exchange = "collectives", quorum 2: carol never starts, so after `wait_for_nodes_s` alice (the server
+    role) starts the room with alice and bob, whose collectives run over the two of them. dave starts more than
+    ten steps later: he is let into the room, asks alice to join, and she regroups: the collectives from then on
+    run over the three, every rank going on from her state. Every rank applies every step, and they end
+    identical, as does the observer, which watched alice throughout."""
+    nodes = [*RANKS, {"name": "dave", "roles": ["worker"]}, {"name": "eve", "roles": ["observer"]}]
+    cfg = make_config(room={"profile": "exact", "nodes": nodes, "wait_for_nodes_s": 5.0}, link=DENSE,
+                      training={"steps": 40, "eval_every": 0, "exchange": "collectives", "quorum": 2})
+    result = _run(cfg, faults=(Fault("carol", at_s=0.0), Fault("dave", at_s=0.0, down_s=6.5)))
+    events = _events(_quiet_logs)
+    ready = {e["node"]: e.get("group") for e in events if e["event"] == "rank_ready"}
+    assert ready == {"alice": ["alice", "bob"], "bob": ["alice", "bob"], "dave": ["alice", "bob"]}, ready
+    first = [e for e in events if e["event"] == "step_applied" and e["node"] == "alice"]
+    regrouped = [e for e in events if e["event"] == "group_regrouped"]
+    assert [(e["node"], e["joined"], e["group"]) for e in regrouped] == [("alice", ["dave"], ["alice", "bob", "dave"])]
+    step = regrouped[0]["step"]
+    assert step >= 10 and all(e["averaged"] == 2 for e in first if e["step"] < step), regrouped
+    assert all(e["averaged"] == 3 for e in first if e["step"] >= step)
+    adopted = {e["node"]: e for e in events if e["event"] == "snapshot_adopted"}
+    assert set(adopted) == {"bob", "dave"} and adopted["dave"]["applied_before"] == 0
+    nodes = result["nodes"]
+    assert result["applied"] == 40 and result["replicas_identical"]
+    assert all(nodes[n]["worker"]["applied"] == 40 and nodes[n]["worker"]["skipped"] == 0 for n in ("alice", "bob", "dave"))
+    assert result["observer_identical"] is True and nodes["eve"]["observer"]["applied"] == 40
 
 
 @pytest.mark.slow

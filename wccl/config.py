@@ -274,8 +274,8 @@ class RoomConfig(_Strict):
     key_env: str | None = None  # or: the environment variable holding the room's passphrase (stretched with scrypt)
     # A frame shown more than this long before its sender's newest one is a replay (protocols.security).
     replay_window_s: float = Field(default=20.0, ge=1, le=3600)
-    # Start-up waits this long (room seconds, on the parameter server's clock) for every node; then the parameter
-    # server's run starts without the workers not started, if the rest make its quorum (they join when they start).
+    # Start-up waits this long (room seconds, on the server-role node's clock) for every node; then the run
+    # starts without the workers not started, if the rest make the quorum (they join when they start).
     wait_for_nodes_s: float = Field(default=60.0, gt=0, le=3600)
     security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
@@ -578,7 +578,9 @@ class TrainingConfig(_Strict):
     steps: int = Field(default=30, ge=1)  # training steps
     seed: int = 0  # model initialisation
     data_seed: int = 0  # shuffle, split and batch order
-    quorum: int | None = Field(default=None, ge=1)  # gradients the server needs to average (default: all workers)
+    # Workers the run needs: the parameter server averages a step's gradients if this many arrived, and either
+    # exchange starts without the workers not there after `[room] wait_for_nodes_s` if the rest are this many.
+    quorum: int | None = Field(default=None, ge=1)  # (default: all workers)
     # The built-in run's gradient exchange: "server" (the parameter server averages every worker's gradient on
     # a step schedule; where it and a worker do not read each other's screens, through laptops that do),
     # "collectives" (every node is a rank: gradients all-gathered by the algorithm the sight graph fits, ring,

@@ -92,7 +92,19 @@ class _TrainingNode(CollectiveNode):
         self.handshake.on_complete.append(self.greeted.set)
         if self.handshake.complete:
             self.greeted.set()
-        self.greet_timeout_s = max(self.config.collectives.timeout_s, MIN_GREET_S)
+        cfg, room = self.config, self.config.room
+        self.greet_timeout_s = max(cfg.collectives.timeout_s, MIN_GREET_S)
+        if self.node == room.server and self.handshake.sight is not None:
+            # The server-role node leads start-up: after `wait_for_nodes_s` it starts without the workers not
+            # started, if those started make the quorum (protocols.discovery); they may join later.
+            def start_without(missing: int) -> bool:
+                present = [w for w in room.workers if not missing >> self.ranks.index(w) & 1]
+                return len(present) >= cfg.quorum
+
+            self.handshake.sight.start_without = start_without
+            self.handshake.sight.wait_s = room.wait_for_nodes_s
+        if cfg.quorum < len(room.workers):
+            self.greet_timeout_s += room.wait_for_nodes_s  # (the room may wait that long for every node first)
 
     async def _emit(self, msg: Message) -> None:
         await NodeSupervisor._emit(self, msg)  # CollectiveDone goes to the run's actors, like any message
@@ -115,15 +127,6 @@ class ServerRunNode(_TrainingNode):
         cfg, room, tr, col = self.config, self.config.room, self.config.training, self.config.collectives
         self.greet_timeout_s = cfg.sync.timeout_s  # greeting and clock sync: `[sync] timeout_s`
         roles = self.spec.roles
-        if "server" in roles and self.handshake.sight is not None:
-            # The server leads start-up: after `wait_for_nodes_s` it starts without the workers not started, if
-            # those started make its quorum (protocols.discovery).
-            def start_without(missing: int) -> bool:
-                present = [w for w in room.workers if not missing >> self.ranks.index(w) & 1]
-                return len(present) >= cfg.quorum
-
-            self.handshake.sight.start_without = start_without
-            self.handshake.sight.wait_s = room.wait_for_nodes_s
         replica = _replica(cfg, self.node) if "worker" in roles else None
         grad_codec = codec_from_config(tr)  # what gradients and averages travel as (wccl.training.exchange)
         resume, ckpt_path, server_replica = None, None, None
@@ -185,12 +188,20 @@ class TrainingRank(_TrainingNode):
             shows_observers=bool(cfg.room.observers) and self.node == cfg.room.server,
             snapshot_every=rec.snapshot_every, checkpoint_every=rec.checkpoint_every, resume=rec.resume,
             checkpoint=checkpoint_path(rec.checkpoint_dir, cfg.room.session, self.node), session=cfg.room.session,
-            key=self.key, lead=cfg.room.server, joining=self._started_again)
+            key=self.key, lead=cfg.room.server, joining=self._joins_running, start_group=self._start_group)
 
-    def _started_again(self) -> bool:
-        """This node took its row of the room's sight from the others' frames: they ran before it started."""
+    def _joins_running(self) -> bool:
+        """The others ran before this node started: it took its row of the room's sight from their frames (it
+        started again), or it joined a room that started without it."""
         sight = self.handshake.sight
-        return sight is not None and sight.adopted > 0
+        return sight is not None and (sight.adopted > 0 or sight.rows[sight.rank].admitted)
+
+    def _start_group(self) -> int:
+        """The ranks the room started with (a bit a rank): every rank, but those it started without."""
+        sight = self.handshake.sight
+        if sight is None:
+            return (1 << len(self.ranks)) - 1
+        return sum(1 << r for r, row in enumerate(sight.rows) if row.stage == 0)
 
 
 class ObserverNode(NodeSupervisor):

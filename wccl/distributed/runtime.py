@@ -234,7 +234,7 @@ class CollectiveNode(NodeSupervisor):
             return f"{', '.join(waiting)} have not yet watched its screen (are they in view of its screen?)"
         if not any(st.rows[r].reads >> self.rank & 1 for r in members):
             return "no camera of the room's reads its screen"
-        return "the parameter server's word has not reached it"
+        return f"the word of {self.config.room.server} (the room's server role, which admits it) has not reached it"
 
     def greet_problem(self, within_s: float) -> str:
         """What the run handshake (and discovery) still lacks after `within_s` room seconds, for the error of
@@ -246,8 +246,9 @@ class CollectiveNode(NodeSupervisor):
         key = (f"or they use another room key (this one's fingerprint: {self.key_fingerprint}; "
                "python -m wccl.keys fingerprint)")
         if st is not None and st.joining:
-            return (f"could not join{w}: the room started without it (it had not started when the parameter "
-                    f"server stopped waiting, [room] wait_for_nodes_s) and has not admitted it: "
+            return (f"could not join{w}: the room started without it (it had not started when "
+                    f"{self.config.room.server}, the room's server role, stopped waiting: [room] wait_for_nodes_s) and "
+                    "has not admitted it: "
                     f"{self._join_problem(st)}")
         peers = [r for r in range(len(names)) if r != self.rank and (st is None or st.members() >> r & 1)]
         silent = [names[r] for r in peers if not hs.echo()[r]]
