@@ -184,8 +184,9 @@ class RankWorker(Actor):
             raise GiveUp(self.greet_problem(self.greet_timeout_s)) from None
         if self.start_group is not None:
             self._group = self.start_group()
+        without = self._members(~self._group)
         self.log.info("rank_ready", ranks=len(self.names), steps=self.steps, codec=self.codec.describe(),
-                      **({"group": self._members()} if self._group != (1 << len(self.names)) - 1 else {}))
+                      **({"started_without": without} if without else {}))
         self._mark = self.clock.now()
         step: int | None = None  # the step to train next (None: not known yet)
         while step is None or step < self.steps:

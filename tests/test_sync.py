@@ -361,8 +361,8 @@ def test_when_every_node_is_a_rank_the_room_starts_without_one_that_never_came_a
                       training={"steps": 40, "eval_every": 0, "exchange": "collectives", "quorum": 2})
     result = _run(cfg, faults=(Fault("carol", at_s=0.0), Fault("dave", at_s=0.0, down_s=6.5)))
     events = _events(_quiet_logs)
-    ready = {e["node"]: e.get("group") for e in events if e["event"] == "rank_ready"}
-    assert ready == {"alice": ["alice", "bob"], "bob": ["alice", "bob"], "dave": ["alice", "bob"]}, ready
+    ready = {e["node"]: e.get("started_without") for e in events if e["event"] == "rank_ready"}
+    assert ready == {"alice": ["carol", "dave"], "bob": ["carol", "dave"], "dave": ["carol", "dave"]}, ready
     first = [e for e in events if e["event"] == "step_applied" and e["node"] == "alice"]
     regrouped = [e for e in events if e["event"] == "group_regrouped"]
     assert [(e["node"], e["joined"], e["group"]) for e in regrouped] == [("alice", ["dave"], ["alice", "bob", "dave"])]
