@@ -1,8 +1,8 @@
 """RankWorker: the built-in run's replica when every node is a rank (`[training] exchange = "collectives"`).
 
 Consumes: `CollectiveDone` (this node's Collectives actor: every rank's
-gradient, in rank order), `TensorReceived` (the "sync" stream: a restarted
-rank's `Hello`, the lead's `Regroup`). Emits: `CollectiveRequest` (this
+gradient, in rank order), `TensorReceived` (the "sync" stream: a restarted or
+late rank's `Hello`, the lead's `Regroup`). Emits: `CollectiveRequest` (this
 step's gradient, to be all-gathered), `VoidCollectives` (the group
 regrouped), `SendTensor` (for observers: the step's average and snapshots;
 for the group: `Hello` and `Regroup`), `Drain` (the run is over: show until
@@ -61,15 +61,15 @@ Every rank takes the lead's state (a rank that had applied the step the lead
 had not goes back to the lead's), so the replicas stay identical; the
 restarted rank's lost work is redone. A restarted lead cannot be answered
 (its state went with it): it stops, saying to resume every rank from its
-checkpoints.
+checkpoints. A RankWorker that fails is not restarted in place: its node
+fails, saying why.
 
 A room may start without some ranks (`[room] wait_for_nodes_s`, `[training]
 quorum`): the collectives then run over the ranks it started with (the
 group), each step averaging their gradients. A rank that starts later, once
 discovery let it into the room, says hello as a restarted rank does; the
 lead's Regroup then names the group with it, and every rank goes on from the
-lead's state with the newcomer's gradients averaged in. A RankWorker that fails is not restarted in place: its node
-fails, saying why.
+lead's state with the newcomer's gradients averaged in.
 
 Compute is charged to the node's clock as in wccl.distributed: a step's
 gradient goes up when a laptop that computes as fast as this machine would
@@ -126,9 +126,9 @@ class RankWorker(Actor):
                  lead: str = "", joining=lambda: False, start_group=None) -> None:
         """`names`: the ranks in rank order; `greeted`: set once the run handshake and discovery are done
         (`greet_problem(greet_timeout_s)` says what is missing if they are not within `greet_timeout_s` room
-        seconds); `lead`: the rank that answers a restarted rank (the room's `server` role); `joining()`: true
-        once greeted if this node started again while the others ran (it took its row of the sight from
-        them); `start_group()`: the ranks the room started with, once greeted (a bit a rank; None: every
+        seconds); `lead`: the rank that answers a restarted or late rank (the room's `server` role);
+        `joining()`: true once greeted if the others ran before this node started (it started again, or joined
+        a room that started without it); `start_group()`: the ranks the room started with, once greeted (a bit a rank; None: every
         rank); `shows_observers`: this rank shows the room's observers each step's average and a snapshot
         every `snapshot_every` steps; `checkpoint`: this rank's checkpoint file, written every
         `checkpoint_every` applied steps (0: never) and read back with `resume`."""
