@@ -194,3 +194,54 @@ def test_voided_collectives_end_unapplied_and_the_next_one_is_agreed():
         assert sorted(done[n]) == [0, 8], (n, sorted(done[n]))  # #1 ended with no outcome on alice
         assert done[n][8].error is None and done[n][8].parts == ((bytes([10]) * 8,), (bytes([11]) * 8,)), done[n][8]
         assert results[n]["failed"] == 0
+
+
+def test_collectives_run_over_the_group_a_void_names_and_leave_out_the_ranks_outside_it():
+    """Three ranks do collective #0 together; then alice and carol void the collectives before #8 naming the
+    group {alice, carol} (a regroup without bob: actors.rank_worker). Their #8 (all_reduce) and #9 (all_gather)
+    run between the two of them: bob, who issues neither, holds nothing back; #8 reduces their inputs alone,
+    and #9 has their parts in rank order and none for bob."""
+    cfg = make_config(room=dict(ROOM3, profile="exact"), link={"choose": "pinned"})
+    group = ("alice", "carol")
+
+    async def go():
+        room = SimulatedRoom.from_config(cfg)
+        done: dict[str, list] = {n: [] for n in NAMES}
+        nodes = {n: CollectiveNode(cfg.model_copy(deep=True), n, room, timeout_s=20.0, on_done=done[n].append)
+                 for n in NAMES}
+
+        async def until(seq, who):
+            while not all(any(m.seq == seq for m in done[n]) for n in who):
+                await asyncio.sleep(0.01)
+
+        for n in NAMES:
+            nodes[n].build()
+        async with asyncio.TaskGroup() as tg:
+            for s in nodes.values():
+                tg.create_task(s.run())
+            for i, n in enumerate(NAMES):
+                await nodes[n].submit(_req(nodes[n], 0, bytes([i + 1]) * 8))
+            await until(0, NAMES)
+            for n in group:
+                await nodes[n].mailboxes["collectives"].put(VoidCollectives(sender=n, time=0.0, first_seq=8,
+                                                                            group=0b101))
+                i = NAMES.index(n)
+                await nodes[n].submit(_req(nodes[n], 8, bytes([10 * i + 1]) * 8))
+                await nodes[n].submit(CollectiveRequest(sender=n, time=0.0, seq=9, op="allgather", dtype="uint8",
+                                                        numel=4, inputs=(bytes([i]) * 4,), root=0,
+                                                        ready_at=nodes[n].local_clock.now(), handle=9))
+            await until(9, group)
+            for n, s in nodes.items():
+                await s.submit(Drain(sender=n, time=0.0, timeout_s=5.0))
+        return {n: {m.seq: m for m in done[n]} for n in NAMES}
+
+    done = run_virtual(go)
+    assert sorted(done["bob"]) == [0]
+    for n in group:
+        assert sorted(done[n]) == [0, 8, 9], (n, sorted(done[n]))
+        eight, nine = done[n][8], done[n][9]
+        assert eight.error is None and nine.error is None, (eight.error, nine.error)
+        got = eight.reduced if eight.reduced is not None else bytes(sum(p[0][k] for p in eight.parts if p)
+                                                                     for k in range(8))
+        assert got == bytes([1 + 21]) * 8, eight
+        assert nine.parts == ((bytes([0]) * 4,), (), (bytes([2]) * 4,)), nine.parts
