@@ -208,3 +208,22 @@ def _path(parent, r, root):
     while out[-1] != root:
         out.append(parent[out[-1]])
     return out[1:]
+
+
+def test_a_broadcast_down_a_deep_tree_goes_in_chunks_each_passed_on_as_it_arrives():
+    """a0 -> b0 -> a1 (a0 and a1 do not read each other): the root shows its tensor in chunks, and b0 shows
+    each chunk on to a1 as soon as it has it, before the next arrives (the hops work at once); where every
+    camera reads the root, one transfer does."""
+    line = Sight(3, {(0, 1): 1.0, (1, 0): 1.0, (1, 2): 1.0, (2, 1): 1.0}, 0.1)
+    data = bytes(range(256)) * 32  # 8 KB
+    tree = ALGORITHMS["tree"]
+    root, relay, last = (tree(r, 3, "broadcast", "uint8", len(data), data if r == 0 else bytes(len(data)), 0,
+                              "sum", line) for r in range(3))
+    sent = root.start()
+    assert len(sent) == 3 and all(s.dest == 0b010 for s in sent) and b"".join(s.payload for s in sent) == data
+    for s in sent:
+        on = relay.received(0, s.part, s.payload)
+        assert on == [type(s)(s.part, 0b100, s.payload)]  # passed on at once
+        assert last.received(1, s.part, s.payload) == []
+    assert relay.done and last.done and last.result()[0][0] == (data,)
+    assert len(tree(0, 3, "broadcast", "uint8", len(data), data, 0, "sum", Sight.complete(3, 1.0, 0.1)).start()) == 1

@@ -10,13 +10,19 @@ every rank folds them itself in rank order (as all-see-all does): the same bytes
 as many rounds as the graph is wide against the ring's 2(n-1), for whole tensors against the ring's
 slices: the cost model takes the trees for small tensors and keeps the ring for big ones.
 
+A broadcast goes down the root's tree in chunks (`broadcast_chunks`) where the tree is deeper than one
+hop: a rank passes each chunk on as soon as it has it, so the hops work at once (a pipeline, as the ring's
+broadcast) instead of each waiting for the whole tensor.
+
 Each tree is a breadth-first search from its root over the sight graph (`trees`), the same on every rank:
 a rank reached in hop k takes as its parent the rank of hop k-1 it reads fastest (ties: the one relaying
 fewest parts so far, then the lowest rank), so relaying is shared out."""
 
 from __future__ import annotations
 
-from protocols.algorithms import Plan, Send, Sight
+from protocols.algorithms import Plan, Send, Sight, chunks
+
+MIN_CHUNK_BYTES = 512  # a broadcast's chunks are no smaller (each is a transfer: its frames, its round)
 
 
 def trees(sight: Sight, roots: list[int]) -> dict[int, dict[int, int]] | None:
@@ -51,6 +57,23 @@ def trees(sight: Sight, roots: list[int]) -> dict[int, dict[int, int]] | None:
     return out
 
 
+def depth(parent: dict[int, int], root: int) -> int:
+    """The hops from `root` to the rank of its tree farthest from it."""
+    deepest = 0
+    for r in parent:
+        d, x = 0, r
+        while x != root:
+            x, d = parent[x], d + 1
+        deepest = max(deepest, d)
+    return deepest
+
+
+def broadcast_chunks(nbytes: int, hops: int, world: int) -> int:
+    """How many chunks a broadcast of `nbytes` goes in down a tree `hops` deep: one where every rank reads
+    the root; else up to one per rank, none under MIN_CHUNK_BYTES."""
+    return 1 if hops <= 1 else max(1, min(world, nbytes // MIN_CHUNK_BYTES))
+
+
 class Tree(Plan):
     name = "tree"
 
@@ -71,18 +94,17 @@ class Tree(Plan):
         rate of the slowest camera that must read it."""
         roots = cls._roots(sight, op, root)
         tr = trees(sight, roots)
-        depth = 0
+        hops = max(depth(parent, r0) for r0, parent in tr.items())
         busy = [0.0] * sight.world
+        slowest = float("inf")
         for r0, parent in tr.items():
-            for r in parent:
-                d, x = 0, r
-                while x != r0:
-                    x, d = parent[x], d + 1
-                depth = max(depth, d)
             for s in set(parent.values()):
                 kids = [c for c, p in parent.items() if p == s]
                 busy[s] += nbytes / min(sight.rate(c, s) for c in kids)
-        return depth * sight.latency_s + max(busy)
+                slowest = min(slowest, *(sight.rate(c, s) for c in kids))
+        # (a broadcast's chunks: each hop waits for one chunk of the hop before it)
+        fill = (hops - 1) * nbytes / broadcast_chunks(nbytes, hops, sight.world) / slowest if op == "broadcast" else 0.0
+        return hops * sight.latency_s + max(busy) + fill
 
     def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
@@ -94,16 +116,34 @@ class Tree(Plan):
             if self.rank != r0:
                 self.needed[r0] = parent[self.rank]
         self.parts: dict[int, bytes] = {self.rank: self.payload}
+        if self.op == "broadcast":
+            # The root's tensor in chunks, each a part (its number), each passed on as soon as it arrives.
+            tree = trees(self.sight, roots)[self.root]
+            k = broadcast_chunks(self.numel * self.itemsize, depth(tree, self.root), self.world)
+            self.cuts = [(s * self.itemsize, (s + c) * self.itemsize) for s, c in chunks(self.numel, k)]
+            self.down = self.children[self.root]
+            self.up = self.needed.get(self.root)
+            self.parts = ({j: self.payload[a:b] for j, (a, b) in enumerate(self.cuts)} if self.rank == self.root
+                          else {})
 
     def _relay(self, r0: int) -> list[Send]:
         dest = self.children.get(r0, 0)
         return [Send(r0, dest, self.parts[r0])] if dest else []
 
     def start(self) -> list[Send]:
+        if self.op == "broadcast":
+            return [Send(j, self.down, self.parts[j]) for j in range(len(self.cuts))] \
+                if self.rank == self.root and self.down else []
         return self._relay(self.rank) if self.rank in self.children else []
 
     def received(self, origin: int, part: int, payload: bytes) -> list[Send]:
-        # A part is its root's input verbatim, whoever relays it: the first copy this camera reads will do.
+        # A part is its root's input (or a chunk of the root's tensor) verbatim, whoever relays it: the first
+        # copy this camera reads will do.
+        if self.op == "broadcast":
+            if self.rank == self.root or not 0 <= part < len(self.cuts) or part in self.parts:
+                return []
+            self.parts[part] = payload
+            return [Send(part, self.down, payload)] if self.down else []
         if part not in self.needed or part in self.parts:
             return []
         self.parts[part] = payload
@@ -111,13 +151,17 @@ class Tree(Plan):
 
     @property
     def done(self) -> bool:
+        if self.op == "broadcast":
+            return len(self.parts) == len(self.cuts)
         return all(r0 in self.parts for r0 in self.needed)
 
     def waiting_for(self) -> set[int]:
+        if self.op == "broadcast":
+            return set() if self.done else {self.up}
         return {p for r0, p in self.needed.items() if r0 not in self.parts}
 
     def result(self):
         if self.op == "broadcast":
-            root = self.parts[self.root]
+            root = b"".join(self.parts[j] for j in range(len(self.cuts)))
             return tuple((root,) for _ in range(self.world)), None
         return tuple((self.parts[r],) for r in range(self.world)), None
