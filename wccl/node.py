@@ -170,7 +170,8 @@ class RoomRun:
         self.result = dict(
             test_accuracy=round(worker.get("test_accuracy", float("nan")), 4),
             steps=self.config.training.steps,
-            applied=worker.get("applied", 0),
+            # the model's updates (a node that started again took some of them in a snapshot)
+            applied=worker.get("state_applied", worker.get("applied", 0)),
             sim_seconds=round(loop.time() - t0, 3),
             wall_seconds=round(time.perf_counter() - wall0, 2),
             replicas_identical=len(set(digests.values())) == 1 if len(digests) > 1 else None,
