@@ -566,8 +566,8 @@ class FrameDecoder(Actor):
     @staticmethod
     def _joined(st: discovery.SightTable) -> tuple[int, ...]:
         """The ranks in the room that joined after it started."""
-        members = st.members()
-        return tuple(r for r, row in enumerate(st.rows) if members >> r & 1 and row.admitted)
+        joined = st.members() & ~st.started_with()
+        return tuple(r for r in range(len(st.rows)) if joined >> r & 1)
 
     async def _sight_changed(self, st: discovery.SightTable) -> None:
         """A rank joined the room: the sight graph again, with its edges (the layout stays the room's)."""

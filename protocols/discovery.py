@@ -650,6 +650,11 @@ class SightTable:
             return 0.0
         return min(1.0, sum(s.frames.values()) / shown)
 
+    def started_with(self) -> int:
+        """The ranks the room started with (a bit a rank): every rank but those it started without, whether or
+        not they joined later."""
+        return sum(1 << r for r, row in enumerate(self.rows) if row.stage == 0)
+
     def members(self, rows: list[Row] | tuple[Row, ...] | None = None) -> int:
         """The ranks in the room (a bit a rank): those in it from the start, and each admitted rank whose
         screen the row of every other of them has watched (then every rank's graph has the same edges to

@@ -197,11 +197,9 @@ class TrainingRank(_TrainingNode):
         return sight is not None and (sight.adopted > 0 or sight.rows[sight.rank].admitted)
 
     def _start_group(self) -> int:
-        """The ranks the room started with (a bit a rank): every rank, but those it started without."""
+        """The ranks the room started with (a bit a rank)."""
         sight = self.handshake.sight
-        if sight is None:
-            return (1 << len(self.ranks)) - 1
-        return sum(1 << r for r, row in enumerate(sight.rows) if row.stage == 0)
+        return (1 << len(self.ranks)) - 1 if sight is None else sight.started_with()
 
 
 class ObserverNode(NodeSupervisor):

@@ -96,14 +96,14 @@ class Tree(Plan):
         tr = trees(sight, roots)
         hops = max(depth(parent, r0) for r0, parent in tr.items())
         busy = [0.0] * sight.world
-        slowest = float("inf")
         for r0, parent in tr.items():
             for s in set(parent.values()):
                 kids = [c for c, p in parent.items() if p == s]
                 busy[s] += nbytes / min(sight.rate(c, s) for c in kids)
-                slowest = min(slowest, *(sight.rate(c, s) for c in kids))
-        # (a broadcast's chunks: each hop waits for one chunk of the hop before it)
-        fill = (hops - 1) * nbytes / broadcast_chunks(nbytes, hops, sight.world) / slowest if op == "broadcast" else 0.0
+        fill = 0.0
+        if op == "broadcast" and hops > 1:  # (its chunks: each hop waits for one chunk of the hop before it)
+            slowest = min(sight.rate(c, p) for c, p in tr[root].items())
+            fill = (hops - 1) * nbytes / broadcast_chunks(nbytes, hops, sight.world) / slowest
         return hops * sight.latency_s + max(busy) + fill
 
     def __init__(self, *a, **k) -> None:
@@ -111,15 +111,15 @@ class Tree(Plan):
         roots = self._roots(self.sight, self.op, self.root)
         self.children: dict[int, int] = {}  # root -> the ranks this rank relays its part to (a bit mask)
         self.needed: dict[int, int] = {}  # root -> the parent this rank reads its part from
-        for r0, parent in trees(self.sight, roots).items():
+        tr = trees(self.sight, roots)
+        for r0, parent in tr.items():
             self.children[r0] = sum(1 << c for c, p in parent.items() if p == self.rank)
             if self.rank != r0:
                 self.needed[r0] = parent[self.rank]
         self.parts: dict[int, bytes] = {self.rank: self.payload}
         if self.op == "broadcast":
             # The root's tensor in chunks, each a part (its number), each passed on as soon as it arrives.
-            tree = trees(self.sight, roots)[self.root]
-            k = broadcast_chunks(self.numel * self.itemsize, depth(tree, self.root), self.world)
+            k = broadcast_chunks(self.numel * self.itemsize, depth(tr[self.root], self.root), self.world)
             self.cuts = [(s * self.itemsize, (s + c) * self.itemsize) for s, c in chunks(self.numel, k)]
             self.down = self.children[self.root]
             self.up = self.needed.get(self.root)
