@@ -299,3 +299,24 @@ def test_every_enumerated_key_has_words_for_its_values():
     keys = set(literal_keys(WcclConfig, ""))
     assert {"room.medium", "room.nodes.roles", "supervision.actors", "link.ladder.colours"} <= keys
     assert keys <= set(NOUNS), keys - set(NOUNS)
+
+
+def test_a_camera_of_the_exact_room_reads_through_a_pinhole_and_every_other_as_the_config_says():
+    """The exact profile's cameras see every screen as it is: there is no lens to fit. A real webcam in a
+    room file whose profile is exact (the profile's default) is no camera of the simulated room: it keeps
+    `[camera] lens`, as every camera of a rendered profile does."""
+    from conftest import make_config
+
+    nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"], "camera": "fake"}]
+    exact = make_config(room={"profile": "exact", "nodes": nodes})
+    assert exact.camera.lens == "fit"
+    assert exact.lens_of("alice") == "pinhole" and exact.lens_of("bob") == "fit"
+    real = make_config(room={"profile": "exact", "medium": "hardware", "clock": "realtime", "nodes": [
+        {"name": n, "roles": roles, "camera": "webcam", "screen": "window"}
+        for n, roles in (("alice", ["server", "worker"]), ("bob", ["worker"]))]})
+    assert real.lens_of("alice") == real.lens_of("bob") == "fit"
+    webcam = make_config(room={"profile": "webcam", "nodes": [{"name": "alice", "roles": ["server", "worker"]},
+                                                            {"name": "bob", "roles": ["worker"]}]})
+    assert webcam.lens_of("alice") == webcam.lens_of("bob") == "fit"
+    pinned = make_config(room={"profile": "webcam"}, camera={"lens": "pinhole"})
+    assert {pinned.lens_of(n.name) for n in pinned.room.nodes} == {"pinhole"}

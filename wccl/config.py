@@ -375,7 +375,8 @@ class CameraConfig(_Strict):
     fps: float = Field(default=30.0, gt=0, le=240)  # captures per second
     # How cells are located: "fit" (each camera fits its lens's radial distortion from the codes' edges
     # and samples through it when that reads better than a pinhole: wccl.imaging.lens) or "pinhole"
-    # (one homography from a code's corners).
+    # (one homography from a code's corners). A camera of the simulated room's `exact` profile has no lens:
+    # it always reads through a pinhole.
     lens: Literal["pinhole", "fit"] = "fit"
 
 
@@ -724,6 +725,14 @@ class WcclConfig(_Strict):
         if ex == "auto":
             ex = "server" if len(self.room.nodes) <= AUTO_SERVER_NODES else "collectives"
         return ex
+
+    def lens_of(self, node: str) -> str:
+        """How `node`'s FrameDecoder locates cells: `[camera] lens`, except for a camera of the simulated room
+        under the `exact` profile, which sees every screen as it is (no lens bends it, nothing to fit): a
+        pinhole."""
+        if self.room.profile == "exact" and self.room.node(node).camera == "room":
+            return "pinhole"
+        return self.camera.lens
 
 
 # What a value of each enumerated key is, by key path without indices (OneOf fields name their own).

@@ -222,7 +222,7 @@ class ObserverNode(NodeSupervisor):
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=ladder[0][0], session=room.session, node_names=room.ranks,
                                   transfers=transfer.TransferAssembler(), ladder=[c for c, _ in ladder], key=key,
-                                  lens=cfg.camera.lens, listen=True),
+                                  lens=cfg.lens_of(self.node), listen=True),
             "observer": dict(replica=_replica(cfg, self.node), server=room.server, steps=cfg.training.steps,
                              codec=codec_from_config(cfg.training)),
         }

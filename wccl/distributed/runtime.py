@@ -173,7 +173,7 @@ class CollectiveNode(NodeSupervisor):
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
                                   transfers=transfer.TransferAssembler(), key=key,
-                                  handshake=self.handshake, lens=cfg.camera.lens, ladder=[c for c, _ in ladder],
+                                  handshake=self.handshake, lens=cfg.lens_of(self.node), ladder=[c for c, _ in ladder],
                                   layout_cost=cost),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,

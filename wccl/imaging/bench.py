@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a [link] key")
     p.add_argument("--lens", choices=["fit", "pinhole"],
                    help="sample cells through the lens fitted from the code's edges, as a run's decoder does, or "
-                   "through a pinhole (default: the config's [camera] lens)")
+                   "through a pinhole (default: as a run reads: the config's [camera] lens; a pinhole in the exact room)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     cv2.setNumThreads(1)
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         room.show_at(tx, render(frame, grid, cfg.screen.width, cfg.screen.height, sender=1, parity=i & 1), i * 1.0)
         captures.append(room.capture_at(rx, i * 1.0 + 0.5, k=i))
     model = reader.ColourModel(grid)
-    lens_mode = args.lens or cfg.camera.lens
+    lens_mode = args.lens or cfg.lens_of(rx)
     fit = None
     if lens_mode == "fit":
         from wccl.imaging.lens import LensFit

@@ -118,7 +118,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
 
     async with ActorHarness(FrameDecoder, node=rx, clock=clock, capacity=8, overflow="drop_oldest", codec=codec,
                             session=cfg.room.session, node_names=names, transfers=TransferAssembler(max_pending=8),
-                            key=key, lens=cfg.camera.lens, listen=True) as dec:
+                            key=key, lens=cfg.lens_of(rx), listen=True) as dec:
 
         async def show_frames() -> None:
             nonlocal shown
