@@ -60,6 +60,7 @@ the void).
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections import deque
 from dataclasses import dataclass
 
@@ -67,11 +68,13 @@ import structlog
 
 from protocols import streams, transfer
 from protocols.algorithms import AlgorithmError, Plan, Sight, choose
+from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
                                 PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
 from wccl.actor import Actor, ActorContext, Overflow
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
+MAX_PARTIAL_STREAMS = 32  # relayed tensors waiting for their other chunks; beyond, the oldest is dropped
 
 
 @dataclass
@@ -123,6 +126,7 @@ class Collectives(Actor):
         self._queue: deque[CollectiveRequest] = deque()
         self._sends: list[SendTensor] = []  # point-to-point sends held until the layout is chosen
         self._passing: list[tuple] = []  # relayed transfers to pass on, held until the sight graph is known
+        self._chunks: dict[tuple, dict[int, tuple[bytes, int]]] = {}  # a relayed tensor's chunks here: (bytes, frames)
         self._absent = 0  # the ranks the room started without (a bit a rank): a send to them goes nowhere
         self._group = (1 << world) - 1  # the ranks the collectives run over (a bit a rank)
         self._group_sight: tuple[int, Sight, Sight] | None = None  # (group, sight graph, the group's part of it)
@@ -145,7 +149,8 @@ class Collectives(Actor):
         self._drained = asyncio.Event()
         self.results = ctx.results.setdefault("collectives", {"done": 0, "failed": 0, "transfers_posted": 0,
                                                               "bytes_posted": 0, "bytes_received": 0,
-                                                              "relayed": 0, "relay_refused": 0})
+                                                              "relayed": 0, "relay_refused": 0,
+                                                              "relay_chunks_dropped": 0})
 
     async def run(self) -> None:
         await self.run_beside(self._post_when_ready(), self._watchdog())
@@ -221,9 +226,16 @@ class Collectives(Actor):
                 await self._post_one(step, msg.stream, "uint8", len(payload), 0, plain, payload,
                                      background=msg.background, overheard=msg.overheard)
             for hop, dests in hops.items():
-                if dests != 1 << hop:
+                if dests == 1 << hop:
+                    continue
+                far = max(len(self.sight.route(self.rank, d)) for d in range(self.world) if dests >> d & 1)
+                k = broadcast_chunks(len(payload), far, self.world)
+                check = zlib.crc32(payload)
+                for i in range(k):
+                    chunk = payload[i * len(payload) // k:(i + 1) * len(payload) // k]
                     await self._post_one(step, "relay_stream", "uint8", len(payload), transfer.OPS[msg.stream],
-                                         1 << hop, transfer.RELAY_HEAD.pack(self.rank, dests) + payload)
+                                         1 << hop, transfer.RELAY_HEAD.pack(self.rank, dests)
+                                         + transfer.RELAY_CHUNK.pack(check, i, k) + chunk)
 
     def _next_hops(self, dests: int, op: str, source: int) -> dict[int, int]:
         """The ranks in `dests` (a bit a rank) by the next rank on the sight graph's route to each
@@ -510,24 +522,53 @@ class Collectives(Actor):
         await self._pass_on(msg.seq, "relay", msg.dtype, msg.numel, msg.part, msg.payload, src, dests)
 
     async def _relayed_stream(self, msg: TransferArrived) -> None:
-        """One of the built-in run's tensors on its way from one rank to others: handed to this node's actors
-        if it is one of them (`TensorReceived`, as if read off the source's screen), and shown on to the next
-        ranks of the others' routes."""
+        """A chunk of one of the built-in run's tensors on its way from one rank to others: shown on to the
+        next ranks of the others' routes as soon as it is here, and once every chunk is, the tensor is handed
+        to this node's actors if it is one of them (`TensorReceived`, as if read off the source's screen)."""
         stream = transfer.OP_NAMES.get(msg.part)
+        head, chunk = transfer.RELAY_HEAD, transfer.RELAY_CHUNK
         try:
             src, dests = self._relay_head(msg, single=False)
             if stream not in streams.STREAMS:
-                raise streams.StreamError(f"op {msg.part} is not a stream's")
-            tensor = streams.received(msg, msg.payload[transfer.RELAY_HEAD.size:], stream, self.names[src],
-                                      self.ctx.node, self.clock.now())
-        except ValueError as e:  # (streams.StreamError is one)
+                raise ValueError(f"op {msg.part} is not a stream's")
+            if len(msg.payload) < head.size + chunk.size:
+                raise ValueError("no chunk head")
+            check, index, count = chunk.unpack_from(msg.payload, head.size)
+            if not index < count:
+                raise ValueError(f"chunk {index} of {count}")
+        except ValueError as e:
             self._refuse(msg, str(e))
             return
         if dests & ~(1 << self.rank):
             await self._pass_on(msg.seq, "relay_stream", msg.dtype, msg.numel, msg.part, msg.payload, src,
                                 dests & ~(1 << self.rank))
-        if dests >> self.rank & 1:
-            await self.emit(tensor)
+        if not dests >> self.rank & 1:
+            return
+        key = (src, msg.part, msg.seq, msg.numel, check, count)
+        parts = self._chunks.pop(key, {})
+        parts[index] = (msg.payload[head.size + chunk.size:], msg.frames)
+        if len(parts) < count:
+            self._chunks[key] = parts  # (the newest last: the oldest go first when too many wait)
+            while len(self._chunks) > MAX_PARTIAL_STREAMS:
+                self._drop_partial(next(iter(self._chunks)))
+            return
+        data = b"".join(parts[i][0] for i in range(count))
+        try:
+            if len(data) != msg.numel or zlib.crc32(data) != check:
+                raise ValueError(f"{count} chunks joined into {len(data)} bytes that fail their check")
+            tensor = streams.received(msg.model_copy(update={"frames": sum(f for _, f in parts.values())}), data,
+                                      stream, self.names[src], self.ctx.node, self.clock.now())
+        except ValueError as e:  # (streams.StreamError is one)
+            self._refuse(msg, str(e))
+            return
+        await self.emit(tensor)
+
+    def _drop_partial(self, key: tuple) -> None:
+        """Give up a relayed tensor whose other chunks never came (its source started again, or sent others
+        since): counted and logged."""
+        parts = self._chunks.pop(key)
+        self.results["relay_chunks_dropped"] += len(parts)
+        self.log.warning("relay_chunks_dropped", source=key[0], seq=key[2], chunks=len(parts), of=key[5])
 
     async def _sends_acknowledged(self) -> None:
         for p in list(self._sends_out):

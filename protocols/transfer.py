@@ -155,9 +155,14 @@ OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scat
        "relay": 11,
        # one of the built-in run's tensors on such ways: the payload starts with RELAY_HEAD (its source, and
        # the ranks it is for: each rank on the way takes it if it is one of them and shows it on once for each
-       # next rank on the others' ways), `seq` is its step and `part` its stream's op (grad, avg, params, sync)
+       # next rank on the others' ways), `seq` is its step and `part` its stream's op (grad, avg, params, sync);
+       # then RELAY_CHUNK: a tensor for ranks more than one hop away goes in chunks, each passed on as it
+       # arrives; numel is the whole tensor's bytes
        "relay_stream": 12}
 RELAY_HEAD = struct.Struct(">BH")  # a relayed message's source rank, and the ranks it is for (a bit a rank)
+# A relayed stream's chunk: the CRC-32 of the whole tensor's bytes (which chunks make one tensor, and its
+# check once they are joined), the chunk's index and how many there are
+RELAY_CHUNK = struct.Struct(">IBB")
 OP_NAMES = {v: k for k, v in OPS.items()}
 COLLECTIVE_OPS = frozenset({"allreduce", "broadcast", "allgather", "reduce_scatter", "barrier"})  # `seq`: the collective
 DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "uint8": 6, "float64": 7,

@@ -11,6 +11,7 @@ alice's screen (SimulatedRoom.hide): discovery finds that, and the route follows
 from __future__ import annotations
 
 import asyncio
+import zlib
 
 from conftest import make_config, run_virtual
 
@@ -177,4 +178,91 @@ def test_a_tensor_for_several_ranks_goes_once_to_each_next_laptop_which_takes_it
                for m in out_b if isinstance(m, PostTransfer))
     (got,) = [m for m in out_b if isinstance(m, TensorReceived)]
     assert (got.origin, got.stream, got.step, got.payload, got.epoch, got.base) == ("a", "avg", 3, b"w" * 40, 1, 2)
-    assert streams.wrap(1, 2, b"w" * 40) == post.payload[transfer.RELAY_HEAD.size:]
+    whole = streams.wrap(1, 2, b"w" * 40)  # 46 bytes: one chunk
+    assert post.payload[transfer.RELAY_HEAD.size:] == transfer.RELAY_CHUNK.pack(zlib.crc32(whole), 0, 1) + whole
+
+
+def _line_of_four():
+    """a - b - c - d: each reads its neighbours' screens only; a Collectives actor for each, its posts kept."""
+    both = {(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)}
+    sight = Sight(4, {e: 1000.0 for e in both}, 0.1)
+    names = ["a", "b", "c", "d"]
+
+    def actor(rank: int):
+        out: list = []
+
+        async def emit(msg):
+            out.append(msg)
+        ctx = ActorContext(node=names[rank], actor="collectives", clock=NodeClock(), inbox=Mailbox("c", 64, "block"),
+                           emit=emit)
+        return Collectives(ctx, rank, 4, 10.0, names=names, sight=sight), out
+    return [actor(r) for r in range(4)]
+
+
+def _arrive(post: PostTransfer, payload: bytes | None = None) -> TransferArrived:
+    return TransferArrived(sender="x", time=0.0, origin=int(post.sender.encode()[0] - ord("a")), tid=post.tid,
+                           seq=post.seq, op=post.op, dtype=post.dtype, numel=post.numel, part=post.part,
+                           payload=post.payload if payload is None else payload, frames=2)
+
+
+def test_a_tensor_for_ranks_hops_away_goes_in_chunks_each_passed_on_as_it_arrives():
+    """a's 4 KB word for c and d (a line a - b - c - d) goes to b in chunks; b passes each on to c the moment
+    it has it, and c on to d, before the next arrives (the hops work at once). c and d each hand over the
+    whole tensor once its last chunk is in, and only then; b, for whom it is not, hands over nothing."""
+    word = bytes(range(256)) * 16
+
+    async def go():
+        (a, out_a), (b, out_b), (c, out_c), (d, out_d) = _line_of_four()
+        await a.handle(SendTensor(sender="a", step=5, time=0.0, stream="avg", to=("c", "d"), payload=word,
+                                  epoch=1, base=4))
+        chunks = [m for m in out_a if isinstance(m, PostTransfer)]
+        seen = []
+        for post in chunks:
+            for actor, out, nxt in ((b, out_b, c), (c, out_c, d)):
+                n = len(out)
+                await actor.handle(_arrive(post))
+                (post,) = [m for m in out[n:] if isinstance(m, PostTransfer)]  # passed on at once
+                if nxt is d:
+                    seen.append(len([m for m in out_c if isinstance(m, TensorReceived)]))
+            await d.handle(_arrive(post))
+        return chunks, seen, out_b, out_c, out_d, d.results
+
+    chunks, seen, out_b, out_c, out_d, res = run_virtual(go)
+    whole = streams.wrap(1, 4, word)
+    assert len(chunks) == 4 and all(m.dest == 0b0010 and m.op == "relay_stream" for m in chunks)  # 4 ranks
+    assert b"".join(m.payload[transfer.RELAY_HEAD.size + transfer.RELAY_CHUNK.size:] for m in chunks) == whole
+    assert seen == [0, 0, 0, 1]  # c took the tensor with the last chunk, not before
+    assert not [m for m in out_b if isinstance(m, TensorReceived)]
+    for out in (out_c, out_d):
+        (got,) = [m for m in out if isinstance(m, TensorReceived)]
+        assert (got.origin, got.stream, got.step, got.payload, got.epoch, got.base) == ("a", "avg", 5, word, 1, 4)
+        assert got.frames == 8  # the chunks' frames
+    assert res["relay_refused"] == 0
+
+
+def test_chunks_that_do_not_join_into_their_tensor_are_refused_and_chunks_that_never_complete_are_dropped():
+    """A chunk whose bytes were changed (a broken sender: the frames passed the room key's check) makes a
+    tensor that fails its CRC-32: refused and counted, never handed over. Tensors whose last chunks never
+    come are given up, the oldest first, counted and logged."""
+    from actors import collectives
+
+    word = bytes(range(256)) * 16
+
+    async def go():
+        (a, out_a), (b, out_b), (c, out_c), (d, out_d) = _line_of_four()
+        await a.handle(SendTensor(sender="a", step=5, time=0.0, stream="avg", to=("b", "c"), payload=word))
+        chunks = [m for m in out_a if isinstance(m, PostTransfer)]
+        bad = bytearray(chunks[1].payload)
+        bad[-1] ^= 1
+        for i, post in enumerate(chunks):
+            await b.handle(_arrive(post, bytes(bad) if i == 1 else None))
+        for step in range(collectives.MAX_PARTIAL_STREAMS + 3):  # only the first chunk of each
+            await a.handle(SendTensor(sender="a", step=10 + step, time=0.0, stream="grad", to=("b", "c"),
+                                      payload=word))
+            await b.handle(_arrive([m for m in out_a if isinstance(m, PostTransfer)][-4]))
+        return out_b, b.results, len(b._chunks)
+
+    out_b, res, waiting = run_virtual(go)
+    assert not [m for m in out_b if isinstance(m, TensorReceived)]
+    assert res["relay_refused"] == 1
+    assert waiting == collectives.MAX_PARTIAL_STREAMS and res["relay_chunks_dropped"] == 3
