@@ -51,6 +51,7 @@ from typing import Any
 
 from protocols import sync
 from protocols.algorithms import Sight
+from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
 from wccl.clocksync import FlightTimes, OffsetEstimator
@@ -297,8 +298,11 @@ class Clock(Actor):
         discovery chose: along each worker's way to the server (and back), per hop, the tensors that screen
         shows in the phase times their frames, divided by the share of frames the next camera reads of it,
         plus `margin_frames`, in frame holds, plus a frame's flight (half the slowest worker's measured round
-        trip, at least ROUND_HOLDS holds); the phase is the slowest way's sum (Sight.route's ways, as the
-        tensors take them). Where every worker and the server read each other's screens, one hop each way."""
+        trip, at least ROUND_HOLDS holds); the phase is the slowest way's time (Sight.route's ways, as the
+        tensors take them). Where every worker and the server read each other's screens, one hop each way.
+        A way of several hops carries its tensors in chunks, each passed on as it arrives
+        (actors/collectives.py): the first chunk's time on every hop, then the others', each at the pace of
+        the way's slowest hop."""
         if self.fixed_phases is not None:
             return self.fixed_phases
         codec, hold = self.ladder[min(self.sight.layout, len(self.ladder) - 1)]
@@ -308,7 +312,7 @@ class Clock(Actor):
         # trip, and never less than ROUND_HOLDS holds.
         trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
         flight = max([ROUND_HOLDS * hold] + [t / 2 for t in trips])
-        frames = codec.frames_needed(self.tensor_bytes, len(self.ranks))
+        ranks = len(self.ranks)
         ups = {w: [w] + (self._way(w, me) or [me]) for w in self.others}
         downs = {w: [me] + (self._way(me, w) or [w]) for w in self.others}
 
@@ -317,14 +321,17 @@ class Clock(Actor):
             share of frames read on any hop."""
             # (no way at all, where the room started without every other worker: one hop read whole, for the
             # observers the word is shown to)
-            worst, low = (0.0 if ways else (frames + self.margin_frames) * hold + flight), 1.0
+            whole = codec.frames_needed(self.tensor_bytes, ranks)
+            worst, low = (0.0 if ways else (whole + self.margin_frames) * hold + flight), 1.0
             for way in ways.values():
-                t = 0.0
+                k = broadcast_chunks(self.tensor_bytes, len(way) - 1, ranks)
+                frames = codec.frames_needed(-(-self.tensor_bytes // k), ranks)  # a chunk's
+                hops = []
                 for a, b in zip(way, way[1:]):
                     q = sight.rate(index[b], index[a])
                     low = min(low, q)
-                    t += (shows[a] * frames / max(q, 0.25) + self.margin_frames) * hold + flight
-                worst = max(worst, t)
+                    hops.append((shows[a] * frames / max(q, 0.25) + self.margin_frames) * hold)
+                worst = max(worst, sum(hops) + (k - 1) * max(hops) + len(hops) * flight)
             return round(worst, 4), low
 
         # Uplink: each screen shows its own gradient and those it relays. Downlink: each screen on the ways to

@@ -211,3 +211,46 @@ def test_a_terminal_gets_one_live_progress_line_under_the_log():
         configure_logging("json", "info", stream=pipe)
         structlog.get_logger("wccl").info("step_applied", step=1)
         assert json.loads(pipe.getvalue())["event"] == "step_applied" and "\x1b" not in pipe.getvalue()
+
+
+def test_the_schedule_sizes_a_way_of_several_hops_for_its_chunks_passed_on_as_they_arrive():
+    """The Clock's phases (auto): a worker one hop from the server books its tensor's frames on that hop, as
+    before; a line of laptops, whose tensors go in chunks each passed on as it arrives, books the first
+    chunk on every hop and the rest at the slowest hop's pace: less than each hop's whole tensor one after
+    another, more than the slowest hop's alone."""
+    from actors.clock import Clock
+    from protocols.algorithms import Sight
+    from protocols.messages import SightKnown
+    from wccl.actor import ActorContext, Mailbox
+    from wccl.config import SyncConfig
+    from wccl.distributed.runtime import collective_ladder
+    from conftest import make_config
+
+    # the eight-laptop table's layout (tests/test_many_laptops.py): a frame carries about 200 bytes
+    table = dict(choose="pinned", rows=28, cols=50, colours=8, cell_px=22, hold_s=0.083, code_rate=0.8)
+    codec, hold = collective_ladder(make_config(link=table))[0]
+
+    def phases(names, edges, nbytes):
+        return run_virtual(lambda: _phases(names, edges, nbytes))
+
+    async def _phases(names, edges, nbytes):
+        ctx = ActorContext(node=names[0], actor="clock", clock=NodeClock(), inbox=Mailbox("c", 8, "block"),
+                           emit=None)
+        c = Clock(ctx, server=names[0], ranks=names, steps=1, phases=None, start_s=1.0, work_s=0.0, margin_frames=1,
+                  sync_cfg=SyncConfig(), greeted=asyncio.Event(), greet_problem=lambda t: "", greet_timeout_s=1.0,
+                  ladder=[(codec, hold)], tensor_bytes=nbytes)
+        both = [(r, s, 1.0) for a, b in edges for r, s in ((a, b), (b, a))]
+        c.sight = SightKnown(sender=names[0], time=0.0, edges=tuple(both))
+        c.graph = Sight(len(names), {(r, s): q for r, s, q in both}, 0.0)
+        c.others = names[1:]
+        return dict(c._phases())
+
+    nbytes = 8000
+    whole = codec.frames_needed(nbytes, 2)
+    pair = phases(["a", "b"], [(0, 1)], nbytes)
+    assert pair["uplink"] == pytest.approx((whole + 1) * hold + hold)  # one hop: the whole tensor, its flight
+    line = phases(["a", "b", "c", "d"], [(0, 1), (1, 2), (2, 3)], nbytes)
+    whole = codec.frames_needed(nbytes, 4)
+    # the downlink: the server's word, shown once to b, who passes it on to c, who passes it on to d
+    one_by_one = 3 * ((whole + 1) * hold + hold)
+    assert (whole + 1) * hold + 3 * hold < line["downlink"] < one_by_one
