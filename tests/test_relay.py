@@ -141,12 +141,10 @@ def test_a_tensor_of_the_built_in_run_to_a_camera_that_does_not_read_this_screen
     assert [results[n]["collectives"]["relay_refused"] for n in NAMES] == [0, 0, 0]
 
 
-def test_a_tensor_for_several_ranks_goes_once_to_each_next_laptop_which_takes_it_and_passes_it_on():
-    """Rank 0 reads only rank 1's screen, and rank 1 reads ranks 2 and 3 (each both ways): rank 0's tensor for
-    1, 2 and 3 goes up once, to rank 1, naming all three; rank 1 takes it and shows it on once to each of 2
-    and 3, naming that one."""
-    both = {(0, 1), (1, 0), (1, 2), (2, 1), (1, 3), (3, 1)}
-    sight = Sight(4, {e: 1000.0 for e in both}, 0.1)
+def _four(pairs: list[tuple[int, int]]):
+    """Ranks a, b, c, d whose cameras read each other's screens in `pairs` (both ways) and no other: a
+    Collectives actor for each, and the messages it emits."""
+    sight = Sight(4, {e: 1000.0 for a, b in pairs for e in ((a, b), (b, a))}, 0.1)
     names = ["a", "b", "c", "d"]
 
     def actor(rank: int):
@@ -154,19 +152,29 @@ def test_a_tensor_for_several_ranks_goes_once_to_each_next_laptop_which_takes_it
 
         async def emit(msg):
             out.append(msg)
-        ctx = ActorContext(node=names[rank], actor="collectives", clock=NodeClock(), inbox=Mailbox("c", 8, "block"),
+        ctx = ActorContext(node=names[rank], actor="collectives", clock=NodeClock(), inbox=Mailbox("c", 64, "block"),
                            emit=emit)
         return Collectives(ctx, rank, 4, 10.0, names=names, sight=sight), out
+    return [actor(r) for r in range(4)]
 
+
+def _arrive(post: PostTransfer, payload: bytes | None = None) -> TransferArrived:
+    """`post` as its reader's camera delivers it (`payload`: other bytes in its place), two frames' worth."""
+    return TransferArrived(sender="x", time=0.0, origin="abcd".index(post.sender), tid=post.tid,
+                           seq=post.seq, op=post.op, dtype=post.dtype, numel=post.numel, part=post.part,
+                           payload=post.payload if payload is None else payload, frames=2)
+
+
+def test_a_tensor_for_several_ranks_goes_once_to_each_next_laptop_which_takes_it_and_passes_it_on():
+    """Rank 0 reads only rank 1's screen, and rank 1 reads ranks 2 and 3 (each both ways): rank 0's tensor for
+    1, 2 and 3 goes up once, to rank 1, naming all three; rank 1 takes it and shows it on once to each of 2
+    and 3, naming that one."""
     async def go():
-        a, out_a = actor(0)
+        (a, out_a), (b, out_b), _, _ = _four([(0, 1), (1, 2), (1, 3)])
         await a.handle(SendTensor(sender="a", step=3, time=0.0, stream="avg", to=("b", "c", "d"), payload=b"w" * 40,
                                   epoch=1, base=2))
-        b, out_b = actor(1)
         (post,) = out_a
-        await b.handle(TransferArrived(sender="b", time=0.0, origin=0, tid=post.tid, seq=post.seq, op=post.op,
-                                       dtype=post.dtype, numel=post.numel, part=post.part, payload=post.payload,
-                                       frames=1))
+        await b.handle(_arrive(post))
         return post, out_b
 
     post, out_b = run_virtual(go)
@@ -182,29 +190,6 @@ def test_a_tensor_for_several_ranks_goes_once_to_each_next_laptop_which_takes_it
     assert post.payload[transfer.RELAY_HEAD.size:] == transfer.RELAY_CHUNK.pack(zlib.crc32(whole), 0, 1) + whole
 
 
-def _line_of_four():
-    """a - b - c - d: each reads its neighbours' screens only; a Collectives actor for each, its posts kept."""
-    both = {(0, 1), (1, 0), (1, 2), (2, 1), (2, 3), (3, 2)}
-    sight = Sight(4, {e: 1000.0 for e in both}, 0.1)
-    names = ["a", "b", "c", "d"]
-
-    def actor(rank: int):
-        out: list = []
-
-        async def emit(msg):
-            out.append(msg)
-        ctx = ActorContext(node=names[rank], actor="collectives", clock=NodeClock(), inbox=Mailbox("c", 64, "block"),
-                           emit=emit)
-        return Collectives(ctx, rank, 4, 10.0, names=names, sight=sight), out
-    return [actor(r) for r in range(4)]
-
-
-def _arrive(post: PostTransfer, payload: bytes | None = None) -> TransferArrived:
-    return TransferArrived(sender="x", time=0.0, origin=int(post.sender.encode()[0] - ord("a")), tid=post.tid,
-                           seq=post.seq, op=post.op, dtype=post.dtype, numel=post.numel, part=post.part,
-                           payload=post.payload if payload is None else payload, frames=2)
-
-
 def test_a_tensor_for_ranks_hops_away_goes_in_chunks_each_passed_on_as_it_arrives():
     """a's 4 KB word for c and d (a line a - b - c - d) goes to b in chunks; b passes each on to c the moment
     it has it, and c on to d, before the next arrives (the hops work at once). c and d each hand over the
@@ -212,7 +197,7 @@ def test_a_tensor_for_ranks_hops_away_goes_in_chunks_each_passed_on_as_it_arrive
     word = bytes(range(256)) * 16
 
     async def go():
-        (a, out_a), (b, out_b), (c, out_c), (d, out_d) = _line_of_four()
+        (a, out_a), (b, out_b), (c, out_c), (d, out_d) = _four([(0, 1), (1, 2), (2, 3)])  # a line
         await a.handle(SendTensor(sender="a", step=5, time=0.0, stream="avg", to=("c", "d"), payload=word,
                                   epoch=1, base=4))
         chunks = [m for m in out_a if isinstance(m, PostTransfer)]
@@ -249,7 +234,7 @@ def test_chunks_that_do_not_join_into_their_tensor_are_refused_and_chunks_that_n
     word = bytes(range(256)) * 16
 
     async def go():
-        (a, out_a), (b, out_b), (c, out_c), (d, out_d) = _line_of_four()
+        (a, out_a), (b, out_b), (c, out_c), (d, out_d) = _four([(0, 1), (1, 2), (2, 3)])  # a line
         await a.handle(SendTensor(sender="a", step=5, time=0.0, stream="avg", to=("b", "c"), payload=word))
         chunks = [m for m in out_a if isinstance(m, PostTransfer)]
         bad = bytearray(chunks[1].payload)
