@@ -40,14 +40,12 @@ class StopHook:
 
     def __init__(self) -> None:
         self._callbacks: list[Callable[[], None]] = []
-        self.stop_requested = False
         self.windows: list = []  # windows made for this medium (window_screen), closed by close()
 
     def bind_stop(self, callback: Callable[[], None]) -> None:
         self._callbacks.append(callback)
 
     def request_stop(self) -> None:
-        self.stop_requested = True
         for cb in self._callbacks:
             cb()
 

@@ -78,14 +78,6 @@ class PinholeCamera:
     k1: float = 0.0
     k2: float = 0.0
 
-    @property
-    def K(self) -> np.ndarray:
-        return np.array([[self.f, 0, (self.width - 1) / 2], [0, self.f, (self.height - 1) / 2], [0, 0, 1.0]])
-
-    @property
-    def dist(self) -> np.ndarray:
-        return np.array([self.k1, self.k2, 0.0, 0.0, 0.0])
-
     def to_camera(self, p: np.ndarray) -> np.ndarray:
         return (np.asarray(p, dtype=float) - self.position) @ self.R
 

@@ -100,7 +100,6 @@ class Replica:
         self.model_name = model_name
         self.init = init
         self.seed = int(seed)
-        self.optimizer_name = optimizer
         self.lr = float(lr)
         self.momentum = float(momentum)
         self.dataset = dataset
