@@ -3,7 +3,7 @@
 Consumes: `CollectiveRequest` (from the rank's program, through
 wccl.distributed: a collective, or a send or recv), `SendTensor` (a point-to-point tensor of the built-in
 run, protocols.streams: one transfer to the ranks named, posted once the
-layout is chosen; relayed where it must: `_send_tensors`), `TransferArrived`
+layout is chosen; relayed where it must, in chunks past one hop: `_send_tensors`), `TransferArrived`
 (a peer's transfer, rebuilt and checked), `PeerAcks` (what each peer has of this rank's transfers), `HoldsKnown`
 (how many collectives each rank is known to hold), `VoidCollectives` (the
 group changed: the program goes on from a later collective), `Drain` (the

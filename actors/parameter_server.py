@@ -23,7 +23,8 @@ what arrived if at least `quorum` workers made it, otherwise skips the step
 (`step_skipped`) and the state stays where it was. The reduce is charged to
 the node's clock at its CPU time (times `compute_scale`). The server keeps
 its own copy of the training state (it applies each average), sends it as a
-snapshot every `snapshot_every` steps, when a node asks, and after resuming,
+snapshot every `snapshot_every` steps and when a node asks (in the screen time
+the steps leave), and at once after resuming (ahead of the steps' words),
 and writes a checkpoint every `checkpoint_every` updates.
 """
 
@@ -137,6 +138,7 @@ class ParameterServer(Actor):
             self.log.info("server_resumed", applied=self.applied, epoch=self.epoch, checkpoint=str(self.checkpoint))
             if self.local_worker:
                 await self.emit(Snapshot(**self.message_fields(msg.step), payload=self._state_bytes()))
+            await self._send_snapshot(msg.step)  # (at once: no worker's gradient counts until it has it)
         else:
             self.applied = msg.applied
 
@@ -172,8 +174,9 @@ class ParameterServer(Actor):
         return snap.encode_snapshot(snap.Snapshot(self.applied, self.epoch, self.replica.export_state()))
 
     async def _send_snapshot(self, step: int) -> None:
-        """The training state, to the nodes it is due to (observers overhear it), in the screen time the
-        steps' words leave: a snapshot never holds a step back."""
+        """The training state, to the nodes it is due to (observers overhear it). In the screen time the
+        steps' words leave (a snapshot never holds a step back), except after the server resumed: then no
+        worker's gradient counts until it has the snapshot, and it goes first."""
         if self._snapshot_due is None or self.schedule is None:
             return
         why, to = self._snapshot_due
@@ -183,7 +186,7 @@ class ParameterServer(Actor):
         self.log.info("snapshot_shown", reason=why, applied=self.applied, epoch=self.epoch, bytes=len(payload),
                       to=list(to))
         await self.emit(SendTensor(**self.message_fields(max(0, step)), stream="params", to=to, payload=payload,
-                                   epoch=self.epoch, base=self.applied, background=True,
+                                   epoch=self.epoch, base=self.applied, background=why != "resumed",
                                    overheard=self.observed))
 
     async def _reduce(self, step: int) -> None:
