@@ -50,7 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from protocols import sync
-from protocols.algorithms import Sight
+from protocols.algorithms import Sight, chunks
 from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
@@ -313,6 +313,7 @@ class Clock(Actor):
         trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
         flight = max([ROUND_HOLDS * hold] + [t / 2 for t in trips])
         ranks = len(self.ranks)
+        whole = codec.frames_needed(self.tensor_bytes, ranks)
         ups = {w: [w] + (self._way(w, me) or [me]) for w in self.others}
         downs = {w: [me] + (self._way(me, w) or [w]) for w in self.others}
 
@@ -321,11 +322,10 @@ class Clock(Actor):
             share of frames read on any hop."""
             # (no way at all, where the room started without every other worker: one hop read whole, for the
             # observers the word is shown to)
-            whole = codec.frames_needed(self.tensor_bytes, ranks)
             worst, low = (0.0 if ways else (whole + self.margin_frames) * hold + flight), 1.0
             for way in ways.values():
                 k = broadcast_chunks(self.tensor_bytes, len(way) - 1, ranks)
-                frames = codec.frames_needed(-(-self.tensor_bytes // k), ranks)  # a chunk's
+                frames = codec.frames_needed(chunks(self.tensor_bytes, k)[0][1], ranks)  # the longest chunk's
                 hops = []
                 for a, b in zip(way, way[1:]):
                     q = sight.rate(index[b], index[a])

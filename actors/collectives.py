@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import structlog
 
 from protocols import streams, transfer
-from protocols.algorithms import AlgorithmError, Plan, Sight, choose
+from protocols.algorithms import AlgorithmError, Plan, Sight, choose, chunks
 from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
                                 PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
@@ -231,11 +231,10 @@ class Collectives(Actor):
                 far = max(len(self.sight.route(self.rank, d)) for d in range(self.world) if dests >> d & 1)
                 k = broadcast_chunks(len(payload), far, self.world)
                 check = zlib.crc32(payload)
-                for i in range(k):
-                    chunk = payload[i * len(payload) // k:(i + 1) * len(payload) // k]
+                for i, (start, n) in enumerate(chunks(len(payload), k)):
                     await self._post_one(step, "relay_stream", "uint8", len(payload), transfer.OPS[msg.stream],
                                          1 << hop, transfer.RELAY_HEAD.pack(self.rank, dests)
-                                         + transfer.RELAY_CHUNK.pack(check, i, k) + chunk)
+                                         + transfer.RELAY_CHUNK.pack(check, i, k) + payload[start:start + n])
 
     def _next_hops(self, dests: int, op: str, source: int) -> dict[int, int]:
         """The ranks in `dests` (a bit a rank) by the next rank on the sight graph's route to each
