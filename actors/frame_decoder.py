@@ -510,7 +510,7 @@ class FrameDecoder(Actor):
                       trusted_by=sorted(hs.trusted_by), complete=hs.complete)
         st = hs.sight
         if st is None or not st.known:
-            await self.emit(self._acks_message())
+            await self.emit(self._acks_message(news=True))
             return
         if not self._layout_sent:
             # The room's layout, before the rows go up again: this screen shows them in it. A rank the room
@@ -525,7 +525,7 @@ class FrameDecoder(Actor):
             if self.current != k:
                 self.current = k
                 self._use(k)
-        await self.emit(self._acks_message())
+        await self.emit(self._acks_message(news=True))
         if not st.member or st.members() == self._members_sent:
             return
         if self._members_sent:
@@ -618,12 +618,13 @@ class FrameDecoder(Actor):
                                      ack=(r.peer_ack.cum, r.peer_ack.mask)))
         if f.header is None:
             self.stats["status_frames"] += 1
-            if r.acks_changed and not r.handshake_changed:
-                await self.emit(self._acks_message())  # its floor settled transfers: show the acknowledgement
+            if (r.acks_changed or r.behind) and not r.handshake_changed:
+                # its floor settled transfers: show the acknowledgement; it lacks this rank's row: show that
+                await self.emit(self._acks_message(news=r.behind))
             return None
         if r.duplicate:
             # The sender still shows a transfer this rank has: it has not seen the acknowledgement yet.
-            await self.emit(self._acks_message(repeat=True))
+            await self.emit(self._acks_message())
             return None
         data = r.data
         if data is None:
@@ -636,11 +637,11 @@ class FrameDecoder(Actor):
                                seq=h.seq, op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=data,
                                frames=self.transfers.last_packets)
 
-    def _acks_message(self, repeat: bool = False) -> AcksChanged:
+    def _acks_message(self, news: bool = False) -> AcksChanged:
         acks = self.transfers.acks(len(self.node_names))
         hs = self.receiver.handshake
         return AcksChanged(sender=self.ctx.node, time=self.clock.now(), acks=tuple((a.cum, a.mask) for a in acks),
-                           repeat=repeat, echo=hs.echo(), trusts=hs.trust_mask(), greeting=hs.greeting,
+                           news=news, echo=hs.echo(), trusts=hs.trust_mask(), greeting=hs.greeting,
                            rows=discovery.pack_table(hs.sight.table()) if hs.sight is not None else b"")
 
     def _count_cells(self, code: reader.ReadCode, corrected: int) -> None:

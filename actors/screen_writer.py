@@ -25,8 +25,12 @@ repairs that wait for acknowledgements (protocols.planner). While the run
 handshake is not complete (a peer does not trust this node's run nonce yet, or this node not theirs, or the
 ranks do not yet agree on which camera reads which screen), and until every
 rank is complete, every other frame is a status frame: it carries the echo
-and the discovery table the others need, relayed camera to camera. Otherwise the last frame stays up: readers skip
-an unchanged frame cheaply. Every status frame also says this node's floor
+and the discovery table the others need, relayed camera to camera. When
+what only status frames carry changes later (this node's handshake or table:
+`AcksChanged.news`), or a peer that reads this node shows an older row of it,
+STATUS_REPEATS status frames take turns with the transfers, so the news
+does not wait for the screen to be idle. Otherwise the last frame stays up:
+readers skip an unchanged frame cheaply. Every status frame also says this node's floor
 (protocols.transfer): its transfers up to it are acknowledged by every rank
 they were meant for and gone from the screen.
 
@@ -108,6 +112,7 @@ class ScreenWriter(Actor):
         self._greeting = world > 1
         self._greet_turn = False
         self._status_due = 0
+        self._news = 0  # status frames still to take turns with transfers (AcksChanged.news)
         self._rows: tuple = ()  # the discovery table (protocols.discovery), a row per rank, shown in status frames
         self._pages = transfer.StatusPages()  # where each frame size's next page of the table starts
         self._wake = asyncio.Event()
@@ -154,6 +159,8 @@ class ScreenWriter(Actor):
             if msg.rows:
                 self._rows = discovery.unpack_table(msg.rows)[:self.world]
             self._status_due = STATUS_REPEATS
+            if msg.news:
+                self._news = STATUS_REPEATS
         elif isinstance(msg, PeerAcks):
             ack, bit = transfer.Ack(*msg.ack), 1 << msg.origin
             for b in self.plan.bookings:
@@ -200,10 +207,10 @@ class ScreenWriter(Actor):
         """The next frame's message, and the layout (codec, hold) it goes up in."""
         tm = self._timing(shown_local)
         shown_us, clock_echo = tm.shown_us, (tm.echo_peer, tm.echo_shown_us, tm.echo_captured_us)
-        greet = self._greeting and self._greet_turn
+        greet = (self._greeting or self._news > 0) and self._greet_turn
         self._greet_turn = not self._greet_turn
         nxt = None if greet else self.plan.next()
-        if nxt is None and not (self._status_due > 0 or self._greeting):
+        if nxt is None and not (self._status_due > 0 or self._news > 0 or self._greeting):
             nxt = self.plan.next_lingering()  # (the screen is idle otherwise)
         if nxt is not None:
             tid, index = nxt
@@ -216,8 +223,9 @@ class ScreenWriter(Actor):
                 self._out.pop(done, None)
             self.plan.lingered.clear()
             return message, self.codec, self.hold_s
-        if self._status_due > 0 or self._greeting:
+        if self._status_due > 0 or self._news > 0 or self._greeting:
             self._status_due = max(0, self._status_due - 1)
+            self._news = max(0, self._news - 1)
             self.results["status_frames"] += 1
             codec, hold_s = self.codec, self.hold_s
             if self.ladder is not None and self.probe is not None:  # probing: the layout of its time slot
@@ -250,7 +258,8 @@ class ScreenWriter(Actor):
     async def _present(self) -> None:
         t_next: float | None = None
         while True:
-            if self.plan.pending == 0 and self._status_due == 0 and not self._greeting and not self.plan.lingering:
+            if (self.plan.pending == 0 and self._status_due == 0 and self._news == 0 and not self._greeting
+                    and not self.plan.lingering):
                 self._wake.clear()
                 await self._wake.wait()
                 continue

@@ -909,6 +909,13 @@ class SightTable:
     def reads(self, reader: int, shown: int) -> bool:
         return bool(self.rows[reader].reads >> shown & 1)
 
+    def lacks_mine(self, sender_rows: tuple[Row, ...]) -> bool:
+        """Does a sender's table hold an older version of this rank's row than this rank's own (it has not
+        read this rank's latest row yet)? A row the table does not show (version 0: another page) is not
+        older."""
+        theirs, mine = sender_rows[self.rank], self.rows[self.rank]
+        return bool(theirs.version) and theirs.stage == mine.stage and _newer(mine.version, theirs.version)
+
     def trusts(self, truster: int, trusted: int) -> bool:
         return bool(self.rows[truster].trusts >> trusted & 1)
 

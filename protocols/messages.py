@@ -236,11 +236,12 @@ class TransferArrived(Message):
 
 class AcksChanged(Message):
     """This node's acknowledgements (one pair per rank) changed: every frame shows them from now on.
-    `repeat`: a peer still shows a transfer this node has (it missed the acknowledgement): show it again."""
+    `news`: what only status frames carry changed (the handshake, the discovery table), or a peer that
+    reads this node shows an older row of it: status frames take turns with transfers for a few frames."""
 
     control: ClassVar[bool] = True
     acks: tuple[AckPair, ...]
-    repeat: bool = False
+    news: bool = False
     # The run handshake (protocols.security.Handshake): the echo of every rank's run nonce, the ranks
     # this node trusts, and whether it is still greeting (some peer not yet trusted or trusting).
     echo: tuple[int, ...] = ()

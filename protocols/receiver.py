@@ -43,7 +43,9 @@ class Received:
     """The outcome of one frame: why it was refused (None: used), the sender's acknowledgement of this
     rank if it changed, whether the handshake changed, and the transfer it completed (bytes), if any,
     or `duplicate` (a transfer this rank already has: show the acknowledgement again); whether the sender
-    is a new incarnation, and whether this rank's acknowledgement of it changed by its floor."""
+    is a new incarnation, whether this rank's acknowledgement of it changed by its floor, and whether the
+    sender reads this rank and its status frame shows an older row of this rank than this rank's own
+    (`behind`: this rank's status frames have news for it)."""
 
     frame: transfer.TransferFrame | None
     refused: str | None = None
@@ -54,6 +56,7 @@ class Received:
     holds_changed: bool = False
     restarted: bool = False  # the sender is a new incarnation (a new run nonce proven fresh): its old transfers forgotten
     acks_changed: bool = False  # this rank's acknowledgement of the sender changed without a transfer (a floor)
+    behind: bool = False
 
 
 class TransferReceiver:
@@ -114,8 +117,11 @@ class TransferReceiver:
         self.holds = holds
         if f.header is None:
             settled = self.assembler.settle(f.sender, f.floor)
+            st = hs.sight
+            behind = (f.rows is not None and st is not None and st.known and st.reads(f.sender, self.rank)
+                      and st.lacks_mine(f.rows))
             return Received(f, None, peer_ack, changed, holds_changed=more, restarted=restarted,
-                            acks_changed=settled)
+                            acks_changed=settled, behind=behind)
         if f.header.dest and not f.header.dest >> self.rank & 1:
             # Meant for other readers (a camera films every screen in view): never delivered here, but
             # counted as had, so that a transfer this rank never needed leaves no gap in its

@@ -368,6 +368,70 @@ def test_a_screen_pages_the_table_in_each_frame_size_on_its_own():
     run_virtual(go)
 
 
+def test_a_rank_that_reads_a_peer_behind_on_its_row_has_news_for_it():
+    """Once the room is known, a peer's status frame that shows an older version of this rank's row than
+    its own says the peer has not read this rank's latest row (a row COMPLETE, say): `behind`, so this
+    rank's status frames take turns with its transfers until the peer has it. The same frame with the
+    current row is not behind."""
+    from dataclasses import replace
+
+    nodes, done = simulate({0: {1}, 1: {0}}, 2)
+    alice, bob = nodes
+    assert len(done) == 2 and alice.hs.sight.known
+    t = 10.0
+    current = bob.hs.sight.table()
+    assert not alice.rx.receive(bob.status(t), now=t).behind
+    older = list(current)
+    older[0] = replace(current[0], version=current[0].version - 1)
+    hs = bob.hs
+    stale = transfer.status_message(session=7, sender=1, acks=(), message_bytes=MESSAGE,
+                                    shown_us=round((t + HOLD) * 1e6), run_nonce=hs.nonce, trusts=hs.trust_mask(),
+                                    echo=hs.echo(), rows=tuple(older), layouts=hs.sight.layouts, key=KEY)
+    got = alice.rx.receive(stale, now=t + HOLD)
+    assert got.refused is None and got.behind
+
+
+def test_news_of_the_handshake_takes_turns_with_transfers_on_the_screen():
+    """A rank whose handshake or table changes while its screen is busy with a transfer (its row turned
+    COMPLETE, say) shows STATUS_REPEATS status frames taking turns with the transfer's frames at once:
+    only status frames carry that news, and a peer keeps greeting (every other frame a status frame) until
+    it has it. Acknowledgements alone wait for the screen to be idle (transfer frames carry them too)."""
+    from actors.screen_writer import STATUS_REPEATS, ScreenWriter
+    from conftest import run_virtual
+    from protocols.layout import GridLayout
+    from protocols.link import LinkCodec
+    from protocols.messages import AcksChanged, PostTransfer
+    from wccl.harness import ActorHarness
+
+    class Screen:
+        def show(self, image) -> None:
+            pass
+
+    codec = LinkCodec(GridLayout(40, 70, 8, 12), 0.8)
+
+    def kinds(actor, n, t0):
+        return ["status" if transfer.parse_message(actor._next_message(t0 + i * 0.1)[0], KEY).header is None
+                else "transfer" for i in range(n)]
+
+    async def go():
+        async with ActorHarness(ScreenWriter, node="alice", screen=Screen(), codec=codec, screen_w=1280,
+                                screen_h=720, hold_s=0.1, session=7, rank=0, world=2, key=KEY) as w:
+            await w.send(AcksChanged(sender="alice", time=0.0, acks=((0, 0),) * 2, echo=(1, 2), greeting=False))
+            await w.send(PostTransfer(sender="alice", time=0.0, tid=1, seq=0, op="allreduce", dtype="uint8",
+                                      numel=40_000, dest=0b10, payload=bytes(40_000)))
+            await w.settle()
+            assert kinds(w.actor, 8, 100.0) == ["transfer"] * 8
+            await w.send(AcksChanged(sender="alice", time=0.0, acks=((0, 0),) * 2, echo=(1, 2), greeting=False, news=True))
+            await w.settle()
+            shown = kinds(w.actor, 12, 200.0)
+            assert "status" in shown[:2] and shown.count("status") <= STATUS_REPEATS
+            assert all(a != b for a, b in zip(shown, shown[1:shown.index("status") + 2 * STATUS_REPEATS - 1]))
+            assert kinds(w.actor, 8, 300.0) == ["transfer"] * 8
+            await w.close()
+
+    run_virtual(go)
+
+
 def test_two_rows_of_eight_whose_diagonals_read_only_big_cells_agree():
     """A classroom's sight at the message level: two rows of eight facing each other, each camera reads the
     screen across in every layout but its diagonal neighbours only in the ladder's big cells, whose frames

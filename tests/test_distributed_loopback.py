@@ -9,7 +9,6 @@ rather than skip: they are the proof that the backend runs on real windows and r
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
