@@ -93,7 +93,7 @@ class Intruder(Actor):
             return kind, self.rng.randrange(self.world), self.rng.randbytes(mb)
         if not self.filmed:
             return None
-        t_last, sender, last = self.filmed[-1]
+        _, sender, last = self.filmed[-1]
         if kind == "forged":
             data = self.rng.randbytes(4 * self.rng.randint(1, 200))
             psize = transfer.packet_size_for(mb)

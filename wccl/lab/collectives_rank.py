@@ -29,11 +29,6 @@ import torch.distributed as dist
 
 import wccl.distributed as wd
 
-# The backend's name for each op the bench issues (wccl.distributed.backend, protocols.algorithms.OPS)
-BACKEND_OP = {"all_reduce": "allreduce", "broadcast": "broadcast", "all_gather": "allgather",
-              "reduce_scatter": "reduce_scatter", "barrier": "barrier"}
-
-
 def _one(op: str, nbytes: int, rank: int, world: int) -> bool:
     n = max(1, nbytes // 4)
     gen = torch.Generator().manual_seed(n * 31 + rank)

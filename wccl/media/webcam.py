@@ -70,7 +70,6 @@ import numpy as np
 from wccl.media.capture import ThreadedCamera
 from wccl.media.display import NoCamera
 
-BACKENDS = ("auto", "v4l2", "avfoundation", "dshow", "msmf", "any")
 RATE_WINDOW_S = 2.5  # the frame rate is measured over the first captures of this long
 RATE_SHORT = 0.8  # a measured rate below this share of the rate asked is warned about
 CLIPPED_LEVEL = 250  # a pixel is clipped when any channel reaches this

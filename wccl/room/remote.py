@@ -77,7 +77,6 @@ F_CAM_ID = struct.Struct("<I")
 F_IDLE = struct.Struct("<?d")
 F_NOW = struct.Struct("<d")
 
-MAX_FIXED = 0xFFFF
 MAX_PAYLOAD = 1 << 30  # 1 GiB: far above any screen or camera image
 
 ERROR_KINDS: dict[str, type[Exception]] = {"KeyError": KeyError, "ValueError": ValueError,
