@@ -67,9 +67,11 @@ fails, saying why.
 A room may start without some ranks (`[room] wait_for_nodes_s`, `[training]
 quorum`): the collectives then run over the ranks it started with (the
 group), each step averaging their gradients. A rank that starts later, once
-discovery let it into the room, says hello as a restarted rank does; the
-lead's Regroup then names the group with it, and every rank goes on from the
-lead's state with the newcomer's gradients averaged in.
+discovery let it into the room, says hello as a restarted rank does. The
+step then running does not wait for it, so the lead lets that step finish
+and regroups before the next: its Regroup names the group with the
+newcomer, and every rank goes on from the lead's state (that step applied)
+with the newcomer's gradients averaged in.
 
 Compute is charged to the node's clock as in wccl.distributed: a step's
 gradient goes up when a laptop that computes as fast as this machine would
@@ -196,6 +198,8 @@ class RankWorker(Actor):
                         await self._adopt(await self._join())  # (goes on by raising _Regrouped)
                     step = await self._resume() if self.resume else 0
                     continue
+                if self._hellos:
+                    await self._regroup(step)  # (goes on by raising _Regrouped)
                 await self._step(step)
                 step += 1
             except _Regrouped as r:
@@ -236,14 +240,15 @@ class RankWorker(Actor):
                         op: str = "allgather", root: int = 0) -> CollectiveDone:
         """All-gather `payload` (or broadcast it from rank `root`) as the group's next collective; every rank's
         bytes (a broadcast: the root's in every slot), or GiveUp saying `what` failed. The lead's Regroup
-        voids it instead, and so does, at the lead during training step `step`, a restarted rank's Hello:
-        _Regrouped."""
+        voids it instead (_Regrouped), and so does, at the lead during training step `step`, the Hello of a
+        restarted member of the group, whose part the collective waits for. A rank that joins late has no part
+        in it: the lead regroups for it once the step is done (in the run's last step, at once)."""
         seq, self._seq = self._seq, self._seq + 1
         await self.emit(CollectiveRequest(sender=self.ctx.node, time=self.clock.now(), seq=seq, op=op,
                                           dtype="uint8", numel=len(payload), inputs=(payload,), root=root,
                                           ready_at=ready_at, handle=seq))
         while True:
-            if step is not None and self._hellos:
+            if step is not None and self._hellos and (step == self.steps - 1 or self._awaited(self._hellos)):
                 await self._regroup(step)
             msg = await self.ctx.inbox.get()
             if isinstance(msg, TensorReceived):
@@ -300,6 +305,10 @@ class RankWorker(Actor):
                          f"{self.greet_timeout_s:g} s (is there a chain of laptops that read each other's screens "
                          "from this one to it?)") from None
         return regroup
+
+    def _awaited(self, names: list[str]) -> bool:
+        """Whether one of `names` is in the group: its collectives wait for that rank's part."""
+        return bool(set(names) & set(self._members()))
 
     def _members(self, group: int | None = None) -> list[str]:
         group = self._group if group is None else group
