@@ -15,7 +15,6 @@ from protocols import sync
 from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.node import Fault, RoomRun
 from wccl.registry import REGISTRY
-from wccl.supervisor import NodeFailed
 
 from conftest import ROOT, make_config, run_virtual
 from test_node import _reference_sha
