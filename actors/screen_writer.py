@@ -5,7 +5,10 @@ belongs to and the ranks that must read it), `AcksChanged` (this node's own
 acknowledgements, shown in every frame from then on), `PeerAcks` (what each
 peer has rebuilt of this node's transfers), `HoldsKnown` (how many collectives
 each rank is known to hold, shown in every frame: relayed; a rank that holds a
-collective has its parts, whether or not this camera reads its acknowledgements).
+collective has its parts, whether or not this camera reads its acknowledgements),
+`VoidCollectives` (the group regrouped: the parts of the collectives before
+it leave the screen at once, since every rank voids them; a part still on
+the screen would hold back the regroup's own transfers behind it).
 Emits: nothing; it drives the injected screen.
 
 Every `hold_s` (on the node's clock) the pure screen planner
@@ -58,7 +61,8 @@ from collections import deque
 
 from protocols import discovery, frames, layout, transfer
 from protocols.link import LinkCodec
-from protocols.messages import AcksChanged, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks, PostTransfer
+from protocols.messages import (AcksChanged, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks, PostTransfer,
+                                VoidCollectives)
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey, new_run_nonce
 from wccl.actor import Actor, ActorContext, Overflow
@@ -78,7 +82,7 @@ STARTUP_OVERLAY = [
 
 
 class ScreenWriter(Actor):
-    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, LayoutChosen, FrameTiming)
+    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, LayoutChosen, FrameTiming, VoidCollectives)
     mailbox = (256, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
@@ -124,13 +128,20 @@ class ScreenWriter(Actor):
         self._lag = 0.0  # how long a frame takes from being made to being up (real screens)
         self._overlay: list[str] | None = None
         self.results = ctx.results.setdefault("screen", {"frames_shown": 0, "status_frames": 0,
-                                                         "transfers_acked": 0})
+                                                         "transfers_acked": 0, "transfers_voided": 0})
 
     async def run(self) -> None:
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
         await self.run_beside(self._present())
 
-    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | LayoutChosen | FrameTiming) -> None:
+    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | LayoutChosen | FrameTiming
+                     | VoidCollectives) -> None:
+        if isinstance(msg, VoidCollectives):
+            gone = self.plan.void(msg.first_seq)
+            for b in gone:
+                self._out.pop(b.tid, None)
+            self.results["transfers_voided"] += len(gone)
+            return
         if isinstance(msg, FrameTiming):
             if msg.origin in self.names:
                 peer = self.names.index(msg.origin)

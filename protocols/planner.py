@@ -14,7 +14,8 @@ and is still unacknowledged a few slots later (the acknowledgement's usual
 delay) gets a fresh repair packet, taking turns with the oldest transfer not
 yet shown in full; once every transfer has used its budget, the ones still
 unacknowledged take turns with fresh repair packets until their readers
-acknowledge them. A reader whose frames this node's camera does not read
+acknowledge them, or until their collective is void (`void`: the group
+regrouped, and every rank drops it). A reader whose frames this node's camera does not read
 acknowledges a collective's parts by holding the collective: its holdings
 travel camera to camera (`held`). So a small tensor goes up at once
 (its first frame in the next slot), a large one streams at the link's full
@@ -179,6 +180,14 @@ class ScreenPlan:
         camera, reach cameras its acknowledgements do not): the parts of those collectives meant for it
         are had. Returns the bookings this completes (and forgets them)."""
         return self._had(rank, lambda b: 0 <= b.collective < count)
+
+    def void(self, first_seq: int) -> list[Booking]:
+        """The collectives before `first_seq` are void (the group regrouped: every rank voids them, so no
+        reader wants their parts any more): forget their bookings, lingering or not, and return them."""
+        gone = [b for b in self.bookings if 0 <= b.collective < first_seq]
+        if gone:
+            self.bookings = [b for b in self.bookings if not 0 <= b.collective < first_seq]
+        return gone
 
     def _had(self, rank: int, has) -> list[Booking]:
         """Mark the bookings meant for `rank` that `has(booking)` says it has; forget and return those

@@ -177,6 +177,23 @@ def test_transfers_whose_acknowledgements_never_come_hold_nothing_up_and_holding
     assert plan.held(1, 5) == [] and plan.bookings == [other]
 
 
+def test_the_parts_of_void_collectives_leave_the_screen_and_what_comes_after_goes_up_at_once():
+    """The group regrouped while this rank showed the parts of collective 3 (a step's gradient): every rank voids
+    collectives before 8, so nobody will take those parts. They leave the screen at once, lingering or not;
+    the regroup's broadcast (collective 8) and a message of no collective (the regroup itself, relayed) are
+    kept, and the message goes up in the next slot instead of after the void parts' frames."""
+    plan = ScreenPlan(loss=0.0, margin=0)
+    plan.book(1, dest=0b110, source=6, collective=3)
+    plan.book(2, dest=0b100, source=4, collective=3, linger=5)
+    assert plan.next() == (1, 0)
+    relayed = plan.book(3, dest=0b100, source=1)  # the lead's regroup, passed on
+    broadcast = plan.book(4, dest=0b110, source=2, collective=8)
+    gone = plan.void(8)
+    assert [b.tid for b in gone] == [1, 2] and plan.bookings == [relayed, broadcast]
+    assert plan.next() == (3, 0) and plan.next() == (4, 0)
+    assert plan.void(8) == []
+
+
 def test_planner_learns_the_loss_from_acknowledgements():
     plan = ScreenPlan(loss=0.0, margin=0)
     for tid in range(1, 6):
