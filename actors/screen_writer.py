@@ -221,7 +221,7 @@ class ScreenWriter(Actor):
         greet = (self._greeting or self._news > 0) and self._greet_turn
         self._greet_turn = not self._greet_turn
         nxt = None if greet else self.plan.next()
-        if nxt is None and not (self._status_due > 0 or self._news > 0 or self._greeting):
+        if nxt is None and not self._wants_status:
             nxt = self.plan.next_lingering()  # (the screen is idle otherwise)
         if nxt is not None:
             tid, index = nxt
@@ -234,7 +234,7 @@ class ScreenWriter(Actor):
                 self._out.pop(done, None)
             self.plan.lingered.clear()
             return message, self.codec, self.hold_s
-        if self._status_due > 0 or self._news > 0 or self._greeting:
+        if self._wants_status:
             self._status_due = max(0, self._status_due - 1)
             self._news = max(0, self._news - 1)
             self.results["status_frames"] += 1
@@ -255,6 +255,11 @@ class ScreenWriter(Actor):
             return message, codec, hold_s
         return None
 
+    @property
+    def _wants_status(self) -> bool:
+        """Status frames are due: acknowledgements changed, news to take turns with transfers, or greeting."""
+        return self._status_due > 0 or self._news > 0 or self._greeting
+
     def _forget(self, finished) -> None:
         """Bookings every reader has: off the screen for good (once done lingering, if they linger)."""
         for b in finished:
@@ -269,8 +274,7 @@ class ScreenWriter(Actor):
     async def _present(self) -> None:
         t_next: float | None = None
         while True:
-            if (self.plan.pending == 0 and self._status_due == 0 and self._news == 0 and not self._greeting
-                    and not self.plan.lingering):
+            if self.plan.pending == 0 and not self._wants_status and not self.plan.lingering:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
