@@ -145,11 +145,27 @@ MIN_FRAMES = 4  # frames of a peer before its quality is measured
 HEADROOM = 0.5
 FIRST_FRAMES = 8  # frames of the ladder's first layout in a row, each period of the probe schedule
 OTHER_FRAMES = 2  # and of each other layout
-# A layout whose frames are held for less than this many of a camera's capture periods does not count as
-# read by that camera, whatever it read while measuring: the screen and the camera beat, and for seconds at
-# a time every capture straddles a change of frame (a 67 ms hold at 15 frames a second reads for ten
-# seconds, then nothing for three). 1.5 periods (50 ms at 30 frames a second) reads steadily.
+# A layout whose frames are held for less than this many of a camera's capture periods reads steadily only
+# if the screen's changes sweep across the camera's captures: a hold near a whole number of periods beats
+# with the camera, and for seconds at a time every capture straddles a change of frame (a 67 ms hold at 15
+# frames a second reads for ten seconds, then nothing for three), so what start-up measured of it says
+# nothing of the run. 1.5 periods (50 ms at 30 frames a second) reads steadily whatever the phase.
 MIN_HOLD_PERIODS = 1.4
+# Under that, a hold of at least STEADY_MIN_PERIODS periods whose changes move by at least STEADY_DRIFT of a
+# period against the captures from one frame to the next (an 83 ms hold at 15 frames a second: a quarter
+# period) sweeps every phase within a few frames: what start-up measured of it holds for the run.
+STEADY_MIN_PERIODS = 1.1
+STEADY_DRIFT = 0.15
+
+
+def steady_hold(hold_s: float, period_s: float) -> bool:
+    """Does a layout held `hold_s` read steadily on a camera that captures every `period_s` (0: not known
+    yet, yes)? See MIN_HOLD_PERIODS."""
+    if period_s <= 0 or hold_s >= MIN_HOLD_PERIODS * period_s:
+        return True
+    periods = hold_s / period_s
+    drift = abs(periods - round(periods))
+    return periods >= STEADY_MIN_PERIODS and drift >= STEADY_DRIFT
 # A rank watches the screen of a rank that joins after the room started for at most this many holds of the
 # room's layout (4 s at 100 ms) before its row says what it read of it (a screen read well is measured
 # sooner: once `need` of its frames were shown between the first and the last read).
@@ -484,10 +500,10 @@ class SightTable:
     def quality(self, sender: int, layout: int = 0) -> float:
         """The share of `sender`'s frames in `layout` read with headroom: frames read (each weighed by its
         headroom, `accepted`), per frame it showed in that layout since the first and up to the last frame
-        read of it in any layout (0 until MIN_FRAMES were shown, and in a layout held for less than
-        MIN_HOLD_PERIODS of this camera's capture periods)."""
+        read of it in any layout (0 until MIN_FRAMES were shown, and in a layout that does not read steadily
+        on this camera: `steady_hold`)."""
         s = self._seen.get((sender, layout))
-        if s is None or self.holds[layout] < MIN_HOLD_PERIODS * self.camera_period_s:
+        if s is None or not steady_hold(self.holds[layout], self.camera_period_s):
             return 0.0
         shown = self.shown(sender, layout)
         if shown < MIN_FRAMES:
@@ -535,6 +551,47 @@ class SightTable:
                 if share >= MIN_QUALITY:
                     mask |= 1 << r
         return mask, tuple(tuple(x) for x in q)
+
+    # ---- in words
+    def directions(self, names: list[str] | tuple[str, ...], layouts: list[str] | tuple[str, ...]) -> list[str]:
+        """What each camera of the room read of each screen so far, one line a direction (`names`: the ranks'
+        names; `layouts`: each layout of the ladder in words, e.g. "28x50 cells of 22 px"): this rank's own
+        camera by its counts of frames read and shown per layout, the others' by the latest row of theirs
+        that reached this rank."""
+        out = []
+        members = self.members()
+        for r in range(self.world):
+            if not members >> r & 1:
+                continue
+            for s in range(self.world):
+                if s == r or not members >> s & 1:
+                    continue
+                head = f"{names[s]} -> {names[r]}"
+                if r == self.rank:
+                    parts = []
+                    for k in range(self.layouts):
+                        seen = self._seen.get((s, k))
+                        if seen is None:
+                            continue
+                        shown = max(self.shown(s, k), len(seen.frames))
+                        part = f"{len(seen.frames)} of {shown} frames of {layouts[k]}"
+                        if not steady_hold(self.holds[k], self.camera_period_s):
+                            part += (f" (held {self.holds[k] * 1000:.0f} ms: too brief for a camera at "
+                                     f"{1 / self.camera_period_s:.0f} frames a second)")
+                        parts.append(part)
+                    out.append(f"{head}: read {', '.join(parts)}" if parts else f"{head}: no frame read")
+                    continue
+                row = self.rows[r]
+                if not row.version:
+                    out.append(f"{head}: no word yet from {names[r]}'s camera")
+                    continue
+                measured = self._measured_by(row)
+                parts = [f"{100 * row.share(s, k):.0f} % of {layouts[k]}" for k in range(measured)
+                         if row.quality[s][k]]
+                out.append(f"{head}: reads {', '.join(parts)}" if parts else
+                           f"{head}: no frame read in the {measured} layouts measured" if measured else
+                           f"{head}: no layout measured yet")
+        return out
 
     # ---- rows
     def update(self, now: float, trusts: int, complete: bool) -> bool:
@@ -646,7 +703,7 @@ class SightTable:
         shown = 0 if s is None else round((s.last_us - s.first_us) / 1e6 / hold) + 1
         if shown < self.need and now - since < JOIN_HOLDS * hold:
             return None
-        if s is None or shown < MIN_FRAMES or hold < MIN_HOLD_PERIODS * self.camera_period_s:
+        if s is None or shown < MIN_FRAMES or not steady_hold(hold, self.camera_period_s):
             return 0.0
         return min(1.0, sum(s.frames.values()) / shown)
 

@@ -783,6 +783,41 @@ def test_a_layout_held_for_too_few_of_this_cameras_periods_counts_as_unread():
     assert t.quality(1, 0) == fast
 
 
+def test_a_hold_a_quarter_period_off_a_whole_number_of_periods_reads_steadily():
+    # An 83 ms hold on a 15 fps camera (1.25 periods): each frame's change moves a quarter period against the
+    # captures, so every phase comes round within four frames and what start-up measured holds for the run
+    # (a turned pair of 15 fps webcams reads only such a layout). Near a whole number of periods, it beats.
+    assert discovery.steady_hold(0.083, 1 / 15) and discovery.steady_hold(0.1, 1 / 15)
+    assert not discovery.steady_hold(0.067, 1 / 15)  # one period: reads for seconds, then nothing
+    assert not discovery.steady_hold(0.05, 1 / 15)  # under a period: frames never filmed
+    assert not discovery.steady_hold(0.083, 1 / 12)  # one period of a 12 fps camera
+    assert discovery.steady_hold(0.05, 1 / 30) and discovery.steady_hold(0.05, 0.0)  # (period not known yet)
+    t = discovery.SightTable(0, 2, (0.067, 0.083))
+    for k in range(20):
+        t.accepted(1, k * 67_000, 0)
+        t.accepted(1, k * 83_000, 1)
+    t.camera_period_s = 1 / 15
+    assert t.quality(1, 0) == 0.0 and t.quality(1, 1) > 0.5
+
+
+def test_what_each_camera_read_is_said_a_direction_a_line():
+    # alice's camera read 12 of bob's frames in the second layout (held too briefly for her 15 fps camera to
+    # count) and none in the first; bob's row, relayed, says he reads 60 % of alice's in the first layout.
+    t = discovery.SightTable(0, 2, (0.067, 0.083))
+    for k in range(12):
+        t.accepted(1, k * 83_000, 1)
+    t.camera_period_s = 1 / 12
+    q = [[0] * discovery.MAX_LAYOUTS for _ in range(discovery.MAX_RANKS)]
+    q[0][0] = 9
+    t.rows[1] = discovery.Row(3, 0, 1, 0, tuple(tuple(x) for x in q))
+    lines = t.directions(["alice", "bob"], ["big", "small"])
+    assert lines[0].startswith("bob -> alice: read 12 of 12 frames of small (held 83 ms: too brief for a camera "
+                               "at 12 frames a second)"), lines
+    assert lines[1] == "alice -> bob: reads 60 % of big", lines
+    t.rows[1] = discovery.EMPTY
+    assert t.directions(["alice", "bob"], ["big", "small"])[1] == "alice -> bob: no word yet from bob's camera"
+
+
 def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger_room_is_told_it_cannot():
     """20 x 37 cells of 32 px (the default ladder's last layout) make 206-byte frames: a status frame of
     six ranks measuring seven layouts (a status frame's short header, the group's ranks only in its echo

@@ -133,7 +133,8 @@ def test_a_cameras_view_names_the_screens_it_reads_and_a_code_away_from_them_tha
 @pytest.mark.slow
 def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
     # 1.6 m apart: each camera finds the other's code but its cells are under 3 camera px: within the
-    # start-up time each says so (a warning), and the error at the end says it again, with the sizes.
+    # start-up time each says so (a warning). Nothing then moves: at the end of start-up's budget (10 s, well
+    # before the 11 s timeout) a node gives up, with the sizes and what each camera read, and stops the run.
     nodes = [{"name": "alice", "roles": ["server", "worker"], "channel": {"position_m": [0.0, 0.0, 0.0]}},
              {"name": "bob", "roles": ["worker"], "channel": {"position_m": [0.0, 0.0, 1.6]}}]
     # (one layout, pinned: the cameras try it alone on every capture, as they would try each of the ladder)
@@ -143,10 +144,11 @@ def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
     with pytest.raises(BaseExceptionGroup) as eg:
         run_room(cfg)
     failed = [str(e) for e in eg.value.subgroup(NodeFailed).exceptions]
-    assert len(failed) == 2
+    assert failed
     for msg in failed:
-        assert "in 11 s" in msg and "found codes in" in msg and "read no frame of them" in msg, msg
+        assert "in 10 s" in msg and "found codes in" in msg and "read no frame of them" in msg, msg
         assert "camera px a cell" in msg and "bring the laptops closer" in msg, msg
+        assert "What each camera read: " in msg and "-> alice: " in msg and "-> bob: " in msg, msg
     events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
     warned = {e["node"]: e for e in events if e["event"] == "camera_reads_nothing"}
     assert set(warned) == {"alice", "bob"} and all(e["t"] <= 11.0 for e in warned.values()), warned
@@ -353,7 +355,8 @@ def test_a_room_file_that_names_only_its_nodes_runs_as_well_as_the_shipped_one(t
 @pytest.mark.slow
 def test_a_dim_room_whose_webcams_take_15_frames_a_second_applies_every_step():
     """rooms/pairs/dim.toml (15 fps, 33 ms exposure and readout): the 67 ms layouts beat with these cameras
-    (reads for seconds, then none) and are not chosen; the windows hold the frames' measured flight."""
+    (reads for seconds, then none) and are not chosen (an 83 ms hold, a quarter period off, reads steadily);
+    the windows hold the frames' measured flight."""
     p = subprocess.run([sys.executable, "-m", "wccl.node", "--config", "rooms/pairs/dim.toml", "--steps", "15",
                         "--log-format", "json", "--log-level", "info"],
                        cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -362,7 +365,9 @@ def test_a_dim_room_whose_webcams_take_15_frames_a_second_applies_every_step():
     (used,) = [e for e in events if e["event"] == "layout_used" and e.get("node") == "alice"]
     (sized,) = [e for e in events if e["event"] == "schedule_sized"]
     (f,) = [e for e in events if e["event"] == "run_finished"]
-    assert used["hold_s"] >= 1.4 / 15, used
+    from protocols.discovery import steady_hold
+
+    assert steady_hold(used["hold_s"], 1 / 15), used
     assert sized["round_trip_s"] > 0.15, sized  # (two camera periods and more: measured, not assumed)
     assert f["applied"] == 15 and f["replicas_identical"] is True, f
 
