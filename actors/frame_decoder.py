@@ -87,6 +87,12 @@ class CameraView:
     read_at: list[np.ndarray] = dataclasses.field(default_factory=list)
     unread_at: deque = dataclasses.field(default_factory=lambda: deque(maxlen=64))
 
+    def unread_elsewhere(self) -> list[tuple[int, int]]:
+        """The sizes (w, h) of the codes it found that read in no layout, away from every place it reads a
+        screen at (a screen it cannot read, not a failed read of one it reads)."""
+        return [(w, h) for c, w, h in self.unread_at
+                if not any(np.abs(r - c).max() < max(w, h) / 2 for r in self.read_at)]
+
     def read_code(self, centre: np.ndarray, size: int) -> None:
         if len(self.read_at) < 16 and not any(np.abs(c - centre).max() < size / 2 for c in self.read_at):
             self.read_at.append(centre)
@@ -105,8 +111,7 @@ class CameraView:
             return problem
         read = ", ".join(names[r] for r in sorted(self.read_from))  # (a frame read is from a known rank)
         # codes that read in no layout, away from every place this camera reads a screen at
-        other = [(w, h) for c, w, h in self.unread_at
-                 if not any(np.abs(r - c).max() < max(w, h) / 2 for r in self.read_at)]
+        other = self.unread_elsewhere()
         if not other:
             return (f"its camera reads the screens of {read} and found no other code: a screen it does not read "
                     "is out of its view, faces away, or is too small or slanted to find (python -m wccl.aim "
@@ -146,9 +151,10 @@ class FrameDecoder(Actor):
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
                  transfers: transfer.TransferAssembler, ladder: list[LinkCodec] | None = None,
                  key: RoomKey = NO_KEY, handshake: Handshake | None = None, lens: str = "pinhole",
-                 layout_cost=None, listen: bool = False) -> None:
+                 layout_cost=None, listen: bool = False, view: CameraView | None = None) -> None:
         """`node_names`: the ranks in rank order (frames name their sender by rank); `transfers`: the
-        assembler, given by the supervisor so that it outlives a restart of this actor."""
+        assembler, given by the supervisor so that it outlives a restart of this actor; `view`: what the
+        camera saw (the node's, which weighs it for start-up's budget; default: this actor's own)."""
         super().__init__(ctx)
         # With a start-up ladder: what collectives would cost in a layout on its sight graph (seconds,
         # None: they cannot run there), for discovery's choice; without one, the densest wins.
@@ -177,7 +183,8 @@ class FrameDecoder(Actor):
         self.stats: Counter = Counter()
         # What this camera saw; while it reads nothing, why, in words, for the error of a rank that cannot
         # start (`camera_problem` in the node's results, refreshed with every `link_report`)
-        self.view = CameraView(cells=tuple(c.layout.outer_cells[1] for c in self.ladder))
+        self.view = view if view is not None else CameraView()
+        self.view.cells = tuple(c.layout.outer_cells[1] for c in self.ladder)
         self._warned_blind = False
         self._reported: Counter = Counter()  # the figures at the last `link_report`
         self._reported_at: float | None = None

@@ -98,3 +98,62 @@ def test_the_startup_bench_times_init_process_group_in_the_shipped_room():
     for r in run["ranks"]:
         assert r["measured"] == {"alice": 1, "bob": 1} and r["second_round"] is False
         assert 0 < r["init_sim_s"] < 3.0 and 0 < r["init_wall_s"] < time.perf_counter() - t0
+
+
+def _room_file(path: str, **sections) -> "WcclConfig":  # noqa: F821
+    """A shipped room file with sections overridden (logs as JSON lines, no dashboard)."""
+    import tomllib
+
+    from conftest import deep_update
+    from wccl.config import parse_config
+
+    data = deep_update(tomllib.loads((ROOT / path).read_text()), sections)
+    data.setdefault("logging", {})["format"] = "json"
+    data.setdefault("dashboard", {})["enabled"] = False
+    return parse_config(data, path, ROOT)
+
+
+@pytest.mark.slow
+def test_a_pair_turned_to_the_edge_of_its_15_fps_cameras_views_starts_in_the_cells_they_read(_quiet_logs):
+    # rooms/pairs/turned.toml: only the 22 px cells read both ways here, held 83 ms: 1.25 periods of these
+    # cameras, a quarter period off a whole number, so they read steadily. Start-up finds them and the run
+    # trains (it once gave up here at 10 s: a hold under 1.4 periods counted as unread however well it read).
+    from conftest import run_room
+    from protocols.discovery import steady_hold
+
+    cfg = _room_file("rooms/pairs/turned.toml", training={"steps": 3, "eval_every": 0})
+    result = run_room(cfg)
+    assert result["applied"] == 3 and result["replicas_identical"] is True, result
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
+    chosen = [e for e in events if e["event"] == "sight_known"]
+    assert {e["node"] for e in chosen} == {"alice", "bob"}
+    ladder = collective_ladder(cfg)
+    for e in chosen:
+        assert steady_hold(ladder[e["layout"]][1], 1 / 15) and e["cell_px"] >= 22, e
+    assert all(r["startup_s"] < 15.0 for r in result["nodes"].values()), result["nodes"]
+
+
+@pytest.mark.slow
+def test_a_room_read_one_way_gives_up_at_its_budget_naming_each_direction(_quiet_logs):
+    # alice's camera is badly out of focus: it finds bob's code and reads none of it, while bob reads alice.
+    # Nothing moves after the first seconds (bob never trusts a screen that does not echo him), so start-up
+    # gives up at its budget, long before the 60 s timeout, saying what each camera read; the node stops.
+    from conftest import run_room
+    from protocols.discovery import startup_budget_s
+    from wccl.supervisor import NodeFailed
+
+    nodes = [{"name": "alice", "roles": ["server", "worker"], "channel": {"blur_sigma_px": 9.0}},
+             {"name": "bob", "roles": ["worker"]}]
+    cfg = make_config(room={"profile": "webcam", "nodes": nodes}, training={"steps": 3, "eval_every": 0},
+                      sync={"timeout_s": 60.0})
+    with pytest.raises(BaseExceptionGroup) as eg:
+        run_room(cfg)
+    failed = [str(e) for e in eg.value.subgroup(NodeFailed).exceptions]
+    assert failed
+    events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
+    gave_up = [e for e in events if e["event"] == "startup_gave_up"]
+    assert gave_up and all(e["t"] < 2 * startup_budget_s(2) for e in gave_up), gave_up
+    for msg in failed:
+        assert "What each camera read: " in msg, msg
+        assert "bob -> alice: no frame read" in msg or "bob -> alice: no word yet" in msg, msg
+        assert "alice -> bob: " in msg, msg

@@ -88,10 +88,6 @@ class _TrainingNode(CollectiveNode):
 
     def build(self) -> None:
         super().build()
-        self.greeted = asyncio.Event()  # the run handshake and discovery are done
-        self.handshake.on_complete.append(self.greeted.set)
-        if self.handshake.complete:
-            self.greeted.set()
         cfg, room = self.config, self.config.room
         self.greet_timeout_s = max(cfg.collectives.timeout_s, MIN_GREET_S)
         if self.node == room.server and self.handshake.sight is not None:

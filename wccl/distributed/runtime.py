@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ import structlog
 
 from protocols import frames, transfer
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain, Message
+from wccl.actor import GiveUp
 from wccl.config import ConfigError, WcclConfig
 from wccl.registry import REGISTRY
 from wccl.supervisor import NodeSupervisor
@@ -120,6 +122,35 @@ def layout_cost(world: int, edges: dict, algorithm: str, goodput: float, latency
     return cls.estimate(sight, "allreduce", nbytes)
 
 
+class StartupGate:
+    """Opens once the run handshake and discovery are done (`set`), or fails with the reason start-up gave
+    up (`fail`): then `wait()` raises GiveUp with it, so the actors waiting on it stop the node then and
+    there."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.problem: str | None = None
+
+    def set(self) -> None:
+        self._event.set()
+
+    def fail(self, problem: str) -> None:
+        self.problem = problem
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set() and self.problem is None
+
+    async def wait(self) -> bool:
+        await self._event.wait()
+        if self.problem is not None:
+            raise GiveUp(self.problem)
+        return True
+
+
+WATCH_S = 0.5  # how often (room seconds) a rank looks at how its start-up goes
+
+
 class CollectiveNode(NodeSupervisor):
     """A rank's node: its camera and screen, and the actors that move its collectives."""
 
@@ -169,12 +200,22 @@ class CollectiveNode(NodeSupervisor):
         sight = (SightTable(self.rank, self.world, schedule.holds, settle_s=col.discovery_s,
                             min_ok=cfg.link.min_frames_ok, cost=cost, schedule=schedule) if self.world > 1 else None)
         self.handshake = Handshake(self.rank, self.world, sight=sight, window_s=room.replay_window_s)
+        self.clock_origin_local = self.local_clock.now()  # the node's start, on its own clock
+        self.greeted = StartupGate()  # the run handshake and discovery are done, or start-up gave up
+        self.handshake.on_complete.append(self.greeted.set)
+        self.handshake.on_complete.append(self._greeted_at)
+        if self.handshake.complete:
+            self.greeted.set()
+        from actors.frame_decoder import CameraView
+
+        self.camera_view = CameraView()  # what this camera saw (the FrameDecoder's; start-up's budget weighs it)
+        self.ladder_words = [f"{c.layout.rows}x{c.layout.cols} cells of {c.layout.cell_px} px" for c, _ in ladder]
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
                                   transfers=transfer.TransferAssembler(), key=key,
                                   handshake=self.handshake, lens=cfg.lens_of(self.node), ladder=[c for c, _ in ladder],
-                                  layout_cost=cost),
+                                  layout_cost=cost, view=self.camera_view),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,
@@ -206,18 +247,79 @@ class CollectiveNode(NodeSupervisor):
             watch.cancel()
 
     async def _watch_start(self) -> None:
-        """At the end of start-up's budget (protocols.discovery.startup_budget_s), a rank still not greeted
-        logs what it lacks and what its camera saw (`room_not_connected`, an error naming the screens it
-        never heard of), then keeps waiting until its timeout: a laptop may still start, or be moved."""
+        """Start-up's budget. At `startup_budget_s` a rank not yet greeted logs what it lacks and what its
+        camera saw (`room_not_connected`, an error). It goes on while start-up still moves (a frame of a peer
+        newly trusted, a row that changed, a layout newly measured: `startup_deadline`); once nothing moved
+        for as long as measuring a layout can take, it gives up (`startup_gave_up`, naming each direction and
+        what was read of it) and the node stops."""
         if self.world == 1:
             return
         from protocols.discovery import startup_budget_s
 
         structlog.contextvars.bind_contextvars(node=self.node)
+        log = structlog.get_logger("wccl")
+        clk = self.local_clock
+        start = self.clock_origin_local
         budget = startup_budget_s(self.world)
-        await self.local_clock.sleep_until(self.local_clock.now() + budget)
-        if not self.handshake.complete:
-            structlog.get_logger("wccl").error("room_not_connected", problem=self.greet_problem(budget))
+        said, state, self.progress_at = False, None, start
+        cap = start + getattr(self, "greet_timeout_s", math.inf)
+        k = 0
+        while not self.handshake.complete:
+            k += 1
+            # (a wake-up at the budget itself, to say what is missing then)
+            await clk.sleep_until(start + k * WATCH_S if said else min(start + k * WATCH_S, start + budget))
+            now = clk.now()
+            if self.handshake.complete:
+                return
+            seen = self._startup_state()
+            if seen != state:
+                state, self.progress_at = seen, now
+            if not said and now - start >= budget:
+                said = True
+                log.error("room_not_connected", problem=self.greet_problem(now - start))
+            deadline = self.startup_deadline(start, now)
+            # (at the node's own greeting timeout, the actors that wait for the greeting give up themselves)
+            if deadline < cap and now >= deadline:
+                problem = self.greet_problem(now - start)
+                directions = self.directions()
+                log.error("startup_gave_up", problem=problem, directions=directions)
+                self.greeted.fail(problem + (f". What each camera read: {'; '.join(directions)}" if directions else ""))
+                return
+
+    def _greeted_at(self) -> None:
+        """Keep how long start-up took (room seconds from the node's start to its first complete handshake)."""
+        self.results.setdefault("startup_s", round(self.local_clock.now() - self.clock_origin_local, 3))
+
+    def _startup_state(self) -> tuple:
+        """What start-up has learnt so far: the peers trusted and trusting, and every row's version."""
+        hs, st = self.handshake, self.handshake.sight
+        rows = tuple(r.version for r in st.rows) if st is not None else ()
+        return tuple(sorted(hs.trusted.items())), tuple(sorted(hs.trusted_by)), tuple(sorted(hs.seen)), rows
+
+    def startup_deadline(self, start: float, now: float) -> float:
+        """When this rank gives up its start-up (node clock). At least `startup_budget_s` from its start; then
+        as long as start-up moves: a grace after the last change (`progress_at`) as long as measuring the
+        ladder and settling can take. A rank that never heard of some peer and whose camera found no code it
+        cannot read waits for it as for a laptop not started yet (`[room] wait_for_nodes_s`). Never past the
+        node's own greeting timeout (`greet_timeout_s`)."""
+        from protocols.discovery import startup_budget_s
+
+        budget = startup_budget_s(self.world)
+        cap = getattr(self, "greet_timeout_s", math.inf)
+        st = self.handshake.sight
+        grace = st.watch_s + st.settle_s if st is not None else budget
+        deadline = max(start + budget, self.progress_at + grace)
+        echo = self.handshake.echo()
+        silent = [r for r in range(self.world) if r != self.rank and not echo[r]
+                  and (st is None or st.members() >> r & 1)]
+        if silent and not self.camera_view.unread_elsewhere():
+            deadline = max(deadline, start + self.config.room.wait_for_nodes_s + budget)
+        return min(deadline, start + cap)
+
+    def directions(self) -> list[str]:
+        """What each camera read of each screen so far, in words (protocols.discovery.SightTable.directions)."""
+        st = self.handshake.sight
+        return [] if st is None else st.directions(self.ranks, self.ladder_words)
 
     def _join_problem(self, st) -> str:
         """What a joining rank's admission waits for (protocols.discovery: its own row, the members')."""
@@ -431,6 +533,8 @@ class RankNode:
             self._greeted.wait(0.05)
             if self._error is not None:
                 raise RuntimeError(f"wccl: rank {self.node}'s node stopped: {self._error}")
+            if sup.greeted.problem is not None:
+                raise RuntimeError(f"wccl: rank {self.node} {sup.greeted.problem}")
             if self.loop.time() - self._t_mark > timeout_s:
                 raise RuntimeError(f"wccl: rank {self.node} {self.sup.greet_problem(timeout_s)}")
         self._t_mark = max(self._t_mark, self.loop.time())  # waiting for the handshake is not compute
