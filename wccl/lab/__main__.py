@@ -6,7 +6,9 @@ size through the wccl backend, per collective algorithm);
 `python -m wccl.lab attack --frames N --json` (forged, replayed, foreign, bit-flipped frames against a rank);
 `python -m wccl.lab fuzz --seconds N --json` (random and mutated inputs to every entry point);
 `python -m wccl.lab startup --config FILE --repeat N --json` (init_process_group's wall and simulated seconds);
-`python -m wccl.lab placement [--config FILE] [--json]` (camera pixels per cell by screen, lens and distance)."""
+`python -m wccl.lab placement [--config FILE] [--json]` (camera pixels per cell by screen, lens and distance);
+`python -m wccl.lab rooms --count N --laptops 2|LOW-HIGH --seed S --out DIR` (rooms drawn at random: whether each
+that some layout reads starts and runs its steps, and why not)."""
 
 from __future__ import annotations
 
@@ -81,12 +83,19 @@ def main(argv: list[str] | None = None) -> int:
 
     startup_lab.add_arguments(sub.add_parser("startup", formatter_class=HelpFormatter,
                                              help="time init_process_group on every rank of a room (wall and simulated s)"))
+    from wccl.lab import rooms as rooms_lab
+
+    rooms_lab.add_arguments(sub.add_parser("rooms", formatter_class=HelpFormatter,
+                                           help="rooms drawn at random: whether each that some layout reads starts "
+                                           "and runs its steps, and why not"))
     from wccl.lab import placement as placement_lab
 
     placement_lab.add_arguments(sub.add_parser("placement", formatter_class=HelpFormatter,
                                                help="camera pixels per cell and the furthest distance each layout "
                                                "reads at, by screen, lens and distance (no camera needed)"))
     args = p.parse_args(argv)
+    if args.cmd == "rooms":
+        return rooms_lab.run(args)
     if args.cmd == "placement":
         return placement_lab.run(args)
     if args.cmd == "startup":
