@@ -15,7 +15,9 @@ For each room the sweep finds out:
   the collectives: every screen shows single-frame transfers in that layout
   at once and every camera decodes what it sees (the link bench's decoder,
   listening, wccl.lab.bench); a direction reads when at least
-  `bench.MIN_SHARE` of the frames shown get through, and the layout serves
+  `bench.MIN_SHARE` of the frames shown get through and the layout's hold
+  does not beat with the reader's camera (protocols.discovery.steady_hold:
+  what such a layout reads depends on a phase that drifts), and the layout serves
   when the pairs of laptops that read each other both ways connect them all
   (what relays and acknowledgements need). Layouts are tried from the most
   robust (the end of the ladder) until one serves.
@@ -126,6 +128,7 @@ async def _probe(cfg, k: int, frames: int, seed: int) -> dict[tuple[int, int], f
     shown that it read."""
     import wccl.media.parts  # noqa: F401  (registers the room)
     from actors.frame_decoder import FrameDecoder
+    from protocols.discovery import steady_hold
     from protocols.layout import render, render_idle
     from protocols.messages import Capture, TensorReceived
     from protocols.security import new_run_nonce
@@ -183,7 +186,10 @@ async def _probe(cfg, k: int, frames: int, seed: int) -> dict[tuple[int, int], f
                 got[(r, names.index(m.origin))].add(m.step)
 
     await asyncio.gather(*(show(i) for i in range(n)), *(read(r) for r in range(n)))
-    return {e: len(v) / frames for e, v in got.items()}
+    # A hold that beats with the reader's camera reads for a while at one phase and not at all at another
+    # (protocols.discovery.steady_hold): what a few seconds of it read says nothing of a run.
+    steady = [steady_hold(hold, 1 / medium.camera_fps(x)) for x in names]
+    return {(r, s): len(v) / frames if steady[r] else 0.0 for (r, s), v in got.items()}
 
 
 def _connected(n: int, both: set[tuple[int, int]]) -> bool:
