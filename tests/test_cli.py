@@ -78,9 +78,31 @@ def test_every_command_has_its_own_help(argv, capsys):
         main(argv)
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage:"), out
+    # every command's parser is built one way (wccl.cli.command_parser): named as the user typed it
+    typed = " ".join(a for a in argv if a != "--help")
+    assert out.startswith(f"usage: wccl {typed} "), out
     if argv[0] in ("run", "lab"):
         assert "(default: " in out  # options list their defaults
+
+
+@pytest.mark.parametrize("module", ["wccl.node", "wccl.aim", "wccl.lab", "wccl.keys"])
+def test_a_command_run_as_a_module_names_itself_as_typed(module):
+    p = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith(f"usage: python -m {module} "), p.stdout[:200]
+
+
+def test_what_a_user_mistypes_is_named_in_one_line(tmp_path, capsys):
+    from wccl.lab.__main__ import main as lab
+
+    assert lab(["placement", "--screens", "abc"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("wccl.lab placement: --screens abc: expected numbers separated by commas"), err
+    assert main(["run", "--config", str(tmp_path)]) == 2  # a folder, not a file
+    err = capsys.readouterr().err
+    assert f"{tmp_path}: a folder, not a room file" in err and err.count("\n") == 1, err
+    assert main(["keys", "new", str(tmp_path / "no-such-dir" / "room.key")]) == 2
+    err = capsys.readouterr().err
+    assert "no folder" in err and "Errno" not in err, err
 
 
 def test_keys_makes_a_key_and_fingerprints_it(tmp_path, capsys):

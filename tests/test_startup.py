@@ -100,7 +100,7 @@ def test_the_startup_bench_times_init_process_group_in_the_shipped_room():
         assert 0 < r["init_sim_s"] < 3.0 and 0 < r["init_wall_s"] < time.perf_counter() - t0
 
 
-def _room_file(path: str, **sections) -> "WcclConfig":  # noqa: F821
+def _room_file(path: str, **sections):
     """A shipped room file with sections overridden (logs as JSON lines, no dashboard)."""
     import tomllib
 

@@ -33,7 +33,6 @@ out (each direction that did not read is named), 2 bad arguments or config,
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 import time
@@ -51,7 +50,7 @@ from protocols.layout import GridLayout, render
 from protocols.link import LinkCodec
 from protocols.security import RoomKey, new_run_nonce
 from protocols.transfer import status_message
-from wccl.cli import HelpFormatter
+from wccl.cli import command_parser
 from wccl.config import ConfigError, WcclConfig, load_config
 
 AIM_ROWS, AIM_COLS, AIM_COLOURS, AIM_CELL_PX = 30, 48, 4, 16  # the aim code: 16 px cells where they fit
@@ -498,8 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     from wccl.registry import UnknownPart
     from wccl.timebase import new_loop
 
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="wccl aim",
-                                description="Aim the laptops: each screen shows its code and what its camera sees, "
+    p = command_parser("wccl.aim",
+                       description="Aim the laptops: each screen shows its code and what its camera sees, "
                                             "until every direction reads.")
     p.add_argument("--config", default="config.toml", help="room config file")
     p.add_argument("--node", action="append", help="aim this node (repeat for several; default: every node of "

@@ -31,6 +31,18 @@ class HelpFormatter(argparse.HelpFormatter):
         return (text + " " if text else "") + "(default: %(default)s)"
 
 
+_INVOKED_AS: list[str] = []  # the command as the user typed it, when `wccl` runs it ("wccl run")
+
+
+def command_parser(module: str, description: str | None = None, **kwargs) -> argparse.ArgumentParser:
+    """The one way a command builds its parser: named as the user typed it (`wccl run` through `wccl`,
+    `python -m wccl.node` otherwise; `module` is the latter's), every option's default in its help
+    (`HelpFormatter`, unless `formatter_class` says otherwise)."""
+    kwargs.setdefault("formatter_class", HelpFormatter)
+    prog = _INVOKED_AS[-1] if _INVOKED_AS else f"python -m {module.removesuffix('.__main__')}"
+    return argparse.ArgumentParser(prog=prog, description=description, **kwargs)
+
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("wccl.node", "run a room's nodes: the built-in training run"),
     "launch": ("wccl.launch", "run a PyTorch script on every laptop of a room (the 'wccl' backend)"),
@@ -89,7 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: no {what} {name!r}{hint}\n\n{help_text()}", file=sys.stderr)
         return 2
     module = importlib.import_module(table[name][0])
-    return int(module.main(rest) or 0)
+    _INVOKED_AS.append(f"{prog} {name}")
+    try:
+        return int(module.main(rest) or 0)
+    finally:
+        _INVOKED_AS.pop()
 
 
 if __name__ == "__main__":

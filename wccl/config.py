@@ -932,6 +932,9 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
 def load_config(path: str | Path) -> WcclConfig:
     path = Path(path)
     if not _usable(path, Path.is_file):
+        if _usable(path, Path.is_dir):
+            raise ConfigError(f"{str(path)[:200]}: a folder, not a room file (give the .toml file, e.g. "
+                              f"{str(path / 'config.toml')[:200]})")
         raise ConfigError(f"{str(path)[:200]}: config file not found")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))

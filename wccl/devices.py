@@ -26,7 +26,6 @@ side before a run.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -36,7 +35,7 @@ import subprocess
 import sys
 from typing import Any
 
-from wccl.cli import HelpFormatter
+from wccl.cli import command_parser
 from wccl.media.display import NoDisplay, monitors, probe_display
 from wccl.media.webcam import v4l2_name, video_nodes
 
@@ -282,7 +281,7 @@ async def _show_window(config_path: str, node: str | None, seconds: float | None
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.devices", description="List cameras and displays.")
+    p = command_parser("wccl.devices", "List cameras and displays.")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument("--max-index", type=int, default=4, help="camera indices to try where devices cannot be listed")
     p.add_argument("--no-read", action="store_true", help="do not read an image from each camera (faster)")

@@ -17,13 +17,13 @@ unauthenticated, and says so loudly; so does any room with `security = "off"`.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from protocols.security import KEY_BYTES, NO_KEY, KeyError_, RoomKey, key_from_passphrase, read_key_file
 from wccl.config import ConfigError
+from wccl.cli import command_parser
 
 RUN_KEY_ENV = "WCCL_RUN_KEY"  # the ephemeral key of a simulated run, set by wccl.launch for its ranks
 
@@ -77,13 +77,16 @@ def log_key(log, key: RoomKey) -> None:
 def write_key(path: Path, force: bool = False) -> None:
     if path.exists() and not force:
         raise FileExistsError(f"{path} exists: a room key is never overwritten (use --force to replace it)")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: no folder {path.parent} to write the key in (make it first, or give "
+                                "another path)")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(os.urandom(KEY_BYTES))
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wccl.keys", description="Room keys: make one, fingerprint one.")
+    ap = command_parser("wccl.keys", "Room keys: make one, fingerprint one.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     new = sub.add_parser("new", help="write a new random room key (32 bytes, mode 0600)")
     new.add_argument("path", type=Path)

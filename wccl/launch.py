@@ -67,7 +67,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from wccl.cli import HelpFormatter
+from wccl.cli import command_parser
 from wccl.config import ConfigError, load_config
 from wccl.keys import RUN_KEY_ENV, new_ephemeral, room_key
 
@@ -105,8 +105,8 @@ def json_objects(text: str) -> list[dict]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.launch",
-                                description="Run a PyTorch script on every laptop of a WCCL room (the 'wccl' backend).")
+    p = command_parser("wccl.launch",
+                       "Run a PyTorch script on every laptop of a WCCL room (the 'wccl' backend).")
     p.add_argument("--config", required=True, help="the room file (its training nodes are the ranks, in order)")
     p.add_argument("--node", help="run only this laptop's rank (real laptops: one launcher per laptop)")
     p.add_argument("--clock", choices=["virtual", "realtime"], help="override [room] clock (simulated room)")

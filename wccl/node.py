@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from wccl.cli import HelpFormatter
+from wccl.cli import command_parser
 from wccl.config import ConfigError, WcclConfig, load_config
 from wccl.hostos import stop_on_signals
 from wccl.logs import configure_logging, end_progress
@@ -194,7 +194,7 @@ class RoomRun:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.node", description="Run WCCL nodes from a room config.")
+    p = command_parser("wccl.node", "Run WCCL nodes from a room config.")
     p.add_argument("--config", default="config.toml", help="room config file (default: config.toml)")
     p.add_argument("--node", help="run only this node of the room (default: all of them, in this process)")
     p.add_argument("--log-format", choices=["auto", "console", "json"], help="override [logging] format")

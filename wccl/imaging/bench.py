@@ -26,10 +26,11 @@ from protocols.layout import render  # noqa: E402
 from wccl.config import load_config, parse_config  # noqa: E402
 from wccl.imaging import reader  # noqa: E402
 from wccl.room import SimulatedRoom  # noqa: E402
+from wccl.cli import command_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m wccl.imaging.bench", description=__doc__,
+    p = command_parser("wccl.imaging.bench", __doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="config.toml")
     p.add_argument("--profile", default="webcam")

@@ -17,12 +17,12 @@ import json
 import sys
 from pathlib import Path
 
-from wccl.cli import HelpFormatter
+from wccl.cli import HelpFormatter, command_parser
 from wccl.config import LAYOUT_KEYS, NODE_NAMES, ConfigError, load_config
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter, prog="python -m wccl.lab", description="Measure the optical link.")
+    p = command_parser("wccl.lab.__main__", "Measure the optical link.")
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bench", formatter_class=HelpFormatter, help="send N bytes of random tensors from one simulated node to another")
     b.add_argument("--config", default="config.toml", help="the room file")

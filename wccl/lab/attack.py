@@ -46,7 +46,7 @@ from collections import Counter
 from protocols import frames, streams, transfer
 from protocols.receiver import TransferReceiver
 from protocols.security import REPLAY_WINDOW_S, Handshake, RoomKey
-from wccl.cli import HelpFormatter
+from wccl.cli import command_parser
 
 MESSAGE_BYTES = 1900  # a mid-sized layout's frame message
 FRAME_S = 0.1  # one frame every 100 ms
@@ -264,6 +264,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    p = command_parser("wccl.lab.attack")
     add_arguments(p)
     raise SystemExit(run(p.parse_args()))

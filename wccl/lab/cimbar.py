@@ -33,6 +33,7 @@ import numpy as np
 
 from wccl.config import load_config, parse_config
 from wccl.room import SimulatedRoom
+from wccl.cli import command_parser
 
 
 def sh(cmd, **kw):
@@ -40,7 +41,7 @@ def sh(cmd, **kw):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m wccl.lab.cimbar", description=__doc__,
+    p = command_parser("wccl.lab.cimbar", __doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--profile", default="webcam")
     p.add_argument("--config", default="rooms/two-laptops-sim.toml")

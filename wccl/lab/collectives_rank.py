@@ -19,7 +19,6 @@ error, not a crash.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import wccl.distributed as wd
+from wccl.cli import command_parser
 
 def _one(op: str, nbytes: int, rank: int, world: int) -> bool:
     n = max(1, nbytes // 4)
@@ -106,7 +106,7 @@ def _configured() -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = command_parser("wccl.lab.collectives_rank")
     p.add_argument("--sizes", default="4,2048,65536,1048576")
     p.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier")
     p.add_argument("--repeat", type=int, default=3, help="times each small collective (<= 2 KB) is run")

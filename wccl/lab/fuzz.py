@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wccl.cli import HelpFormatter
+from wccl.cli import command_parser
 
 HANG_S = 5.0
 BYTE_ENTRY_POINTS = ("transfer_frames", "fec_symbols", "snapshots", "checkpoints", "config", "idx")
@@ -489,6 +489,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    p = command_parser("wccl.lab.fuzz")
     add_arguments(p)
     raise SystemExit(run(p.parse_args()))

@@ -233,8 +233,15 @@ def markdown(table: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _floats(text: str) -> list[float]:
-    return [float(x) for x in text.split(",") if x.strip()]
+def _floats(text: str, option: str) -> list[float]:
+    """A comma-separated list of numbers given to `option` (ValueError naming the option and the value)."""
+    out = []
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        try:
+            out.append(float(part))
+        except ValueError:
+            raise ValueError(f"{option} {part}: expected numbers separated by commas, e.g. {option} 13.3,15.6") from None
+    return out
 
 
 def _aspects(text: str) -> list[tuple[int, int]]:
@@ -268,8 +275,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         steps, frame = ladder_of(args.config)
-        screens, aspects = _floats(args.screens), _aspects(args.aspects)
-        distances, fovs, angles = _floats(args.distances), _floats(args.fov), _floats(args.angle)
+        screens, aspects = _floats(args.screens, "--screens"), _aspects(args.aspects)
+        distances, fovs = _floats(args.distances, "--distances"), _floats(args.fov, "--fov")
+        angles = _floats(args.angle, "--angle")
     except ConfigError as e:
         print(f"wccl.lab: config error: {e}", file=sys.stderr)
         return 2

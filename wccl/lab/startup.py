@@ -27,6 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from wccl.cli import command_parser
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -154,6 +155,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--rank-program"]:
         _rank_program()
     else:
-        ap = argparse.ArgumentParser(prog="python -m wccl.lab startup")
+        ap = command_parser("wccl.lab.startup")
         add_arguments(ap)
         raise SystemExit(run(ap.parse_args()))

@@ -28,6 +28,7 @@ from wccl.training.divergence import HINT as DIVERGENCE_HINT, DivergenceWatch
 from wccl.training.data import SPLITS, batch_for_step, load_dataset, shard, shift_augment
 from wccl.config import MODEL_DEFAULTS
 from wccl.training.model import build_model, param_count
+from wccl.cli import command_parser
 
 HACKATHON_STEP_S = 8.0  # the hackathon's measured step: 670 parameters in bf16 each way, once a step
 
@@ -81,7 +82,7 @@ def emit(kind: str, **fields) -> None:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = command_parser("wccl.lab.train_rank", __doc__.split("\n")[0])
     p.add_argument("--backend", default="wccl", help="wccl or gloo (ignored with --alone)")
     p.add_argument("--alone", choices=["half", "all", "hackathon"],
                    help="a reference without the link: one laptop with its half of the data, one with all of "

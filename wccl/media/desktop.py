@@ -24,6 +24,7 @@ import os
 from wccl.config import ConfigError
 from wccl.media.display import probe_display
 from wccl.media.hardware import StopHook, require_realtime, window_screen
+from wccl.cli import command_parser
 
 Rect = tuple[int, int, int, int]  # x, y, width, height
 
@@ -161,7 +162,6 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m wccl.media.desktop --config rooms/loopback.toml`: does every window reach every camera?"""
-    import argparse
     import json
     import sys
 
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from wccl.logs import configure_logging
     from wccl.media.display import DeviceError
 
-    p = argparse.ArgumentParser(prog="python -m wccl.media.desktop", description=main.__doc__)
+    p = command_parser("wccl.media.desktop", main.__doc__)
     p.add_argument("--config", default="rooms/loopback.toml")
     p.add_argument("--seconds", type=float, default=2.0)
     a = p.parse_args(argv)

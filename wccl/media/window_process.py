@@ -34,7 +34,6 @@ waits for the GUI's event loop.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -51,6 +50,7 @@ import numpy as np
 import structlog
 
 from wccl.media.display import DeviceError, DisplayInfo, NoDisplay, probe_display
+from wccl.cli import command_parser
 
 SHOW_TIMEOUT_S = 2.0  # longest a show() waits for the helper's answer
 START_TIMEOUT_S = 120.0  # longest the constructor waits for the helper's window (the paint check can take a while)
@@ -342,8 +342,8 @@ def _serve(args, send: Callable[[dict], None]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m wccl.media.window_process",
-                                description="A node's window, in a process whose main thread owns it "
+    p = command_parser("wccl.media.window_process",
+                       "A node's window, in a process whose main thread owns it "
                                             "(started by ProcessWindowScreen; not for use by hand).")
     p.add_argument("--shm", required=True)
     p.add_argument("--title", required=True)

@@ -23,7 +23,6 @@ machine shares, so the node turns it into its own clock exactly.
 
 from __future__ import annotations
 
-import argparse
 import os
 import struct
 import subprocess
@@ -35,6 +34,7 @@ import numpy as np
 
 from wccl.media.capture import ThreadedCamera
 from wccl.media.display import DeviceError, NoDisplay
+from wccl.cli import command_parser
 
 HEADER = struct.Struct("<4sIdII")
 MAGIC = b"WGRB"
@@ -179,8 +179,8 @@ def _grab(display: str, x: int, y: int, width: int, height: int, fps: float, cou
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m wccl.media.x11grab",
-                                description="Grab a region of an X display; raw BGR frames with headers on stdout.")
+    p = command_parser("wccl.media.x11grab",
+                       "Grab a region of an X display; raw BGR frames with headers on stdout.")
     p.add_argument("--display", default=os.environ.get("DISPLAY", ":0"))
     p.add_argument("--x", type=int, default=0)
     p.add_argument("--y", type=int, default=0)

@@ -11,7 +11,6 @@ them new), and the one-off set-up of a camera. H.264 is timed as a stream.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import subprocess
 import time
@@ -21,6 +20,7 @@ import numpy as np
 
 from protocols.layout import GridLayout, render
 from wccl.room import SimulatedRoom
+from wccl.cli import command_parser
 
 
 def cpu_model() -> str:
@@ -80,7 +80,7 @@ def bench_profile(profile: str, n: int = 60, seed: int = 0) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wccl.room.bench", description=__doc__.split("\n\n")[0])
+    ap = command_parser("wccl.room.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profiles", default="exact,ideal,webcam,harsh")
     ap.add_argument("-n", type=int, default=60, help="captures timed per case")
     args = ap.parse_args(argv)

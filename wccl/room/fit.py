@@ -15,7 +15,6 @@ Options: --out PATH (default wccl/room/fitted.json), --no-write, --profile
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -26,6 +25,7 @@ import cv2
 import numpy as np
 
 from wccl.room import realcaps as rc
+from wccl.cli import command_parser
 
 HERE = Path(__file__).resolve().parent
 SCREEN_PX = rc.SIZE            # the displayed PNG fills a 1024x1024 screen, pixel for pixel
@@ -184,7 +184,7 @@ def measured_table(rows: list[dict], profile: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wccl.room.fit", description=__doc__.split("\n\n")[0])
+    ap = command_parser("wccl.room.fit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(HERE / "fitted.json"))
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--profile", default="webcam")

@@ -38,7 +38,6 @@ on stderr).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import hmac
 import json
@@ -62,6 +61,7 @@ from wccl.room.remote import (
 )
 from wccl.room.room import SimulatedRoom
 from wccl.room.timing import CaptureSchedule, capture_rng
+from wccl.cli import command_parser
 
 AUTH_TIMEOUT_S = 5.0
 
@@ -467,8 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     from wccl.config import ConfigError, load_config
     from wccl.logs import configure_logging
 
-    p = argparse.ArgumentParser(prog="python -m wccl.room.serve",
-                                description="Serve the simulated room to node processes on a Unix socket.")
+    p = command_parser("wccl.room.serve",
+                       description="Serve the simulated room to node processes on a Unix socket.")
     p.add_argument("--config", required=True, help="the room config (TOML)")
     p.add_argument("--socket", required=True, help="the Unix-domain socket to listen on (created; removed on exit)")
     p.add_argument("--clock", choices=("virtual", "realtime"), default=None,

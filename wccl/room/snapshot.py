@@ -14,7 +14,6 @@ captures show the exposure mixing the two frames).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -22,10 +21,11 @@ import cv2
 import numpy as np
 
 from protocols.layout import render
+from wccl.cli import command_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wccl.room.snapshot", description=__doc__.split("\n\n")[0])
+    ap = command_parser("wccl.room.snapshot", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="config.toml")
     ap.add_argument("--at", type=float, default=5.0, help="true time of the capture, s")
     ap.add_argument("--out", required=True, help="folder for the PNGs")

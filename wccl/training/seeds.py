@@ -45,10 +45,11 @@ import torch
 from .data import load_dataset
 from .model import INITS
 from .replica import DEFAULT_RECIPE, OPTIMIZERS, reference_run
+from wccl.cli import command_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wccl.training.seeds", description=__doc__,
+    ap = command_parser("wccl.training.seeds", __doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (default 10)")
     ap.add_argument("--first-seed", type=int, default=0)
