@@ -28,12 +28,14 @@ differs stalls it until a snapshot of a later state.
 It has no schedule of its own: its run ends once it has applied the last
 step's average (`steps` from config), or when its node is ended (the room's
 run is over) or stopped. A stalled observer waits until then; one that ends
-before the last step's average says so (`observer_incomplete`).
+before the last step's average says so (`observer_incomplete`, or
+`observer_interrupted` when the run was stopped).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -54,8 +56,11 @@ class Observer(Actor):
     ends_node = True
 
     def __init__(self, ctx: ActorContext, replica: Any, server: str, steps: int, show_digits: int = 8,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, stopped: Callable[[], bool] = lambda: False) -> None:
+        """`stopped()`: the run was stopped (Ctrl-C): an observer that ends before the last step then says
+        so, not that its camera read too little."""
         super().__init__(ctx)
+        self.stopped = stopped
         self.replica = replica
         self.codec = codec or get_codec("bf16")  # the run's gradient codec: what the averages are encoded with
         self.server = server
@@ -203,7 +208,9 @@ class Observer(Actor):
                  params_sha256=hashlib.sha256(params.numpy().tobytes()).hexdigest())
         self.log.info("observer_finished", test_accuracy=round(acc, 4), applied=r["applied"], epoch=r["epoch"],
                       missed=r["missed"], recovered=r["recovered"], stalled=r["stalled"])
-        if not self.done:
+        if not self.done and self.stopped():
+            self.log.info("observer_interrupted", last_step=r["last_step"], steps=self.steps, applied=r["applied"])
+        elif not self.done:
             # Ended before the last step's average (the run is over): its model is not the trainers' last.
             self.log.warning("observer_incomplete", last_step=r["last_step"], steps=self.steps, applied=r["applied"],
                              stalled=r["stalled"], hint="its camera read too few of the server's frames: aim it at "

@@ -224,3 +224,37 @@ def test_the_shipped_room_has_an_observer_and_a_dashboard():
     cfg = parse_config(shipped_config_dict(), "config.toml")
     assert cfg.room.observers == ["carol"] and cfg.room.workers == ["alice", "bob"]
     assert cfg.dashboard.enabled and cfg.dashboard.port > 0
+
+
+@pytest.mark.parametrize("stopped", [True, False])
+def test_an_observer_ended_by_a_stopped_run_says_so_and_gives_no_aiming_hint(stopped, _quiet_logs):
+    # Ctrl-C after step 0: the observer's model is the server's after one step, and nothing was wrong with
+    # its camera; a run that ended on its own before the observer had the last step is another matter.
+    cfg = make_config(training={"steps": 4})
+    avgs, _ = _trained(cfg, 1)
+    observer = _fresh(cfg)
+
+    async def go():
+        async with ActorHarness(Observer, node="carol", replica=observer, server="alice", steps=4,
+                                stopped=lambda: stopped) as h:
+            await h.send(_avg(0, avgs[0]))
+            await h.settle()
+            await h.close()  # (the run's end: the node closes the mailboxes)
+
+    run_virtual(go)
+    interrupted, incomplete = _events(_quiet_logs, "observer_interrupted"), _events(_quiet_logs, "observer_incomplete")
+    if stopped:
+        assert len(interrupted) == 1 and interrupted[0]["applied"] == 1 and not incomplete
+    else:
+        assert not interrupted and len(incomplete) == 1 and "aim it" in incomplete[0]["hint"]
+
+
+def test_the_end_of_a_run_stopped_before_its_first_evaluation_says_so_without_a_nan():
+    from wccl.node import summary_table
+
+    result = dict(test_accuracy=float("nan"), stopped=True, applied=2, steps=30, replicas_identical=True,
+                  observer_identical=None, sim_seconds=3.0, wall_seconds=9.0, restarts={}, nodes={}, link={})
+    first = summary_table(result).splitlines()[0]
+    assert first == "run interrupted: 2 of 30 steps applied, no test accuracy yet", first
+    result.update(test_accuracy=0.8731, stopped=False, applied=30)
+    assert summary_table(result).splitlines()[0] == "run finished: 30 of 30 steps applied, test accuracy 0.873"

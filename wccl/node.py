@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -260,8 +261,10 @@ def summary_table(result: dict[str, Any]) -> str:
     """The end of a run in a few lines, for a terminal: accuracy, steps, times, and per node what its
     screen sent and its camera read and lost (by reason). The same figures are in `run_finished`."""
     acc = result["test_accuracy"]
+    # (a run stopped before its first evaluation has no accuracy to say)
     lines = [f"run {'interrupted' if result['stopped'] else 'finished'}: {result['applied']} of {result['steps']} "
-             f"steps applied, test accuracy {acc:.3f}"]
+             "steps applied" + (f", test accuracy {acc:.3f}" if math.isfinite(acc) else
+                                ", no test accuracy yet" if result["stopped"] else ", test accuracy not measured")]
     same = {True: "identical", False: "DIFFERENT", None: "-"}
     lines.append(f"  replicas {same[result['replicas_identical']]}, observers {same[result['observer_identical']]}; "
                  f"{result['sim_seconds']:.1f} s room time, {result['wall_seconds']:.1f} s wall")

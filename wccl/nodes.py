@@ -220,6 +220,6 @@ class ObserverNode(NodeSupervisor):
                                   transfers=transfer.TransferAssembler(), ladder=[c for c, _ in ladder], key=key,
                                   lens=cfg.lens_of(self.node), listen=True),
             "observer": dict(replica=_replica(cfg, self.node), server=room.server, steps=cfg.training.steps,
-                             codec=codec_from_config(cfg.training)),
+                             codec=codec_from_config(cfg.training), stopped=self.stop.is_set),
         }
         self._wire()
