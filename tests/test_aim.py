@@ -197,3 +197,25 @@ def test_the_launcher_on_real_devices_aims_first(monkeypatch, tmp_path):
     assert main(["--config", str(ROOT / "rooms/two-laptops.toml"), "--node", "alice", "--aim-seconds", "9",
                  str(script)]) == 130
     assert calls == [("hardware", ["alice"], 9.0)]
+
+
+def test_a_peer_not_in_the_room_is_said_in_one_line_before_anything_else_runs():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "wccl.aim", "--config", "config.toml", "--peers", "dave"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    said = (p.stdout + p.stderr).strip().splitlines()
+    assert p.returncode == 2 and len(said) == 1, said
+    assert said[0].endswith("--peers dave: not a node of the room (alice, bob, carol)"), said
+
+
+def test_no_display_tells_a_laptop_user_what_to_do(monkeypatch):
+    from wccl.media import display
+
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr(display, "_uses_x11", lambda: True)
+    with pytest.raises(display.NoDisplay) as e:
+        display.probe_display()
+    assert "desktop session (not over ssh)" in str(e.value) and "Xvfb" not in str(e.value), e.value

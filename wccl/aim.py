@@ -409,6 +409,7 @@ async def aim(cfg: WcclConfig, nodes: list[str] | None = None, peers: list[str] 
     for n in run:
         if n not in names:
             raise ConfigError(f"--node {n}: not a node of the room ({', '.join(names)})")
+    aims = {n: targets(cfg, n, peers) for n in run}  # (bad names said before the room or a window opens)
     medium = REGISTRY.create("medium", cfg.room.medium, config=cfg)
     key = room_key(cfg, ephemeral=new_ephemeral() if cfg.room.medium == "simulated" else None)
     stop = asyncio.Event()
@@ -419,7 +420,7 @@ async def aim(cfg: WcclConfig, nodes: list[str] | None = None, peers: list[str] 
     aimers: list[Aimer] = []
     try:
         for n in run:
-            aimers.append(Aimer(cfg, n, medium, key, targets(cfg, n, peers), NodeClock(origin=origin)))
+            aimers.append(Aimer(cfg, n, medium, key, aims[n], NodeClock(origin=origin)))
         until = seconds
         tasks = [asyncio.ensure_future(coro) for a in aimers for coro in (a.show(until), a.watch(until))]
 

@@ -185,8 +185,9 @@ def probe_display(name: str | None = None) -> DisplayInfo:
         if os.environ.get("WAYLAND_DISPLAY"):
             raise NoDisplay("no X display: this is a Wayland session without XWayland (DISPLAY is not set); "
                             "OpenCV's window needs X11: log in to an X11 session or enable XWayland")
-        raise NoDisplay("no display: DISPLAY is not set (a window needs a desktop session; on a machine "
-                        "without a screen, run a virtual one: Xvfb :99 & export DISPLAY=:99)")
+        raise NoDisplay("no display: DISPLAY is not set: the run's window needs the laptop's desktop, so start "
+                        "it from a terminal of the desktop session (not over ssh); to try WCCL without screens, "
+                        "run a room whose medium is \"simulated\" (config.toml)")
     if ctypes.util.find_library("X11") is None:
         raise NoDisplay(f"display {name}: libX11 is not installed, so the X server cannot be reached "
                         "(Debian/Ubuntu: apt-get install libx11-6)")
