@@ -141,3 +141,25 @@ def test_a_bad_config_through_wccl_run_is_one_line_and_exit_2(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == [f"wccl: config error: {path}: {BAD_PROFILE}"], p.stderr
     assert p.stdout == ""
+
+
+def test_only_the_built_in_run_keeps_a_progress_line_on_a_terminal():
+    # aim mode, the launcher, the room's process: their output is lines; a training run's step line under
+    # them stayed for good and glued what they printed next to it ("startingalice: aimed ...").
+    import io
+
+    import structlog
+
+    from wccl.logs import configure_logging, end_progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for progress, shown in ((None, False), (True, True)):
+        term = Terminal()
+        configure_logging("console", "warning", stream=term, **({} if progress is None else {"progress": True}))
+        structlog.get_logger("wccl").warning("camera_reads_nothing", problem="none")
+        end_progress()
+        assert ("wccl | step" in term.getvalue()) is shown, term.getvalue()
+    configure_logging("json", "debug", stream=io.StringIO())

@@ -152,9 +152,9 @@ _progress: ProgressLine | None = None
 
 
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None,
-                      progress: bool = True, taps_level: str | None = None) -> str:
+                      progress: bool = False, taps_level: str | None = None) -> str:
     """Configure structlog for this process. `fmt`: auto | console | json. On a terminal with the
-    console format, `progress` keeps one live progress line under the log. `taps_level` (below `level`)
+    console format, `progress` keeps one live progress line under the log (the built-in run's). `taps_level` (below `level`)
     lets the taps see events the log does not show. Returns the format in use ("console" or "json")."""
     global _progress
     if _progress is not None:

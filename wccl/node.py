@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"wccl: config error: {args.config}: {e}", file=sys.stderr)
         return EXIT_CONFIG
-    fmt = configure_logging(cfg.logging.format, cfg.logging.level)
+    fmt = configure_logging(cfg.logging.format, cfg.logging.level, progress=True)
     if cfg.room.medium == "hardware" and args.aim_seconds > 0:
         from wccl.aim import aim_first
 
