@@ -209,3 +209,35 @@ def test_a_peer_not_in_the_room_is_said_in_one_line_before_anything_else_runs():
     assert p.returncode == 2 and len(said) == 1, said
     assert said[0].endswith("--peers dave: not a node of the room (alice, bob, carol)"), said
 
+
+
+def test_a_laptop_without_a_camera_says_so_before_its_window_opens():
+    # Parts swapped through the registry: a camera that is not there, and a screen that notes it was made.
+    from wccl.config import parse_config
+    from wccl.media.display import NoCamera
+    from wccl.registry import REGISTRY
+    from wccl.timebase import NodeClock
+
+    made = []
+
+    def missing_camera(**kw):
+        raise NoCamera("camera 0: no such device")
+
+    REGISTRY.register("camera", "test-missing", missing_camera)
+    REGISTRY.register("screen", "test-noted", lambda **kw: made.append(kw["node"]))
+    try:
+        data = shipped_config_dict()
+        data["room"]["nodes"][0].update(camera="test-missing", screen="test-noted")
+        data["dashboard"] = {"enabled": False}
+        cfg = parse_config(data, "test", ROOT)
+        from wccl.aim import Aimer
+
+        async def make():
+            Aimer(cfg, "alice", None, None, ["bob"], NodeClock(origin=0.0))
+
+        with pytest.raises(NoCamera):
+            run_virtual(make)
+        assert made == []
+    finally:
+        REGISTRY.unregister("camera", "test-missing")
+        REGISTRY.unregister("screen", "test-noted")

@@ -249,8 +249,9 @@ class Aimer:
         self.state = NodeAim(name, self.index, {p: PeerView(p, names.index(p), back and shows(cfg, p)) for p in peers})
         self.ladder_cells = sorted({step.cell_px for step in cfg.link.steps()})
         self.log = structlog.get_logger("wccl").bind(node=name, actor="aim")
-        self.screen = REGISTRY.create("screen", spec.screen, medium=medium, node=name, clock=clock, config=cfg)
+        # (the camera first: a laptop with no camera says so before a fullscreen window covers its desktop)
         self.camera = REGISTRY.create("camera", spec.camera, medium=medium, node=name, clock=clock, config=cfg)
+        self.screen = REGISTRY.create("screen", spec.screen, medium=medium, node=name, clock=clock, config=cfg)
         self.model = None
         self.done = asyncio.Event()
 
