@@ -25,9 +25,10 @@ def readme_commands() -> list[str]:
     return [m.group(1) for m in re.finditer(r"^    ((?:python|pip|torchrun|wccl) .*?)\s*(?:#.*)?$", README, re.M)]
 
 
-def run_on_terminal(argv: list[str], cwd: Path, timeout: float) -> tuple[int, str]:
+def run_on_terminal(argv: list[str], cwd: Path, timeout: float, redraws: bool = False) -> tuple[int, str]:
     """Run `argv` with a pseudo-terminal as its stdout and stderr (as a user's shell would); its output, with
-    the progress line's redraws ("\\r\\x1b[K") and colours taken out."""
+    the progress line's redraws ("\\r\\x1b[K") and colours taken out (`redraws`: with every redraw, each on
+    a line of its own)."""
     master, slave = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "DISPLAY")}
     proc = subprocess.Popen(argv, cwd=cwd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
@@ -51,6 +52,8 @@ def run_on_terminal(argv: list[str], cwd: Path, timeout: float) -> tuple[int, st
     code = proc.wait(timeout=60)
     text = out.decode(errors="replace").replace("\r\n", "\n")
     text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+    if redraws:
+        return code, text.replace("\r", "\n")
     return code, "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
 
 
@@ -106,15 +109,27 @@ def test_every_readme_command_is_run_by_this_file():
 
 @pytest.mark.slow
 def test_a_few_steps_of_the_default_room_on_a_terminal_are_short_and_end_with_the_table():
-    """The README's few-steps command as a user sees it: at most 40 lines, the run's folder and the closing
-    table. (The whole default run, 30 steps to 0.84 or more, is the README's first command: .ci/run runs it
-    and checks its last line.)"""
-    lines = node_on_terminal("--config", "config.toml", "--steps", "5")
-    assert len(lines) <= 40, "\n".join(lines)
-    check_summary(lines, 5)
-    assert any("run_folder" in line for line in lines)
-    assert any("sight_known" in line for line in lines) and any("clock_synced" in line for line in lines)
+    """The README's few-steps command as a user sees it: at most 25 lines, each said once, in words (the run's
+    folder, the layout, the clocks), the start-up's phases named on the progress line as they come, and the
+    closing table. (The whole default run, 30 steps to 0.84 or more, is the README's first command: .ci/run
+    runs it and checks its last line.)"""
+    code, text = run_on_terminal([sys.executable, "-m", "wccl.node", "--config", "config.toml", "--steps", "3"],
+                                 ROOT, 900, redraws=True)
+    assert code == 0, text[-3000:]
+    progress = [line for line in text.split("\n") if line.startswith("wccl | ")]
+    lines = [line for line in text.split("\n") if line.strip() and not line.startswith("wccl | ")]
+    assert len(lines) <= 25, "\n".join(lines)
+    said = [line.split("] ", 1)[-1] for line in lines if "] " in line]
+    assert len(said) == len(set(said)), "\n".join(lines)  # (the room key of each node, a clock synced again...)
+    check_summary(lines, 3)
+    assert any("run folder runs/config" in line for line in lines)
+    assert any("layout: 68x124 cells of 10 px, 8 colours; frames read: alice<-bob " in line for line in lines), lines
+    assert any("bob's clock synced to the server's" in line for line in lines), lines
     assert not any("link_report" in line or "step_applied" in line for line in lines)  # detail: --log-level debug
+    phases = [p.split(" | ")[2] if p.count(" | ") >= 2 else "" for p in progress]
+    for phase in ("start-up: looking for the other screens", "start-up: measuring the layouts",
+                  "start-up: layout chosen, syncing clocks", "training"):
+        assert phase in phases, sorted(set(phases))
 
 
 def test_a_real_laptops_node_without_a_display_says_what_to_do():

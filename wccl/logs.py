@@ -9,7 +9,8 @@ Taps (`add_tap`) are shown a copy of every event that passes the level
 filter: the live dashboard reads the run's events this way.
 
 The console at level info shows only the run's headlines (`HEADLINES`:
-start, layout, clock sync, recovery, devices, aiming) and every warning and error;
+start, layout, clock sync, recovery, devices, aiming), each once and in words
+where it has them, and every warning and error;
 per-step and per-frame detail reaches the console at level debug. JSON logs
 carry every event of the level, whatever it is.
 """
@@ -46,10 +47,55 @@ HEADLINES = frozenset({
 })
 
 
-def _headlines_only(_: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-    if method == "info" and event.get("event") not in HEADLINES:
-        raise structlog.DropEvent
-    return event
+def _pct(edges: dict[str, float]) -> str:
+    return ", ".join(f"{k} {100 * v:.0f} %" for k, v in edges.items())
+
+
+# The console's headlines in words: (the fields that make a headline news, not a repeat; its words). A
+# headline said once already (the same event with the same key: the room key of each node of the room,
+# a layout every rank chose alike, a clock synced again) is not said again at level info.
+_WORDS: dict[str, tuple[tuple[str, ...], Callable[[dict[str, Any]], str]]] = {
+    "run_started": ((), lambda e: f"run: {', '.join(e.get('nodes', []))}; {e.get('steps')} steps, the "
+                    f"{e.get('profile')} room ({e.get('medium')}, {e.get('clock')} time), exchange {e.get('exchange')}"),
+    "run_folder": ((), lambda e: f"run folder {e.get('path')}: {e.get('holds')}"),
+    "dashboard_listening": ((), lambda e: f"dashboard: {e.get('url')}"),
+    "room_key": (("fingerprint",), lambda e: f"room key {e.get('fingerprint')} ({e.get('source')}): frames "
+                 f"{e.get('frames')}, tensors {e.get('payloads')}"),
+    "node_started": (("node",), lambda e: f"{e.get('node')} started: {', '.join(e.get('roles', []))}"),
+    "sight_known": (("layout", "rows", "cols"), lambda e: f"layout: {e.get('rows')}x{e.get('cols')} cells of "
+                    f"{e.get('cell_px')} px, {e.get('colours')} colours; frames read: {_pct(e.get('edges', {}))}"),
+    "schedule_fixed": (("epoch",), lambda e: f"schedule: {e.get('period_s'):.3f} s a step, {e.get('steps')} steps"),
+    "clock_synced": (("node",), lambda e: f"{e.get('node')}'s clock synced to the server's: off by "
+                     f"{e.get('offset_s'):+.3f} s, within {e.get('err_ms'):.1f} ms"),
+}
+
+
+class _Headlines:
+    """The console at level info: the headlines only (`HEADLINES`), each once, in words where it has them
+    (`_WORDS`); warnings and errors all, as they come."""
+
+    def __init__(self) -> None:
+        self.said: set[tuple] = set()
+
+    def __call__(self, _: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if method != "info":
+            return event
+        name = event.get("event")
+        if name not in HEADLINES:
+            raise structlog.DropEvent
+        keys, words = _WORDS.get(name, (None, None))
+        fields = {k: v for k, v in event.items() if k not in ("t", "timestamp", "level")}
+        key = (name, *(repr(event.get(k)) for k in keys)) if keys is not None else (name, repr(sorted(fields.items())))
+        if key in self.said:
+            raise structlog.DropEvent
+        self.said.add(key)
+        if words is None:
+            return event
+        try:
+            text = words(event)
+        except (TypeError, ValueError):  # (a field missing or of another kind: the event as it is)
+            return event
+        return {"event": text, **{k: event[k] for k in ("level", "t") if k in event}}
 
 
 _TAPS: list[Callable[[dict[str, Any]], None]] = []
@@ -93,9 +139,15 @@ class ProgressLine:
         name = e.get("event")
         if name == "run_started":
             self.steps = e.get("steps")
+        elif name == "node_started" and self.phase == "starting":
+            self.phase = "start-up: looking for the other screens"
+        elif name == "handshake" and e.get("trusted") and self.phase.startswith("start-up: looking"):
+            self.phase = "start-up: measuring the layouts"  # (a peer read and trusted: discovery goes on)
+        elif name == "sight_known" and self.phase.startswith("start-up"):
+            self.phase = "start-up: layout chosen, syncing clocks"
         elif name == "schedule_fixed":
             self.period, self.phase = e.get("period_s"), "training"
-        elif name == "clock_synced" and self.phase == "starting":
+        elif name == "clock_synced" and self.phase.startswith(("starting", "start-up")):
             self.phase = "clocks synced"
         elif name == "step_applied" and e.get("step", -1) >= self.step:
             self.step = e["step"]
@@ -189,7 +241,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
         ]
     elif fmt == "console":
         if level == "info":
-            processors.append(_headlines_only)
+            processors.append(_Headlines())
         processors += [
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             structlog.dev.ConsoleRenderer(colors=stream.isatty()),
