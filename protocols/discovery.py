@@ -553,11 +553,14 @@ class SightTable:
         return mask, tuple(tuple(x) for x in q)
 
     # ---- in words
-    def directions(self, names: list[str] | tuple[str, ...], layouts: list[str] | tuple[str, ...]) -> list[str]:
+    def directions(self, names: list[str] | tuple[str, ...], layouts: list[str] | tuple[str, ...],
+                   heard: frozenset[int] | set[int] = frozenset()) -> list[str]:
         """What each camera of the room read of each screen so far, one line a direction (`names`: the ranks'
         names; `layouts`: each layout of the ladder in words, e.g. "28x50 cells of 22 px"): this rank's own
         camera by its counts of frames read and shown per layout, the others' by the latest row of theirs
-        that reached this rank."""
+        that reached this rank. `heard`: the peers whose frames this camera read but that it does not trust
+        yet (none echoes this rank: their cameras do not read its screen), whose frames the table does not
+        count."""
         out = []
         members = self.members()
         for r in range(self.world):
@@ -579,7 +582,13 @@ class SightTable:
                             part += (f" (held {self.holds[k] * 1000:.0f} ms: too brief for a camera at "
                                      f"{1 / self.camera_period_s:.0f} frames a second)")
                         parts.append(part)
-                    out.append(f"{head}: read {', '.join(parts)}" if parts else f"{head}: no frame read")
+                    if parts:
+                        out.append(f"{head}: read {', '.join(parts)}")
+                    elif s in heard:
+                        out.append(f"{head}: frames read, none echoing {names[r]} ({names[s]}'s camera does not "
+                                   f"read {names[r]}'s screen)")
+                    else:
+                        out.append(f"{head}: no frame read")
                     continue
                 row = self.rows[r]
                 if not row.version:

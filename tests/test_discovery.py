@@ -816,6 +816,11 @@ def test_what_each_camera_read_is_said_a_direction_a_line():
     assert lines[1] == "alice -> bob: reads 60 % of big", lines
     t.rows[1] = discovery.EMPTY
     assert t.directions(["alice", "bob"], ["big", "small"])[1] == "alice -> bob: no word yet from bob's camera"
+    # bob's frames read but not trusted (none echoes alice): the table counts none of them
+    fresh = discovery.SightTable(0, 2, (0.067, 0.083))
+    assert fresh.directions(["alice", "bob"], ["big", "small"])[0] == "bob -> alice: no frame read"
+    assert fresh.directions(["alice", "bob"], ["big", "small"], heard={1})[0] == (
+        "bob -> alice: frames read, none echoing alice (bob's camera does not read alice's screen)")
 
 
 def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger_room_is_told_it_cannot():

@@ -157,3 +157,16 @@ def test_a_room_read_one_way_gives_up_at_its_budget_naming_each_direction(_quiet
         assert "What each camera read: " in msg, msg
         assert "bob -> alice: no frame read" in msg or "bob -> alice: no word yet" in msg, msg
         assert "alice -> bob: " in msg, msg
+
+
+def test_start_ups_watch_wakes_at_its_budget_once_and_always_later():
+    # (a watch that compared times at its budget spun on a clock that read a hair short, freezing the room)
+    import itertools
+
+    from wccl.distributed.runtime import WATCH_S, watch_times
+
+    for start, budget in ((0.0, 10.0), (3.7, 10.0), (1.234567, 11.666666666666666)):
+        times = list(itertools.islice(watch_times(start, budget), 40))
+        assert [t for t, flagged in times if flagged] == [start + budget]
+        assert all(b[0] > a[0] for a, b in itertools.pairwise(times))
+        assert times[0][0] == start + WATCH_S and max(b[0] - a[0] for a, b in itertools.pairwise(times)) <= WATCH_S + 1e-9

@@ -151,6 +151,23 @@ class StartupGate:
 WATCH_S = 0.5  # how often (room seconds) a rank looks at how its start-up goes
 
 
+def watch_times(start: float, budget: float) -> Iterator[tuple[float, bool]]:
+    """When start-up's watch wakes (node clock): every WATCH_S from `start`, and at `start + budget` itself,
+    flagged True (it then says what is missing). The flag, not a comparison of times, marks the budget: a
+    drifting node clock may read a hair short of a time it slept until, and a watch that waited for `now -
+    start >= budget` then woke at once, again and again, and held the room's virtual time still."""
+    k, said = 0, False
+    while True:
+        k += 1
+        t = start + k * WATCH_S
+        if not said and t >= start + budget:
+            said = True
+            yield start + budget, True
+            if t <= start + budget:
+                continue
+        yield t, False
+
+
 class CollectiveNode(NodeSupervisor):
     """A rank's node: its camera and screen, and the actors that move its collectives."""
 
@@ -261,21 +278,19 @@ class CollectiveNode(NodeSupervisor):
         clk = self.local_clock
         start = self.clock_origin_local
         budget = startup_budget_s(self.world)
-        said, state, self.progress_at = False, None, start
+        state, self.progress_at = None, start
         cap = start + getattr(self, "greet_timeout_s", math.inf)
-        k = 0
-        while not self.handshake.complete:
-            k += 1
-            # (a wake-up at the budget itself, to say what is missing then)
-            await clk.sleep_until(start + k * WATCH_S if said else min(start + k * WATCH_S, start + budget))
+        for target, at_budget in watch_times(start, budget):
+            if self.handshake.complete:
+                return
+            await clk.sleep_until(target)
             now = clk.now()
             if self.handshake.complete:
                 return
             seen = self._startup_state()
             if seen != state:
                 state, self.progress_at = seen, now
-            if not said and now - start >= budget:
-                said = True
+            if at_budget:
                 log.error("room_not_connected", problem=self.greet_problem(now - start))
             deadline = self.startup_deadline(start, now)
             # (at the node's own greeting timeout, the actors that wait for the greeting give up themselves)
@@ -319,7 +334,9 @@ class CollectiveNode(NodeSupervisor):
     def directions(self) -> list[str]:
         """What each camera read of each screen so far, in words (protocols.discovery.SightTable.directions)."""
         st = self.handshake.sight
-        return [] if st is None else st.directions(self.ranks, self.ladder_words)
+        hs = self.handshake
+        heard = {r for r in hs.seen if r not in hs.trusted}
+        return [] if st is None else st.directions(self.ranks, self.ladder_words, heard)
 
     def _join_problem(self, st) -> str:
         """What a joining rank's admission waits for (protocols.discovery: its own row, the members')."""
