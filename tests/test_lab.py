@@ -185,13 +185,14 @@ def test_collectives_room_copy_sets_the_algorithm_in_its_own_table_and_reads_bac
 
     from wccl.config import parse_config
     from wccl.config import NODE_NAMES
-    from wccl.lab.__main__ import _room_variant, _toml_dump
+    from wccl.config import toml_text
+    from wccl.lab.__main__ import _room_variant
 
     for name in ("rooms/two-laptops-sim.toml", "rooms/three-laptops.toml", "config.toml"):
         data = tomllib.loads((ROOT / name).read_text())
-        assert tomllib.loads(_toml_dump(data)) == data  # inline tables, arrays of tables, nested tables
+        assert tomllib.loads(toml_text(data)) == data  # inline tables, arrays of tables, nested tables
     data = tomllib.loads((ROOT / "rooms/two-laptops-sim.toml").read_text())
-    text = _toml_dump(_room_variant(data, ROOT / "rooms", 5, "ring"))
+    text = toml_text(_room_variant(data, ROOT / "rooms", 5, "ring"))
     assert text.count("[collectives]") == 1
     back = tomllib.loads(text)
     assert back["collectives"] == dict(data["collectives"], algorithm="ring")
@@ -204,7 +205,7 @@ def test_collectives_room_copy_sets_the_algorithm_in_its_own_table_and_reads_bac
     # a room without a [collectives] table gets one; a relative key file still names the same file
     data = {"room": {"key_file": "demo-room.key", "nodes": [{"name": "a", "roles": ["server", "worker"]},
                                                             {"name": "b", "roles": ["worker"]}]}}
-    back = tomllib.loads(_toml_dump(_room_variant(data, ROOT / "rooms", None, "star")))
+    back = tomllib.loads(toml_text(_room_variant(data, ROOT / "rooms", None, "star")))
     assert back["collectives"] == {"algorithm": "star"}
     assert Path(back["room"]["key_file"]) == (ROOT / "rooms" / "demo-room.key").resolve()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import json
 import tomllib
 import types
 import typing
@@ -927,6 +928,44 @@ def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = N
             if not _usable(path, Path.is_file):
                 raise ConfigError(f"{source}: room.nodes[{i}].camera_file: no such recording: {str(path)[:200]}")
     return cfg
+
+
+def _toml_key(k: str) -> str:
+    import re
+
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, str)):
+        return json.dumps(v)  # a JSON string is a TOML basic string
+    if isinstance(v, float):
+        return {float("inf"): "inf", float("-inf"): "-inf"}.get(v, "nan" if v != v else repr(v))
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return v.isoformat()  # dates and times, as tomllib reads them
+
+
+def toml_text(data: dict, prefix: str = "") -> str:
+    """`data` (as tomllib reads it) as TOML text: tables as [a.b], arrays of tables as [[a.b]] (their own
+    sub-tables inline). A room file the labs write (a variant of a room, a room drawn at random)."""
+    def aot(v) -> bool:
+        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) and not aot(v)]
+    out = "\n".join(lines) + ("\n" if lines else "")
+    for k, v in data.items():
+        name = prefix + _toml_key(k)
+        if isinstance(v, dict):
+            out += f"\n[{name}]\n" + toml_text(v, name + ".")
+        elif aot(v):
+            for item in v:
+                out += f"\n[[{name}]]\n" + "".join(f"{_toml_key(a)} = {_toml_value(b)}\n" for a, b in item.items())
+    return out
 
 
 def load_config(path: str | Path) -> WcclConfig:

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from wccl.cli import HelpFormatter, command_parser
-from wccl.config import LAYOUT_KEYS, NODE_NAMES, ConfigError, load_config
+from wccl.config import LAYOUT_KEYS, NODE_NAMES, ConfigError, load_config, toml_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,44 +158,6 @@ def _print(result: dict, as_json: bool) -> None:
             print(f"{k:>22}: {v}")
 
 
-def _toml_key(k: str) -> str:
-    import re
-
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, str)):
-        return json.dumps(v)  # a JSON string is a TOML basic string
-    if isinstance(v, float):
-        return {float("inf"): "inf", float("-inf"): "-inf"}.get(v, "nan" if v != v else repr(v))
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    return v.isoformat()  # dates and times, as tomllib reads them
-
-
-def _toml_dump(data: dict, prefix: str = "") -> str:
-    """`data` (as tomllib reads it) as TOML text: tables as [a.b], arrays of tables as [[a.b]] (their own
-    sub-tables inline)."""
-    def aot(v) -> bool:
-        return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
-
-    lines = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) and not aot(v)]
-    out = "\n".join(lines) + ("\n" if lines else "")
-    for k, v in data.items():
-        name = prefix + _toml_key(k)
-        if isinstance(v, dict):
-            out += f"\n[{name}]\n" + _toml_dump(v, name + ".")
-        elif aot(v):
-            for item in v:
-                out += f"\n[[{name}]]\n" + "".join(f"{_toml_key(a)} = {_toml_value(b)}\n" for a, b in item.items())
-    return out
-
-
 def _room_variant(data: dict, base: Path, ranks: int | None, algorithm: str | None) -> dict:
     """The room file's settings with `--ranks` (an exact-profile simulated room of that many ranks) and an
     algorithm applied (`[collectives] algorithm`, set in the file's own table if it has one)."""
@@ -321,7 +283,7 @@ def _collectives(args: argparse.Namespace) -> int:
             except OSError:
                 fd, name = tempfile.mkstemp(prefix=f"{room.stem}-{label}-", suffix=".toml")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(f"# written by python -m wccl.lab collectives from {room}\n" + _toml_dump(variant))
+                f.write(f"# written by python -m wccl.lab collectives from {room}\n" + toml_text(variant))
             path = Path(name)
         try:
             code, why, ranks = _run_ranks(path, args, ops)

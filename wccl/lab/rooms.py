@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import subprocess
 import sys
@@ -260,12 +259,12 @@ def run_room(data: dict[str, Any]) -> dict[str, Any]:
 def run_backend(data: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any]:
     """A 2 KB all_reduce through the torch backend on this room, written as a file
     (tests/dist_scripts/many.py's check, through `python -m wccl.launch`)."""
-    from wccl.lab.__main__ import _toml_dump
+    from wccl.config import toml_text
 
     script = Path(__file__).resolve().parent / "collectives_rank.py"
     with tempfile.TemporaryDirectory() as tmp:
         room = Path(tmp) / "room.toml"
-        room.write_text(_toml_dump(data))
+        room.write_text(toml_text(data))
         wall = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, "-m", "wccl.launch", "--config", str(room), str(script),
