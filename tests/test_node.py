@@ -152,6 +152,8 @@ def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
     events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
     warned = {e["node"]: e for e in events if e["event"] == "camera_reads_nothing"}
     assert set(warned) == {"alice", "bob"} and all(e["t"] <= 11.0 for e in warned.values()), warned
+    gave_up = [e for e in events if e["event"] == "startup_gave_up"]
+    assert gave_up and all(e["t"] <= 10.5 and len(e["directions"]) == 2 for e in gave_up), gave_up
 
 
 @pytest.mark.slow
