@@ -132,9 +132,9 @@ def test_a_cameras_view_names_the_screens_it_reads_and_a_code_away_from_them_tha
 
 @pytest.mark.slow
 def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
-    # 1.6 m apart: each camera finds the other's code but its cells are under 3 camera px: within the
-    # start-up time each says so (a warning). Nothing then moves: at the end of start-up's budget (10 s, well
-    # before the 11 s timeout) a node gives up, with the sizes and what each camera read, and stops the run.
+    # 1.6 m apart: each camera finds the other's code but its cells are under 3 camera px. Nothing moves: at
+    # the end of start-up's budget (10 s, before the 11 s timeout) a node gives up, saying what its camera saw
+    # (with the sizes) and what each camera read, and stops the run.
     nodes = [{"name": "alice", "roles": ["server", "worker"], "channel": {"position_m": [0.0, 0.0, 0.0]}},
              {"name": "bob", "roles": ["worker"], "channel": {"position_m": [0.0, 0.0, 1.6]}}]
     # (one layout, pinned: the cameras try it alone on every capture, as they would try each of the ladder)
@@ -150,8 +150,6 @@ def test_laptops_too_far_apart_say_what_their_cameras_saw(_quiet_logs):
         assert "camera px a cell" in msg and "bring the laptops closer" in msg, msg
         assert "What each camera read: " in msg and "-> alice: " in msg and "-> bob: " in msg, msg
     events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
-    warned = {e["node"]: e for e in events if e["event"] == "camera_reads_nothing"}
-    assert set(warned) == {"alice", "bob"} and all(e["t"] <= 11.0 for e in warned.values()), warned
     gave_up = [e for e in events if e["event"] == "startup_gave_up"]
     assert gave_up and all(e["t"] <= 10.5 and len(e["directions"]) == 2 for e in gave_up), gave_up
 
