@@ -1016,6 +1016,12 @@ class SightTable:
             g = self.graph(k, least)  # (with the edges of the ranks admitted since, read as well)
         return k, g
 
+    def carries(self, cost: Cost | None = None) -> bool:
+        """Does the layout every rank chose (`choose_layout`) carry the collectives on its graph? False when no
+        layout of the ladder did and the choice fell back to the last one (its graph lacks a direction)."""
+        k, graph = self.choose_layout(cost)
+        return self._cost(cost or self.cost or (lambda j, edges, ranks: float(j)), k, graph, self.rows) is not None
+
     def _decide_or_last(self, cost: Cost | None) -> tuple[int, dict, float]:
         chosen = self._decide(None, cost)
         if chosen is None:

@@ -965,3 +965,29 @@ def test_a_rank_that_asks_to_join_and_goes_away_is_greeted_for_a_while_then_not(
         assert 30.0 < asked <= gone + 0.1
         assert not st.welcoming and not n.hs.greeting and st._now >= asked + discovery.WELCOME_S
     assert not nodes[2].hs.complete
+
+
+def test_a_choice_that_fell_back_to_a_layout_read_one_way_does_not_carry_the_collectives():
+    # Both rows FINAL over a two-layout ladder: alice reads bob in both layouts, bob reads alice in neither
+    # at a quarter of her frames. No layout carries the collectives, the choice falls back to the last one,
+    # and `carries` says so (start-up then gives up, naming the directions, instead of starting a run that
+    # can never sync). With bob reading alice in the last layout, it carries.
+    from wccl.distributed.runtime import layout_cost
+
+    def cost(k, edges, ranks):
+        return layout_cost(ranks, edges, "auto", 10_000.0, 0.2)
+
+    def table(bob_reads_alice: int) -> discovery.SightTable:
+        t = discovery.SightTable(0, 2, (0.05, 0.1), cost=cost)
+        q0 = [[0] * discovery.MAX_LAYOUTS for _ in range(discovery.MAX_RANKS)]
+        q0[1][:2] = [13, 13]
+        q1 = [[0] * discovery.MAX_LAYOUTS for _ in range(discovery.MAX_RANKS)]
+        q1[0][:2] = [2, bob_reads_alice]
+        for r, q in ((0, q0), (1, q1)):
+            quality = tuple(tuple(x) for x in q)
+            t.rows[r] = discovery.Row(5, discovery.FINAL | discovery.COMPLETE, discovery.reads_of(quality), 3,
+                                      quality, 2 >> r)
+        return t
+
+    assert table(2).known and table(2).choose_layout()[0] == 1 and not table(2).carries()
+    assert table(6).known and table(6).carries()

@@ -186,7 +186,7 @@ def test_a_terminal_gets_one_live_progress_line_under_the_log():
             return True
 
     term = Terminal()
-    configure_logging("console", "info", stream=term)
+    configure_logging("console", "info", stream=term, progress=True)
     try:
         log = structlog.get_logger("wccl")
         log.info("run_started", steps=30)

@@ -219,14 +219,15 @@ class CollectiveNode(NodeSupervisor):
         self.handshake = Handshake(self.rank, self.world, sight=sight, window_s=room.replay_window_s)
         self.clock_origin_local = self.local_clock.now()  # the node's start, on its own clock
         self.greeted = StartupGate()  # the run handshake and discovery are done, or start-up gave up
-        self.handshake.on_complete.append(self.greeted.set)
         self.handshake.on_complete.append(self._greeted_at)
+        self.handshake.on_complete.append(self._open_or_fail)
+        self.layout_cost_of = cost
+        self.ladder_words = [f"{c.layout.rows}x{c.layout.cols} cells of {c.layout.cell_px} px" for c, _ in ladder]
         if self.handshake.complete:
-            self.greeted.set()
+            self._open_or_fail()
         from actors.frame_decoder import CameraView
 
         self.camera_view = CameraView()  # what this camera saw (the FrameDecoder's; start-up's budget weighs it)
-        self.ladder_words = [f"{c.layout.rows}x{c.layout.cols} cells of {c.layout.cell_px} px" for c, _ in ladder]
         self.deps = {
             "camera_reader": dict(camera=self.camera),
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
@@ -300,6 +301,25 @@ class CollectiveNode(NodeSupervisor):
                 log.error("startup_gave_up", problem=problem, directions=directions)
                 self.greeted.fail(problem + (f". What each camera read: {'; '.join(directions)}" if directions else ""))
                 return
+
+    def _open_or_fail(self) -> None:
+        """The handshake is complete: open the gate, unless the room's layout carries no collectives (no layout
+        of the ladder read both ways well enough, and the choice fell back to the last: a run there would
+        never sync or agree). Then start-up gives up, naming each direction and what was read of it."""
+        st = self.handshake.sight
+        if self.greeted.problem is not None or self.greeted.is_set():
+            return
+        if st is None or st.carries(self.layout_cost_of):
+            self.greeted.set()
+            return
+        names = self.ranks
+        edges = ", ".join(f"{names[r]}<-{names[s]} {100 * q:.0f} %" for (r, s), q in sorted(st.graph(
+            st.room_layout()).items())) or "none"
+        problem = (f"no layout of the ladder carries the collectives between these laptops: some direction reads "
+                   f"too few frames in every layout (the last layout's edges: {edges})")
+        directions = self.directions()
+        structlog.get_logger("wccl").error("startup_gave_up", problem=problem, directions=directions)
+        self.greeted.fail(problem + (f". What each camera read: {'; '.join(directions)}" if directions else ""))
 
     def _greeted_at(self) -> None:
         """Keep how long start-up took (room seconds from the node's start to its first complete handshake)."""
