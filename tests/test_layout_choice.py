@@ -16,7 +16,7 @@ def _events(buf, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("profile, cell_px", [("exact", 10), ("harsh", 16)])
+@pytest.mark.parametrize("profile, cell_px", [("exact", 10), ("harsh", 22)])
 def test_startup_picks_the_fastest_layout_the_cameras_read(profile, cell_px, _quiet_logs):
     """The built-in run's start-up is discovery's: every node shows status frames in the ladder's layouts,
     both pick the same one from what each camera read, and the run's tensors go up in it."""
@@ -26,7 +26,9 @@ def test_startup_picks_the_fastest_layout_the_cameras_read(profile, cell_px, _qu
     known = _events(_quiet_logs, "sight_known")
     assert sorted(e["node"] for e in known) == ["alice", "bob"]
     assert len({e["layout"] for e in known}) == 1 and {e["cell_px"] for e in known} == {cell_px}
-    if profile == "harsh":  # the 10 and 12 px cells do not survive the harsh camera; 16 px in 4 colours does
+    # the 10 and 12 px cells do not survive the harsh camera; 22 px ones held 83 ms do (1.25 periods of its
+    # 15 fps: they read steadily), and carry more than the 16 px ones in 4 colours held 200 ms
+    if profile == "harsh":
         assert all(g == {} for g in known[0]["ladder"][:4]), known[0]["ladder"]
     sized = _events(_quiet_logs, "schedule_fixed")
     print(profile, known[0]["edges"], sized[0]["period_s"])  # BENCHMARKS.md (-s)
