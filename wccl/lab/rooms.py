@@ -300,7 +300,8 @@ def one(seed: int, index: int, laptops: tuple[int, int], steps: int, backend: bo
     verdict = judge(cfg, seed=index)
     judged_s = round(time.perf_counter() - wall, 1)
     ran = run_room(data)
-    out = dict(seed=seed, index=index, laptops=len(data["room"]["nodes"]), steps=steps, room=describe(data),
+    out = dict(seed=seed, index=index, draw=f"{laptops[0]}-{laptops[1]}", laptops=len(data["room"]["nodes"]),
+               steps=steps, room=describe(data),
                readable=verdict["readable"],
                readable_layout=verdict["layout"], judge=verdict["tried"], judge_wall_s=judged_s, **ran)
     out["ok"] = (out["started"] and out["applied"] == steps and out.get("replicas_identical") is not False
@@ -373,7 +374,8 @@ def run(args: argparse.Namespace) -> int:
     if path.exists():
         for line in path.read_text().splitlines():
             r = json.loads(line)
-            if r["seed"] == args.seed and r["laptops"] >= laptops[0] and r.get("steps", args.steps) == args.steps:
+            # (a room is the same room for the same seed, index, range of laptops and steps)
+            if (r["seed"], r.get("draw"), r.get("steps")) == (args.seed, f"{laptops[0]}-{laptops[1]}", args.steps):
                 done[r["index"]] = r
     todo = [i for i in range(args.first, args.first + args.count) if i not in done]
     rows = [done[i] for i in range(args.first, args.first + args.count) if i in done]
