@@ -84,8 +84,9 @@ class _Headlines:
         if name not in HEADLINES:
             raise structlog.DropEvent
         keys, words = _WORDS.get(name, (None, None))
-        fields = {k: v for k, v in event.items() if k not in ("t", "timestamp", "level")}
-        key = (name, *(repr(event.get(k)) for k in keys)) if keys is not None else (name, repr(sorted(fields.items())))
+        if keys is None:  # (a headline without words: news when any of its fields is)
+            keys = tuple(sorted(k for k in event if k not in ("t", "timestamp", "level")))
+        key = (name, *(repr(event.get(k)) for k in keys))
         if key in self.said:
             raise structlog.DropEvent
         self.said.add(key)

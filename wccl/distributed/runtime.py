@@ -293,13 +293,10 @@ class CollectiveNode(NodeSupervisor):
                 state, self.progress_at = seen, now
             if at_budget:
                 log.error("room_not_connected", problem=self.greet_problem(now - start))
-            deadline = self.startup_deadline(start, now)
+            deadline = self.startup_deadline(start)
             # (at the node's own greeting timeout, the actors that wait for the greeting give up themselves)
             if deadline < cap and now >= deadline:
-                problem = self.greet_problem(now - start)
-                directions = self.directions()
-                log.error("startup_gave_up", problem=problem, directions=directions)
-                self.greeted.fail(problem + (f". What each camera read: {'; '.join(directions)}" if directions else ""))
+                self._give_up(self.greet_problem(now - start))
                 return
 
     def _open_or_fail(self) -> None:
@@ -315,8 +312,12 @@ class CollectiveNode(NodeSupervisor):
         names = self.ranks
         edges = ", ".join(f"{names[r]}<-{names[s]} {100 * q:.0f} %" for (r, s), q in sorted(st.graph(
             st.room_layout()).items())) or "none"
-        problem = (f"no layout of the ladder carries the collectives between these laptops: some direction reads "
-                   f"too few frames in every layout (the last layout's edges: {edges})")
+        self._give_up(f"no layout of the ladder carries the collectives between these laptops: some direction "
+                      f"reads too few frames in every layout (the last layout's edges: {edges})")
+
+    def _give_up(self, problem: str) -> None:
+        """Start-up gives up: say so with what each camera read (`startup_gave_up`) and fail the gate, so the
+        node stops (and a backend rank's init_process_group raises it)."""
         directions = self.directions()
         structlog.get_logger("wccl").error("startup_gave_up", problem=problem, directions=directions)
         self.greeted.fail(problem + (f". What each camera read: {'; '.join(directions)}" if directions else ""))
@@ -331,7 +332,7 @@ class CollectiveNode(NodeSupervisor):
         rows = tuple(r.version for r in st.rows) if st is not None else ()
         return tuple(sorted(hs.trusted.items())), tuple(sorted(hs.trusted_by)), tuple(sorted(hs.seen)), rows
 
-    def startup_deadline(self, start: float, now: float) -> float:
+    def startup_deadline(self, start: float) -> float:
         """When this rank gives up its start-up (node clock). At least `startup_budget_s` from its start; then
         as long as start-up moves: a grace after the last change (`progress_at`) as long as measuring the
         ladder and settling can take. A rank that never heard of some peer and whose camera found no code it
@@ -574,6 +575,8 @@ class RankNode:
                 raise RuntimeError(f"wccl: rank {self.node} {sup.greeted.problem}")
             if self.loop.time() - self._t_mark > timeout_s:
                 raise RuntimeError(f"wccl: rank {self.node} {self.sup.greet_problem(timeout_s)}")
+        if sup.greeted.problem is not None:  # (complete, but its layout carries no collectives)
+            raise RuntimeError(f"wccl: rank {self.node} {sup.greeted.problem}")
         self._t_mark = max(self._t_mark, self.loop.time())  # waiting for the handshake is not compute
         self._cpu_mark = self._program_cpu()
 
