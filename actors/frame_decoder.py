@@ -171,6 +171,9 @@ class FrameDecoder(Actor):
         # candidates to try: the last that worked, then the layouts after it in ladder order (the order the
         # probe schedule shows them in, protocols.discovery.ProbeSchedule)
         self._order = list(range(len(self.ladder)))
+        # ... and per place in the image (a screen's code, by its centre to 32 px): the layout last read
+        # there first (each screen shows the ladder in turn, on its own schedule)
+        self._read_at: dict[tuple[int, int], int] = {}
         self._use(0)  # sets codec, grid, model and the layout being read
         self.tracker = reader.QuadTracker(self.ladder[0].layout)
         self.session = session
@@ -240,15 +243,24 @@ class FrameDecoder(Actor):
                                      seq=msg.seq))
         for quad in quads:
             self.stats["codes_seen"] += 1
-            order = [self.current] if self.current is not None else list(self._order)
+            place = tuple(int(v) // 32 for v in quad.corners.mean(axis=0))
+            if self.current is not None:
+                order = [self.current]
+            elif place in self._read_at:
+                k = self._read_at[place]
+                order = list(range(k, len(self.ladder))) + list(range(k))
+            else:
+                order = list(self._order)
             done = self._idle = False
             for k in order:
                 self._use(k)
                 self._vote = self._place_vote = None
                 done = await self._read(msg, quad, previous)
                 if done:
-                    if self.current is None and self._order[0] != k:
-                        self._order = list(range(k, len(self.ladder))) + list(range(k))
+                    if self.current is None:
+                        self._read_at[place] = k
+                        if self._order[0] != k:
+                            self._order = list(range(k, len(self.ladder))) + list(range(k))
                     if self._vote is not None:
                         self._lens_vote(*self._vote)
                     if self._place_vote is not None:
@@ -385,6 +397,11 @@ class FrameDecoder(Actor):
             self.stats["frames_repeated"] += 1
             self.previous.append((centre, k, sampled[0]))
             return True
+        if self.current is None and not reader.marks_agree(sampled[0], self.grid):
+            # A layout on trial whose marks disagree before any colour fit: read_quad would call the read
+            # mixed, and a mixed read does not choose a layout (below); the fit is skipped.
+            self.stats["captures_mixed"] += 1
+            return False
         code = reader.read_quad(msg.image, quad, self.grid, self.model, sampled=sampled)
         if code is None:
             self.stats["frames_rejected_unreadable"] += 1

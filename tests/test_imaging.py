@@ -65,6 +65,37 @@ def test_two_screens_in_one_image_are_both_found_with_their_senders():
     assert [c.sender for c in codes] == [1, 2]
 
 
+def test_a_frame_seen_pixel_for_pixel_reads_as_its_full_colour_fit_does():
+    """An exact capture is explained by the pilots' fit alone (the refits are skipped): the same symbols,
+    full confidence, as the decision-directed fit gives."""
+    fb, screen = _frame(6)
+    quad = reader.find_quads(screen, GRID)[0]
+    model = reader.ColourModel(GRID)
+    values, _ = reader.sample(screen, quad, GRID)
+    first = model.correct(values)
+    noisy = values + np.random.default_rng(0).normal(0, 12, values.shape).astype(np.float32)  # off the palette
+    refit = model.correct(noisy)
+    assert reader._on_palette(first) and not reader._on_palette(refit)
+    sym_a, conf_a = reader.classify(first[model.data_idx], GRID.colours)
+    sym_b, _ = reader.classify(refit[model.data_idx], GRID.colours)
+    truth = cells.bytes_to_symbols(fb, GRID.colours, GRID.n_data)
+    assert (sym_a == truth).all() and (sym_b == truth).all() and conf_a.min() > 0.8
+
+
+def test_codes_found_again_in_an_unchanged_image_are_the_same_and_a_changed_one_is_searched_again():
+    _, screen = _frame(7)
+    img = _camera(screen)
+    first = reader.find_quads(img, GRID)
+    again = reader.find_quads(img.copy(), GRID)
+    assert len(first) == 1 and again[0] is first[0]  # the cached answer: the same pixels, the same code
+    with pytest.raises(ValueError):
+        first[0].corners[0, 0] = 0  # shared by every caller: read-only
+    moved = np.zeros_like(img)
+    moved[:, 40:] = img[:, :-40]
+    found = reader.find_quads(moved, GRID)
+    assert len(found) == 1 and abs(float(found[0].corners[0, 0] - first[0].corners[0, 0]) - 40) < 1.5
+
+
 @pytest.mark.parametrize("kind", ["blend", "rolling_shutter"])
 def test_mixed_captures_are_flagged(kind):
     _, a = _frame(4)  # parity 0
@@ -74,8 +105,20 @@ def test_mixed_captures_are_flagged(kind):
     else:  # rows above 400 still show frame a, rows below already frame b
         screen = a.copy()
         screen[400:] = b[400:]
-    code = reader.read_codes(_camera(screen), GRID)[0]
+    img = _camera(screen)
+    code = reader.read_codes(img, GRID)[0]
     assert code.mixed
+    if kind == "rolling_shutter":  # (a blend leaves the marks' order: read_quad finds it by their contrast)
+        assert not reader.marks_agree(reader.sample(img, code.quad, GRID)[0], GRID)
+
+
+def test_marks_read_raw_agree_in_a_frame_and_not_through_another_layouts_grid():
+    _, screen = _frame(8)
+    img = _camera(screen)
+    quad = reader.find_quads(img, GRID)[0]
+    assert reader.marks_agree(reader.sample(img, quad, GRID)[0], GRID)
+    other = GridLayout(28, 50, 8, 22)  # the same code sampled through a coarser grid: marks on data
+    assert not reader.marks_agree(reader.sample(img, quad, other)[0], other)
 
 
 def test_idle_screen_is_recognised_not_decoded():
