@@ -47,7 +47,6 @@ from itertools import pairwise
 import numpy as np
 
 from protocols import discovery, fec, streams, transfer
-from protocols.frames import FrameError
 from protocols.link import LinkCodec
 from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks,
                                 SightKnown, TensorReceived, TransferArrived)
@@ -196,18 +195,16 @@ class FrameDecoder(Actor):
         self._timings: list[FrameTiming] = []  # clock-sync fields of the frames of this capture
         self.transfers = transfers
         self.key = key
-        # A rank's receive path, with the run handshake it keeps (a listener has neither).
-        self.receiver = (None if listen else
-                         TransferReceiver(node_names.index(ctx.node), len(node_names), session, key, handshake,
-                                          transfers))
+        # The receive path: a rank's, with the run handshake it keeps, or a listener's (protocols.receiver)
+        self.receiver = TransferReceiver(None if listen else node_names.index(ctx.node), len(node_names), session,
+                                         key, handshake, transfers)
         self._layout_sent = False
         self._members_sent = 0  # the room's members in the SightKnown sent last (0: none sent)
-        self._heard: dict[int, tuple[int, int]] = {}  # a listener's: sender -> (its run nonce, latest shown_us)
 
     async def handle(self, msg: Capture) -> None:
         self.stats["captures"] += 1
         self._captures.append((msg.seq, msg.time))
-        sight = self.receiver.handshake.sight if self.receiver is not None else None
+        sight = None if self.listen else self.receiver.handshake.sight
         if (sight is not None and (not sight.known or not sight.member or sight.welcoming)
                 and self.receiver.tick(self.clock.now())):
             # (time passing: a rank that reads nothing still decides, and still says what it read of a rank
@@ -462,8 +459,7 @@ class FrameDecoder(Actor):
             # (a mixed capture that does not correct is already counted as mixed)
             self.stats["captures_mixed_uncorrectable" if code.mixed else "frames_rejected_uncorrectable"] += 1
             return False
-        arrived = (self._overheard(message, code, corrected) if self.listen
-                   else await self._accept_transfer(message, code, corrected, captured))
+        arrived = await self._accept_transfer(message, code, corrected, captured)
         if isinstance(arrived, TransferArrived) and arrived.op in streams.STREAMS:
             return self._tensor(arrived)
         return arrived
@@ -477,43 +473,6 @@ class FrameDecoder(Actor):
             return None
         self.stats[f"tensors_{t.op}"] += 1
         return tensor
-
-    def _overheard(self, message: bytes, code: reader.ReadCode, corrected: int) -> TransferArrived | None | bool:
-        """A listener's frame: checked under the room key, then every transfer it completes, whoever it was
-        meant for (a listener shows nothing: it acknowledges nothing and greets no one)."""
-        try:
-            f = transfer.parse_message(message, self.key)
-        except FrameError as e:
-            self.stats[f"frames_rejected_{e.reason}"] += 1
-            return False
-        self._count_cells(code, corrected)
-        self.last[code.sender] = code.symbols
-        if f.session != self.session or f.sender >= len(self.node_names):
-            self.stats["frames_foreign_session" if f.session != self.session else "frames_unknown_sender"] += 1
-            return None
-        self.stats["frames_ok"] += 1
-        self._read_from(f.sender)
-        nonce, latest = self._heard.get(f.sender, (f.run_nonce, f.shown_us))
-        if nonce != f.run_nonce:
-            if f.shown_us < latest:
-                self.stats["frames_rejected_other_run"] += 1
-                return None  # the sender's earlier run, filmed late
-            self.transfers.forget_sender(f.sender)  # it started again: it numbers its transfers from 1 again
-        self._heard[f.sender] = (f.run_nonce, max(latest, f.shown_us) if nonce == f.run_nonce else f.shown_us)
-        if f.header is None:
-            self.stats["status_frames"] += 1
-            return None
-        if self.current is None:
-            self.current = self._layout  # the ranks chose this one: transfers go up only in the chosen layout
-        data = self.transfers.add(f, self.key)
-        if data is None or data is transfer.DUPLICATE:
-            return None
-        h = f.header
-        self.stats["tensors"] += 1
-        self.stats["tensor_bytes"] += len(data)
-        return TransferArrived(sender=self.ctx.node, time=self.clock.now(), origin=h.sender, tid=h.tid, seq=h.seq,
-                               op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=data,
-                               frames=self.transfers.last_packets)
 
     def _timing(self, f: transfer.TransferFrame, captured: float) -> None:
         """Keep a trusted frame's clock-sync fields (`captured`: the capture's time, this node's clock),
@@ -609,8 +568,10 @@ class FrameDecoder(Actor):
 
     async def _accept_transfer(self, message: bytes, code: reader.ReadCode, corrected: int,
                                captured: float) -> TransferArrived | None | bool:
-        """A transfer frame (collectives), through the receive path of protocols.receiver: pass on its
-        sender's acknowledgements of this rank, and the transfer once rebuilt. False if it failed its check."""
+        """A frame through the receive path of protocols.receiver: a rank passes on its sender's
+        acknowledgements of this rank, and the transfer once rebuilt; a listener (which shows nothing: it
+        acknowledges nothing and greets no one) every transfer it rebuilds, whoever it was meant for. False if
+        the frame failed its check."""
         r = self.receiver.receive(message, now=self.clock.now(), layout=self._layout,
                                   margin=self.codec.margin(corrected))
         if r.frame is None:
@@ -626,6 +587,8 @@ class FrameDecoder(Actor):
                           restarts=self.receiver.restarts.get(f.sender, 0))
         if r.handshake_changed:
             await self._handshake_changed(self.node_names[f.sender])
+        if self.listen:
+            return self._listened(r, f)
         if r.refused == "unconfirmed_sender":
             self._read_from(f.sender)  # (its screen reads: it has not read this rank's nonce yet)
         if r.refused:
@@ -659,6 +622,28 @@ class FrameDecoder(Actor):
         await self.emit(self._acks_message())
         return TransferArrived(sender=self.ctx.node, time=self.clock.now(), origin=h.sender, tid=h.tid,
                                seq=h.seq, op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=data,
+                               frames=self.transfers.last_packets)
+
+    def _listened(self, r, f: transfer.TransferFrame) -> TransferArrived | None:
+        """What a listener makes of a frame the receive path took or refused."""
+        if r.refused:
+            self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")
+                       else f"frames_{r.refused}"] += 1
+            return None
+        self.stats["frames_ok"] += 1
+        self._read_from(f.sender)
+        if f.header is None:
+            self.stats["status_frames"] += 1
+            return None
+        if self.current is None:
+            self.current = self._layout  # the ranks chose this one: transfers go up only in the chosen layout
+        if r.data is None:
+            return None
+        h = f.header
+        self.stats["tensors"] += 1
+        self.stats["tensor_bytes"] += len(r.data)
+        return TransferArrived(sender=self.ctx.node, time=self.clock.now(), origin=h.sender, tid=h.tid, seq=h.seq,
+                               op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=r.data,
                                frames=self.transfers.last_packets)
 
     def _acks_message(self, news: bool = False) -> AcksChanged:

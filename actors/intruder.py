@@ -30,7 +30,7 @@ import os
 import random
 from pathlib import Path
 
-from protocols import frames, layout, transfer
+from protocols import layout, transfer
 from protocols.link import LinkCodec
 from protocols.messages import Capture
 from protocols.security import REPLAY_WINDOW_S, RoomKey
@@ -96,17 +96,14 @@ class Intruder(Actor):
         _, sender, last = self.filmed[-1]
         if kind == "forged":
             data = self.rng.randbytes(4 * self.rng.randint(1, 200))
-            psize = transfer.packet_size_for(mb)
-            tr = frames.fountain(data, message_bytes=mb, count=frames.source_packets(len(data), psize),
-                                 packet_size=psize)
             # What anyone can read off a real frame's header (the check vouches for it, but hides nothing).
             nonce, tid = transfer.peek(last)
             tid += self.rng.randint(0, 2)
             h = transfer.TransferHeader(self.session, sender % self.world, max(tid, 1), self.rng.randrange(1, 50),
-                                        "allreduce", "float32", len(data) // 4, tr.length, tr.digest, 0,
-                                        (1 << self.world) - 1)
-            return kind, sender, transfer.frame_message(h, tr, 0, message_bytes=mb, acks=(), run_nonce=nonce,
-                                                        trusts=(1 << self.world) - 1, key=self.own_key)
+                                        "allreduce", "float32", len(data) // 4, 0, b"", 0, (1 << self.world) - 1)
+            out = transfer.outgoing(h, data, message_bytes=mb, sealed=True)  # (made-up bytes: nothing to seal)
+            return kind, sender, out.message(0, message_bytes=mb, run_nonce=nonce, trusts=(1 << self.world) - 1,
+                                             key=self.own_key)
         if kind == "replayed":
             now = self.clock.now()
             old = [f for f in self.filmed if f[0] < now - self.replay_window_s - 1.0]
@@ -129,7 +126,7 @@ class Intruder(Actor):
             if attack is None:
                 continue
             kind, sender, message = attack
-            image = layout.render(self.codec.seal(message), self.codec.layout, self.screen_w, self.screen_h,
+            image = layout.render(self.codec.encode_message(message), self.codec.layout, self.screen_w, self.screen_h,
                                   sender=sender, parity=parity)
             parity ^= 1
             self.screen.show(image)

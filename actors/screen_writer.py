@@ -56,7 +56,6 @@ every rank); from then on every frame is in that layout.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections import deque
 
 from protocols import discovery, frames, layout, transfer
@@ -105,7 +104,7 @@ class ScreenWriter(Actor):
         self.session = session
         self.rank, self.world = rank, world
         self.plan = ScreenPlan(loss=loss, margin=margin_frames)
-        self._out: dict[int, tuple[transfer.TransferHeader, object]] = {}
+        self._out: dict[int, transfer.Outgoing] = {}
         self._last_tid = 0  # the latest transfer booked
         self._acks: tuple[transfer.Ack, ...] = transfer.NO_ACKS[:world]
         self._holds: tuple[int, ...] = (0,) * world
@@ -183,11 +182,10 @@ class ScreenWriter(Actor):
             # skips it (protocols.receiver), and a listener takes it like any other.
             header = transfer.TransferHeader(self.session, self.rank, msg.tid, msg.seq, msg.op, msg.dtype,
                                              msg.numel, 0, b"", msg.part, msg.dest or 1 << self.rank)
-            sealed = self.key.seal(self.run_nonce, msg.tid, msg.payload, transfer.aad(header))
-            k = self.codec.frames_needed(len(sealed), self.world)
-            fountain = self.codec.fountain(sealed, k + max(4, int(k * REPAIR_SHARE)), self.world)
-            header = dataclasses.replace(header, length=fountain.length, digest=fountain.digest)
-            self._out[msg.tid] = (header, fountain)
+            out = self._out[msg.tid] = transfer.outgoing(
+                header, msg.payload, message_bytes=self.codec.message_bytes, ranks=self.world, key=self.key,
+                run_nonce=self.run_nonce, repair=lambda k: max(4, int(k * REPAIR_SHARE)))
+            k = out.source
             self.plan.book(msg.tid, msg.dest, k, background=msg.background,
                            collective=msg.seq if msg.op in transfer.COLLECTIVE_OPS else -1,
                            linger=OVERHEARD_FRAMES * k + 2 if msg.overheard else 0)
@@ -225,9 +223,7 @@ class ScreenWriter(Actor):
             nxt = self.plan.next_lingering()  # (the screen is idle otherwise)
         if nxt is not None:
             tid, index = nxt
-            header, fountain = self._out[tid]
-            message = transfer.frame_message(header, fountain, index % len(fountain.packets),
-                                             message_bytes=self.codec.message_bytes, acks=self._acks,
+            message = self._out[tid].message(index, message_bytes=self.codec.message_bytes, acks=self._acks,
                                              shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
                                              holds=self._holds, clock_echo=clock_echo, key=self.key)
             for done in self.plan.lingered:  # (done lingering: off the screen for good)
@@ -289,7 +285,7 @@ class ScreenWriter(Actor):
                 continue
             message, codec, hold_s = nxt
             self._set_overlay(STARTUP_OVERLAY if self._greeting else None)
-            image = layout.render(codec.seal(message), codec.layout, self.screen_w, self.screen_h,
+            image = layout.render(codec.encode_message(message), codec.layout, self.screen_w, self.screen_h,
                                   sender=self.rank, parity=self._parity)
             self._parity ^= 1
             presented = self.screen.show(image)

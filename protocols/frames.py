@@ -42,16 +42,6 @@ def digest(data: bytes) -> bytes:
     return hashlib.blake2b(data, digest_size=8).digest()
 
 
-def packet_size_for(message_bytes: int, overhead: int) -> int:
-    """The largest packet (payload id + aligned symbol) a message of `message_bytes` holds, after
-    `overhead` bytes of header and check."""
-    symbol = (message_bytes - overhead - PAYLOAD_ID_BYTES) // SYMBOL_ALIGN * SYMBOL_ALIGN
-    if symbol < MIN_SYMBOL:
-        raise ValueError(f"a frame message of {message_bytes} bytes is too small for a packet "
-                         f"(at least {overhead + MIN_PACKET} bytes)")
-    return min(symbol + PAYLOAD_ID_BYTES, 0xFFFF)
-
-
 @dataclass(frozen=True, slots=True)
 class Timing:
     """A frame's clock-sync fields (microseconds on the node clocks named)."""

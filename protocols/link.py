@@ -39,21 +39,15 @@ class LinkCodec:
     def message_bytes(self) -> int:
         return self.code.capacity
 
-    @property
-    def packet_size(self) -> int:
-        """The packet (payload id + fountain symbol) of a frame in this layout that carries no per-rank
-        entries: the largest any frame holds."""
-        return self.packet_size_for(0)
-
-    def packet_size_for(self, ranks: int) -> int:
-        """The packet of a frame that carries the acknowledgements and holdings of `ranks` ranks (a
-        group's size)."""
+    def packet_size(self, ranks: int = 0) -> int:
+        """The packet (payload id + fountain symbol) of a frame in this layout that carries the
+        acknowledgements and holdings of `ranks` ranks (a group's size; 0: the largest any frame holds)."""
         return transfer.packet_size_for(self.message_bytes, ranks)
 
     @property
     def payload_per_frame(self) -> int:
         """Tensor bytes a frame without per-rank entries carries (a fountain symbol): the most any carries."""
-        return self.packet_size - frames.PAYLOAD_ID_BYTES
+        return self.packet_size() - frames.PAYLOAD_ID_BYTES
 
     def margin(self, wrong: int) -> float:
         """The share of this code's error correction a frame read with `wrong` cells wrong left unused: 1
@@ -66,26 +60,15 @@ class LinkCodec:
     def frames_needed(self, nbytes: int, ranks: int = 0) -> int:
         """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`: the
         ranks whose entries its frames carry)."""
-        return frames.source_packets(nbytes, self.packet_size_for(ranks))
+        return frames.source_packets(nbytes, self.packet_size(ranks))
 
     def _scramble(self, frame: bytes) -> bytes:
         return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
 
-    def fountain(self, data: bytes, count: int, ranks: int = 0) -> frames.Transfer:
-        """A transfer's `count` fountain packets (source first, then repair), sized for this layout's
-        frames carrying the entries of `ranks` ranks."""
-        return frames.fountain(data, message_bytes=self.message_bytes, count=count,
-                               packet_size=self.packet_size_for(ranks))
-
-    def seal(self, message: bytes) -> bytes:
-        """Frame bytes (what `layout.render` draws) for a message of `message_bytes` bytes."""
+    def encode_message(self, message: bytes) -> bytes:
+        """Frame bytes (what `layout.render` draws) for a message of `message_bytes` bytes: its
+        Reed-Solomon code, scrambled."""
         return self._scramble(self.code.encode(message))
-
-    def frame(self, header: transfer.TransferHeader, fountain: frames.Transfer, index: int, **fields) -> bytes:
-        """Frame bytes for packet `index` of a transfer; `fields`: transfer.frame_message's (acks default
-        none, shown_us, clock_echo, run_nonce, key...). Made just before it is shown, so the timing is fresh."""
-        fields.setdefault("acks", ())
-        return self.seal(transfer.frame_message(header, fountain, index, message_bytes=self.message_bytes, **fields))
 
     def encode(self, data: bytes, *, count: int, session: int, sender: int, stream: str, step: int,
                epoch: int = 0, base: int = 0, key: RoomKey = NO_KEY, run_nonce: int = 1, ranks: int = 0,
@@ -96,12 +79,10 @@ class LinkCodec:
         zero). Fewer than the transfer needs if `count` is smaller: then it cannot be rebuilt."""
         payload = streams.wrap(epoch, base, data)
         header = transfer.TransferHeader(session, sender, tid, step, stream, "uint8", len(payload), 0, b"")
-        sealed = key.seal(run_nonce, tid, payload, transfer.aad(header))
-        fountain = self.fountain(sealed, count, ranks)
-        header = transfer.TransferHeader(session, sender, tid, step, stream, "uint8", len(payload), fountain.length,
-                                         fountain.digest)
-        return [self.seal(transfer.frame_message(header, fountain, i, message_bytes=self.message_bytes,
-                                                 run_nonce=run_nonce, key=key)) for i in range(count)]
+        out = transfer.outgoing(header, payload, message_bytes=self.message_bytes, ranks=ranks, key=key,
+                                run_nonce=run_nonce, count=count)
+        return [self.encode_message(out.message(i, message_bytes=self.message_bytes, run_nonce=run_nonce, key=key))
+                for i in range(count)]
 
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
                erase_below: float = 0.15, key: RoomKey = NO_KEY) -> tuple[transfer.TransferFrame, int]:

@@ -25,6 +25,13 @@ collective sequence, relayed camera to camera and only ever raised, so the
 new incarnation is known to hold what its predecessor held (a collective
 layer that lets a rank start again must carry on that sequence).
 
+A listener (`rank` None: an observer, which shows nothing) has no
+handshake: it takes every frame of the session that passes its check,
+whoever the transfer is meant for, and tells a sender's new incarnation by
+its run nonce: a frame of another nonce shown before the latest it read of
+the sender is the earlier run's, filmed late (`other_run`); one shown after
+it starts the sender's transfers afresh (`restarted`).
+
 Every refusal has a reason (`Received.refused`), counted by the caller;
 nothing partial or unproven is ever returned as data.
 """
@@ -60,11 +67,13 @@ class Received:
 
 
 class TransferReceiver:
-    def __init__(self, rank: int, world: int, session: int, key: RoomKey = NO_KEY,
+    def __init__(self, rank: int | None, world: int, session: int, key: RoomKey = NO_KEY,
                  handshake: Handshake | None = None, assembler: transfer.TransferAssembler | None = None) -> None:
+        """`rank` None: a listener (see the module doc), with no handshake."""
         self.rank, self.world, self.session = rank, world, session
         self.key = key
-        self.handshake = handshake or Handshake(rank, world)
+        self.handshake = None if rank is None else handshake or Handshake(rank, world)
+        self._heard: dict[int, tuple[int, int]] = {}  # a listener's: sender -> (its run nonce, latest shown_us)
         self.assembler = assembler or transfer.TransferAssembler()
         self._peer_acks: dict[int, transfer.Ack] = {}
         self.holds: tuple[int, ...] = (0,) * world  # how many collectives each rank is known to hold
@@ -72,6 +81,8 @@ class TransferReceiver:
 
     def tick(self, now: float) -> bool:
         """Let the handshake's discovery measure up to `now` with no frame read; True if the handshake changed."""
+        if self.handshake is None:
+            return False
         before = self._state()
         self.handshake.tick(now)
         return self._state() != before
@@ -90,6 +101,8 @@ class TransferReceiver:
             return Received(f, "foreign_session")
         if f.sender >= self.world or f.sender == self.rank:
             return Received(f, "unknown_sender")
+        if self.handshake is None:
+            return self._overheard(f)
         hs = self.handshake
         before = self._state()
         was = hs.trusted.get(f.sender)
@@ -132,6 +145,23 @@ class TransferReceiver:
         if data is transfer.DUPLICATE:
             return Received(f, None, peer_ack, changed, duplicate=True, holds_changed=more, restarted=restarted)
         return Received(f, None, peer_ack, changed, data, holds_changed=more, restarted=restarted)
+
+    def _overheard(self, f: transfer.TransferFrame) -> Received:
+        """A listener's frame (checked, of this session, from a rank of the room)."""
+        nonce, latest = self._heard.get(f.sender, (f.run_nonce, f.shown_us))
+        restarted = nonce != f.run_nonce
+        if restarted and f.shown_us < latest:
+            return Received(f, "other_run")  # the sender's earlier run, filmed late
+        if restarted:
+            self.assembler.forget_sender(f.sender)  # it started again: it numbers its transfers from 1 again
+            self.restarts[f.sender] = self.restarts.get(f.sender, 0) + 1
+        self._heard[f.sender] = (f.run_nonce, f.shown_us if restarted else max(latest, f.shown_us))
+        if f.header is None:
+            return Received(f, None, restarted=restarted)
+        data = self.assembler.add(f, self.key)
+        if data is transfer.DUPLICATE:
+            return Received(f, None, duplicate=True, restarted=restarted)
+        return Received(f, None, data=data, restarted=restarted)
 
     def _state(self):
         hs = self.handshake

@@ -73,6 +73,7 @@ import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 import raptorq
 
@@ -173,7 +174,12 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS) -> int:
     """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds, with
     the acknowledgements and holdings of `ranks` ranks."""
-    return frames.packet_size_for(message_bytes, header_bytes(ranks) + CHECK_BYTES)
+    overhead = header_bytes(ranks) + CHECK_BYTES
+    symbol = (message_bytes - overhead - PAYLOAD_ID_BYTES) // frames.SYMBOL_ALIGN * frames.SYMBOL_ALIGN
+    if symbol < frames.MIN_SYMBOL:
+        raise ValueError(f"a frame message of {message_bytes} bytes is too small for a packet "
+                         f"(at least {overhead + frames.MIN_PACKET} bytes)")
+    return min(symbol + PAYLOAD_ID_BYTES, 0xFFFF)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +288,45 @@ def filler(check: bytes, n: int) -> bytes:
 
 def _padded(body: bytes, check: bytes, message_bytes: int) -> bytes:
     return body + check + filler(check, message_bytes - len(body) - len(check))
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A transfer ready to show: its header (length and digest filled in) and its fountain packets."""
+
+    header: TransferHeader
+    fountain: Transfer
+
+    @property
+    def source(self) -> int:
+        """The source packets: any this many distinct packets (rarely one or two more) rebuild it."""
+        return frames.source_packets(self.fountain.length, self.fountain.packet_size)
+
+    def message(self, index: int, *, message_bytes: int, **fields) -> bytes:
+        """The message of the frame that shows packet `index` (taken in turn: repair packets repeat);
+        `fields`: frame_message's (acks, shown_us, run_nonce, trusts, holds, clock_echo, key)."""
+        fields.setdefault("acks", ())
+        return frame_message(self.header, self.fountain, index % len(self.fountain.packets),
+                             message_bytes=message_bytes, **fields)
+
+
+def outgoing(header: TransferHeader, payload: bytes, *, message_bytes: int, ranks: int = MAX_RANKS,
+             key: RoomKey = NO_KEY, run_nonce: int = 0, count: int | None = None,
+             repair: int | Callable[[int], int] = 0, sealed: bool = False) -> Outgoing:
+    """The one way a transfer is made: `payload` sealed under `key` for the sender's run `run_nonce` (bound
+    to what `header` says: `aad`; `sealed`: it already is, or is made up), cut by the fountain code into
+    packets sized for frames of `message_bytes` that carry the entries of `ranks` ranks, `count` of them
+    (default: the source packets and `repair` more, or `repair(source packets)` more), and `header` completed with the length and digest
+    the frames carry."""
+    data = payload if sealed else key.seal(run_nonce, header.tid, payload, aad(header))
+    psize = packet_size_for(message_bytes, ranks)
+    if count is None:
+        k = frames.source_packets(len(data), psize)
+        count = k + (repair(k) if callable(repair) else repair)
+    fountain = frames.fountain(data, message_bytes=message_bytes, count=count, packet_size=psize)
+    header = TransferHeader(header.session, header.sender, header.tid, header.seq, header.op, header.dtype,
+                            header.numel, fountain.length, fountain.digest, header.part, header.dest)
+    return Outgoing(header, fountain)
 
 
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,

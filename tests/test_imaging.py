@@ -157,7 +157,7 @@ def test_a_frame_of_a_finer_layout_is_not_idle_through_a_coarser_grid():
     codec = LinkCodec(fine, 0.8)
     for i in range(5):
         data = bytes(np.random.default_rng(i).integers(0, 256, codec.message_bytes, dtype=np.uint8))
-        img = cv2.GaussianBlur(_camera(render(codec.seal(data), fine, 1280, 720, sender=1, parity=0), seed=i),
+        img = cv2.GaussianBlur(_camera(render(codec.encode_message(data), fine, 1280, 720, sender=1, parity=0), seed=i),
                                (0, 0), 3.0)
         quad = reader.find_quads(img, coarse)[0]
         assert not reader.is_idle(reader.sample(img, quad, coarse)[0], coarse)

@@ -15,7 +15,7 @@ import random
 import pytest
 from conftest import make_config, run_virtual
 
-from protocols import discovery, frames, transfer
+from protocols import discovery, transfer
 from protocols.receiver import TransferReceiver
 from protocols.security import Handshake, RoomKey
 
@@ -171,14 +171,9 @@ def test_ranks_starting_again_one_after_another_one_of_them_twice():
 def _frame(sender_nonce: int, sender: int, tid: int, payload: bytes, dest: int, shown_us: int = 0) -> bytes:
     """A transfer frame (a single packet rebuilds it) of `sender` under its run nonce."""
     h = transfer.TransferHeader(SESSION, sender, tid, 0, "allreduce", "uint8", len(payload), 0, b"", 0, dest)
-    sealed = KEY.seal(sender_nonce, tid, payload, transfer.aad(h))
-    psize = transfer.packet_size_for(MESSAGE)
-    tr = frames.fountain(sealed, message_bytes=MESSAGE, count=frames.source_packets(len(sealed), psize) + 1,
-                         packet_size=psize)
-    h = transfer.TransferHeader(SESSION, sender, tid, 0, "allreduce", "uint8", len(payload), tr.length, tr.digest, 0,
-                                dest)
-    return transfer.frame_message(h, tr, 0, message_bytes=MESSAGE, shown_us=shown_us, run_nonce=sender_nonce,
-                                  trusts=0b11, acks=(transfer.Ack(3, 0), transfer.Ack()), key=KEY)
+    out = transfer.outgoing(h, payload, message_bytes=MESSAGE, key=KEY, run_nonce=sender_nonce, repair=1)
+    return out.message(0, message_bytes=MESSAGE, shown_us=shown_us, run_nonce=sender_nonce, trusts=0b11,
+                       acks=(transfer.Ack(3, 0), transfer.Ack()), key=KEY)
 
 
 def _greet(a: Node, b: Node) -> None:

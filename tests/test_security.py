@@ -26,12 +26,8 @@ OTHER = RoomKey(bytes(range(1, 33)), "other")
 
 def _transfer(data: bytes, key: RoomKey = KEY, nonce: int = 77, tid: int = 3):
     header = transfer.TransferHeader(7, 1, tid, 11, "allreduce", "float32", len(data) // 4, 0, b"", 0, 0b01)
-    sealed = key.seal(nonce, tid, data, transfer.aad(header))
-    psize = transfer.packet_size_for(MSG)
-    tr = frames.fountain(sealed, message_bytes=MSG, count=frames.source_packets(len(sealed), psize) + 2,
-                         packet_size=psize)
-    return transfer.TransferHeader(7, 1, tid, 11, "allreduce", "float32", len(data) // 4, tr.length, tr.digest,
-                                   0, 0b01), tr
+    out = transfer.outgoing(header, data, message_bytes=MSG, key=key, run_nonce=nonce, repair=2)
+    return out.header, out.fountain
 
 
 def _rebuild(header, tr, key: RoomKey, nonce: int = 77):
@@ -118,13 +114,16 @@ def test_the_built_in_run_uses_only_frames_of_this_run(_quiet_logs):
         """Alice's word on step k (her transfer k + 1) as the built-in run's server shows it, to bob."""
         payload = streams.wrap(0, k, data)
         head = transfer.TransferHeader(1, 0, k + 1, k, "avg", "uint8", len(payload), 0, b"", 0, 0b10)
-        tr = codec.fountain(KEY.seal(nonce, k + 1, payload, transfer.aad(head)), 1, 2)
-        head = transfer.TransferHeader(1, 0, k + 1, k, "avg", "uint8", len(payload), tr.length, tr.digest, 0, 0b10)
-        return codec.frame(head, tr, 0, shown_us=round(shown_s * 1e6), run_nonce=nonce, key=KEY)
+        out = transfer.outgoing(head, payload, message_bytes=codec.message_bytes, ranks=2, key=KEY, run_nonce=nonce,
+                                count=1)
+        return codec.encode_message(out.message(0, message_bytes=codec.message_bytes, shown_us=round(shown_s * 1e6),
+                                                run_nonce=nonce, key=KEY))
 
     def status(nonce: int, echo: tuple[int, int], shown_s: float) -> bytes:
-        return codec.seal(transfer.status_message(session=1, sender=0, acks=(), message_bytes=codec.message_bytes,
-                                                  shown_us=round(shown_s * 1e6), run_nonce=nonce, echo=echo, key=KEY))
+        return codec.encode_message(transfer.status_message(session=1, sender=0, acks=(),
+                                                            message_bytes=codec.message_bytes,
+                                                            shown_us=round(shown_s * 1e6), run_nonce=nonce, echo=echo,
+                                                            key=KEY))
 
     frames_ = [
         tensor(0, alice, 1.0),  # she has not read Bob yet: unconfirmed

@@ -21,13 +21,11 @@ MSG = 1900
 
 
 def _header(data: bytes, **kw) -> tuple[transfer.TransferHeader, frames.Transfer]:
-    psize = transfer.packet_size_for(MSG)
-    tr = frames.fountain(data, message_bytes=MSG, count=frames.source_packets(len(data), psize) + 2,
-                         packet_size=psize)
     fields = dict(session=7, sender=1, tid=3, seq=11, op="allreduce", dtype="float32", numel=len(data) // 4,
-                  length=tr.length, digest=tr.digest, part=0, dest=0b01)
+                  length=0, digest=b"", part=0, dest=0b01)
     fields.update(kw)
-    return transfer.TransferHeader(**fields), tr
+    out = transfer.outgoing(transfer.TransferHeader(**fields), data, message_bytes=MSG, repair=2, sealed=True)
+    return out.header, out.fountain
 
 
 @settings(max_examples=40, deadline=None)

@@ -278,7 +278,7 @@ class Aimer:
             message = status_message(session=self.cfg.room.session, sender=self.index, acks=(),
                                      message_bytes=self.codec.message_bytes, shown_us=int(now * 1e6),
                                      run_nonce=self.nonce, trusts=self.state.reads(now), key=self.key)
-            frame = self.codec.seal(message)
+            frame = self.codec.encode_message(message)
             self.screen.show(compose(frame, self.layout, self.index, parity, self.state, self.lines(now),
                                      self.cfg.screen.width, self.cfg.screen.height))
             parity ^= 1

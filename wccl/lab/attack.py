@@ -90,7 +90,7 @@ class _Rank:
         self.rx = TransferReceiver(rank, 2, session, key, handshake=hs)
         self.hs = self.rx.handshake
         self.tid = 0
-        self.out: list[tuple[transfer.TransferHeader, frames.Transfer]] = []
+        self.out: list[transfer.Outgoing] = []
         self.turn = 0
 
     def post(self, payload: bytes, seq: int) -> bytes:
@@ -98,12 +98,8 @@ class _Rank:
         stream's: the envelope, epoch 0 and base `seq`, then the payload)."""
         self.tid += 1
         h, payload = tensor_header(self.session, self.rank, self.tid, seq, payload, self.stream)
-        sealed = self.key.seal(self.hs.nonce, self.tid, payload, transfer.aad(h))
-        psize = transfer.packet_size_for(self.message_bytes)
-        k = frames.source_packets(len(sealed), psize)
-        tr = frames.fountain(sealed, message_bytes=self.message_bytes, count=k + 4, packet_size=psize)
-        self.out.append((transfer.TransferHeader(h.session, h.sender, h.tid, h.seq, h.op, h.dtype, h.numel,
-                                                 tr.length, tr.digest, h.part, h.dest), tr))
+        self.out.append(transfer.outgoing(h, payload, message_bytes=self.message_bytes, key=self.key,
+                                          run_nonce=self.hs.nonce, repair=4))
         return payload
 
     def status(self, shown_us: int) -> bytes:
@@ -116,11 +112,9 @@ class _Rank:
         self.turn += 1
         if not self.out or (not self.hs.complete and self.turn % 2):
             return self.status(shown_us)
-        header, tr = self.out[0]
-        i = (self.turn // 2) % len(tr.packets)
-        return transfer.frame_message(header, tr, i, message_bytes=self.message_bytes, acks=self.rx.assembler.acks(2),
-                                      shown_us=shown_us, run_nonce=self.hs.nonce, trusts=self.hs.trust_mask(),
-                                      key=self.key)
+        return self.out[0].message(self.turn // 2, message_bytes=self.message_bytes, acks=self.rx.assembler.acks(2),
+                                   shown_us=shown_us, run_nonce=self.hs.nonce, trusts=self.hs.trust_mask(),
+                                   key=self.key)
 
 
 def _tensor(rng: random.Random) -> bytes:
@@ -155,7 +149,7 @@ def _run(key: RoomKey, frames_n: int, rng: random.Random, session: int = SESSION
                 delivered[r.frame.header.tid] = r.data
         back = alice.rx.receive(bob.status(t_us + 50_000))  # bob's screen: acknowledgements and echo
         if back.peer_ack is not None:
-            alice.out = [(h, tr) for h, tr in alice.out if not back.peer_ack.has(h.tid)]
+            alice.out = [o for o in alice.out if not back.peer_ack.has(o.header.tid)]
     return dict(sent=sent, delivered=delivered, filmed=filmed, alice=alice, bob=bob)
 
 
@@ -183,14 +177,9 @@ def run_attack(frames_each: int, seed: int = 0, path: str = "collectives") -> di
                                            trusts=0b11, echo=alice.hs.echo(), key=wrong)
         tid = alice.tid + rng.randint(0, 3)
         h, data = tensor_header(SESSION, 0, tid, rng.randrange(1, 99), _tensor(rng), stream)
-        sealed = wrong.seal(alice.hs.nonce, tid, data, transfer.aad(h))
-        psize = transfer.packet_size_for(MESSAGE_BYTES)
-        tr = frames.fountain(sealed, message_bytes=MESSAGE_BYTES, count=frames.source_packets(len(sealed), psize),
-                             packet_size=psize)
-        h = transfer.TransferHeader(h.session, h.sender, h.tid, h.seq, h.op, h.dtype, h.numel, tr.length, tr.digest,
-                                    h.part, h.dest)
-        return transfer.frame_message(h, tr, 0, message_bytes=MESSAGE_BYTES, acks=(), shown_us=t_us,
-                                      run_nonce=alice.hs.nonce, trusts=alice.hs.trust_mask(), key=wrong)
+        out = transfer.outgoing(h, data, message_bytes=MESSAGE_BYTES, key=wrong, run_nonce=alice.hs.nonce)
+        return out.message(0, message_bytes=MESSAGE_BYTES, shown_us=t_us, run_nonce=alice.hs.nonce,
+                           trusts=alice.hs.trust_mask(), key=wrong)
 
     def random_frame(t_us: int) -> bytes:
         b = bytearray(rng.randbytes(MESSAGE_BYTES))

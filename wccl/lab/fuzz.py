@@ -167,7 +167,7 @@ class FecSymbols(_Entry):
 
         for _ in range(6):
             msg = rng.randbytes(self.codec.message_bytes)
-            sym = cells.bytes_to_symbols(self.codec.seal(msg), 8, self.codec.layout.n_data)
+            sym = cells.bytes_to_symbols(self.codec.encode_message(msg), 8, self.codec.layout.n_data)
             self.seeds.append(sym.astype(np.uint8).tobytes())
 
     def input(self):
@@ -331,7 +331,7 @@ class CameraImages(_Entry):
         # camera's auto exposure settles on the first frame for 1 s.
         for n in range(self.FRAMES):
             msg = alice.next_message(n * 100_000) if n else alice.status(0)
-            img = lay.render(codec.seal(msg), codec.layout, cfg.screen.width, cfg.screen.height, sender=0, parity=n % 2)
+            img = lay.render(codec.encode_message(msg), codec.layout, cfg.screen.width, cfg.screen.height, sender=0, parity=n % 2)
             t = self.SETTLE_S + n * self.HOLD_S
             room.show_at("alice", img, 0.0 if n == 0 else t)
             self.images.append(room.capture_at("bob", t + 0.1, k=n))

@@ -97,7 +97,8 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
 
     import numpy as np
 
-    from protocols import layout, streams, transfer
+    from protocols import fec, layout, streams
+    from protocols.receiver import TransferReceiver
     from wccl.imaging import reader
     from wccl.timebase import NodeClock
 
@@ -125,6 +126,7 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
 
         async def read(name: str) -> None:
             cam = cameras[name]
+            rx = TransferReceiver(None, len(names), config.room.session)  # (listens: every sender's transfer)
             got: dict[int, bool] = {}
             n = codes = ok = 0
             t_end = time.monotonic() + seconds
@@ -134,13 +136,16 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
                 for rc in reader.read_codes(image, codec.layout):
                     codes += 1
                     try:
-                        packet, _ = codec.decode(rc.symbols, rc.confidence)
-                    except Exception:  # noqa: BLE001 (counted: not decoded)
+                        message, _ = codec.decode_message(rc.symbols, rc.confidence)
+                    except fec.UncorrectableFrame:  # (counted: not decoded)
+                        continue
+                    r = rx.receive(message)
+                    if r.refused is not None:
                         continue
                     ok += 1
-                    data = transfer.TransferAssembler().add(packet)
-                    data = streams.unwrap(data)[2] if isinstance(data, bytes) else None
-                    got[packet.sender] = got.get(packet.sender, False) or data == sent.get(packet.sender)
+                    sender = r.frame.sender
+                    data = streams.unwrap(r.data)[2] if r.data is not None else None
+                    got[sender] = got.get(sender, False) or data == sent.get(sender)
                 await asyncio.sleep(0)
             x, y, cw, ch = medium.capture_rect(name)
             report["nodes"][name] = dict(capture=[x, y, cw, ch], captures=n, codes=codes, decoded=ok,
