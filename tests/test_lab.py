@@ -272,3 +272,34 @@ def test_the_cimbar_comparison_says_where_to_get_cimbar_when_it_is_not_built(tmp
         p = subprocess.run([sys.executable, "-m", "wccl.lab.cimbar", "--profile", "exact", *extra], cwd=ROOT,
                            capture_output=True, text=True, timeout=120, env=env)
         assert p.returncode == 2 and "docs/cimbar.md" in p.stderr and "--cimbar or WCCL_CIMBAR" in p.stderr
+
+
+def test_the_report_writes_its_table_between_the_markers_and_keeps_the_rows_not_run(tmp_path):
+    from wccl.lab import report
+
+    page = tmp_path / "B.md"
+    page.write_text(f"# B\n\n{report.BEGIN}\n{report.table({'link, `ideal` profile': ('90 KB/s', 'cmd a', 'd1, c1')})}\n"
+                    f"{report.END}\n\nafter\n")
+    report.write(page, {"2 KB tensor latency, `webcam`": ("p95 0.1 s", "cmd b", "d2, c2")})
+    text = page.read_text()
+    rows = report.parse_table(text)
+    assert rows == {"link, `ideal` profile": ("90 KB/s", "cmd a", "d1, c1"),
+                    "2 KB tensor latency, `webcam`": ("p95 0.1 s", "cmd b", "d2, c2")}
+    assert text.startswith("# B\n") and text.endswith("after\n")
+    assert text.index("link, `ideal`") < text.index("2 KB tensor")  # in the order of report.ROWS
+
+
+def test_the_report_reads_a_run_from_its_log_and_says_why_when_there_is_no_figure():
+    from wccl.lab import report
+
+    log = "\n".join(json.dumps(e) for e in [
+        {"event": "sight_known", "t": 1.5}, {"event": "sight_known", "t": 3.08},
+        *({"event": "step_applied", "t": 4.0 + 0.44 * k} for k in range(5)),
+        {"event": "run_finished", "applied": 5, "steps": 5, "test_accuracy": 0.8734, "replicas_identical": True,
+         "observer_identical": None, "sim_seconds": 6.2, "wall_seconds": 20.0}])
+    run, start = report._run(log, "")
+    assert run.startswith("**0.44 s a step**, 5 of 5 applied, accuracy 0.873, replicas identical")
+    assert start.startswith("**3.08 room s**")
+    row = report.Row(("x",), "python -c raise(SystemExit(3))", report._latency)
+    [(name, figure)] = report.measure(row, 60)
+    assert name == "x" and figure.startswith("no figure: exit 3")

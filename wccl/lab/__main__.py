@@ -8,7 +8,8 @@ size through the wccl backend, per collective algorithm);
 `python -m wccl.lab startup --config FILE --repeat N --json` (init_process_group's wall and simulated seconds);
 `python -m wccl.lab placement [--config FILE] [--json]` (camera pixels per cell by screen, lens and distance);
 `python -m wccl.lab rooms --count N --laptops 2|LOW-HIGH --seed S --out DIR` (rooms drawn at random: whether each
-that some layout reads starts and runs its steps, and why not)."""
+that some layout reads starts and runs its steps, and why not);
+`python -m wccl.lab report [--slow] [--write BENCHMARKS.md]` (the headline figures, measured, as one table)."""
 
 from __future__ import annotations
 
@@ -93,7 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     placement_lab.add_arguments(sub.add_parser("placement", formatter_class=HelpFormatter,
                                                help="camera pixels per cell and the furthest distance each layout "
                                                "reads at, by screen, lens and distance (no camera needed)"))
+    from wccl.lab import report as report_lab
+
+    report_lab.add_arguments(sub.add_parser("report", formatter_class=HelpFormatter,
+                                            help="measure the headline figures; print their table or write it "
+                                            "into BENCHMARKS.md"))
     args = p.parse_args(argv)
+    if args.cmd == "report":
+        return report_lab.run(args)
     if args.cmd == "rooms":
         return rooms_lab.run(args)
     if args.cmd == "placement":
