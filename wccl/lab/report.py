@@ -149,7 +149,7 @@ ROWS = (
     Row(("default run (`config.toml`)", "start-up, default room"),
         f"{PY} -m wccl.node --config config.toml --log-format json", _run),
     Row(("DDP example against gloo",), f"{PY} -m wccl.launch --config rooms/two-laptops-sim.toml "
-        "examples/ddp_mnist.py --steps 30 && torchrun --standalone --nproc-per-node 2 examples/ddp_mnist.py "
+        "examples/ddp_mnist.py --steps 30 && python -m torch.distributed.run --standalone --nproc-per-node 2 examples/ddp_mnist.py "
         "--backend gloo --steps 30", _ddp, slow=True),
     Row(("eight-laptop table", "start-up, eight-laptop table"),
         f"{PY} -m wccl.node --config rooms/table-8.toml --steps 12 --log-format json", _run, slow=True),
