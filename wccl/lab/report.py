@@ -3,7 +3,7 @@
 Runs the command behind each figure of BENCHMARKS.md's table (the link
 bench per profile, a 2 KB tensor's latency, the default run, the
 torch backend's DDP example against gloo, the eight-laptop table, start-up,
-Fashion-MNIST's time to accuracy, the test suite), reads the figure off
+Fashion-MNIST's time to accuracy, the attack bench, the test suite), reads the figure off
 its output and prints the table: figure, value, command, date and commit.
 Rows marked slow run only with `--slow`. `--write FILE` replaces the
 table between FILE's `<!-- report -->` and `<!-- /report -->` lines, keeping
@@ -119,6 +119,15 @@ def _fashion(out: str, err: str) -> list[str]:
             f"{j['test_accuracy']:.3f}"]
 
 
+def _attack(out: str, err: str) -> list[str]:
+    j = _last(out)
+    kinds = j["kinds"]
+    tried = sum(k["tried"] for k in kinds.values())
+    accepted = sum(k["accepted"] for k in kinds.values())
+    return [f"**{accepted} of {tried:,} accepted** ({len(kinds)} kinds); {j['tensors_delivered']} of "
+            f"{j['tensors_sent']} real tensors delivered, {j['tensors_wrong']} wrong"]
+
+
 def _pytest(out: str, err: str) -> list[str]:
     m = re.search(r"(\d+) passed.*? in ([\d.]+)s", out)
     if m is None or re.search(r"\d+ failed", out):
@@ -155,6 +164,7 @@ ROWS = (
         f"{PY} -m wccl.node --config rooms/table-8.toml --steps 12 --log-format json", _run, slow=True),
     Row(("Fashion-MNIST time to 0.90",), f"{PY} -m wccl.lab train --config rooms/fashion.toml --references --json "
         "--out runs/report-fashion", _fashion, slow=True),
+    Row(("forged, replayed and foreign frames",), f"{PY} -m wccl.lab attack --frames 10000 --json", _attack),
     Row(("test suite, fast tier",), f"{PY} -m pytest -q -n 2", _pytest),
 )
 
