@@ -31,7 +31,7 @@ def test_startup_picks_the_fastest_layout_the_cameras_read(profile, cell_px, _qu
     if profile == "harsh":
         assert all(g == {} for g in known[0]["ladder"][:4]), known[0]["ladder"]
     sized = _events(_quiet_logs, "schedule_fixed")
-    print(profile, known[0]["edges"], sized[0]["period_s"])  # BENCHMARKS.md (-s)
+    print(profile, known[0]["edges"], sized[0]["period_s"])  # (-s: the figures the dated benchmark notes give)
     # and the training runs over it
     assert result["applied"] == 3 and result["replicas_identical"]
     assert result["link"]["alice"]["tensors_grad"] == 3 and result["link"]["bob"]["tensors_avg"] == 3

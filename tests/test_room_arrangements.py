@@ -108,7 +108,7 @@ def test_two_rows_each_camera_reads_across_and_diagonally_not_its_own_row(path):
     cfg = load_config(path)
     from wccl.distributed.runtime import collective_ladder
 
-    # the ladder's 22 px cells, which start-up picks here (BENCHMARKS.md)
+    # the ladder's 22 px cells, which start-up picks here (`python -m wccl.lab startup`)
     layout = next(c.layout for c, _ in collective_ladder(cfg) if c.layout.cell_px == 22)
     h, w = layout.size_px
     W, H = r.screen_w, r.screen_h

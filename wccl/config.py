@@ -428,7 +428,7 @@ LAYOUT_KEYS = frozenset({"rows", "cols", "colours", "cell_px", "border_cells", "
 
 
 class LinkConfig(_Strict):
-    # The pinned layout's defaults are the densest the link lab measured under `webcam` (BENCHMARKS.md);
+    # The pinned layout's defaults are the densest the link lab measured under `webcam` (`python -m wccl.lab sweep`);
     # the hackathon's was rows 40, cols 70, cell_px 16, hold_s 1.0.
     rows: int = Field(default=60, ge=6, le=512)
     cols: int = Field(default=110, ge=22, le=512)  # data cells per row of the grid

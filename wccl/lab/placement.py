@@ -42,10 +42,11 @@ INCH_M = 0.0254
 # cell. Where they come from: in the simulated `webcam` room (wccl/room/NOTES.md; it films through a
 # 1280x720 lens of 62 degrees, blur 1.2 px, MJPEG at quality 60 with 4:2:0 colour, i.e. colour at half
 # resolution) the decoder reads 8-colour cells of 4.1 camera pixels (10 px cells at 0.6 m: the default
-# ladder's fastest layout, BENCHMARKS.md "A faster link" and "Faster layouts for collectives") but not
+# ladder's fastest layout: the dated benchmark notes, `git show dddd183:BENCHMARKS.md`, "A faster link"
+# and "Faster layouts for collectives") but not
 # of 3.7 (9 px cells) or 3.3 (8 px); 4-colour cells read at 3.9 camera pixels (16 px cells at 1 m,
-# BENCHMARKS.md "Faster layouts for collectives") and did not at 3.3 (`webcam`) or 3.5 (`harsh`, blurrier;
-# BENCHMARKS.md "The link lab sweep"). No real webcam has been measured: the figures below add a margin
+# the same notes, "Faster layouts for collectives") and did not at 3.3 (`webcam`) or 3.5 (`harsh`, blurrier;
+# the same notes, "The link lab sweep"). No real webcam has been measured: the figures below add a margin
 # to the simulated ones and are estimates for a real camera (8 colours 4.5, about 10 % over 4.1; 4 colours
 # 4.0, just over the 3.9 that read). Two colours were never measured at their limit: they are given the
 # 4-colour figure (the failures at 3.3-3.5 were the same for every colour count: finding the cells, not
