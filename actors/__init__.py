@@ -1,4 +1,5 @@
-"""The actors of a node, one per file; each registers itself as `actor.<role>` / "standard".
+"""The actors of a node, one per file; each registers itself as `actor.<role>` / "standard"
+(protocols.registry), and this package's import registers them all.
 
 Actors never import each other: they talk only through messages, wired by
 the supervisor (wccl.supervisor).
@@ -14,22 +15,6 @@ from actors.parameter_server import ParameterServer
 from actors.rank_worker import RankWorker
 from actors.screen_writer import ScreenWriter
 from actors.worker import Worker
-from wccl.registry import REGISTRY
 
-STANDARD = {
-    "clock": Clock,
-    "camera_reader": CameraReader,
-    "frame_decoder": FrameDecoder,
-    "screen_writer": ScreenWriter,
-    "worker": Worker,
-    "parameter_server": ParameterServer,
-    "observer": Observer,
-    "collectives": Collectives,
-    "rank_worker": RankWorker,
-    "intruder": Intruder,
-}
-
-for _role, _cls in STANDARD.items():
-    REGISTRY.register(f"actor.{_role}", "standard", _cls, replace=True)
-
-__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "ScreenWriter", "Observer", "ParameterServer", "RankWorker", "Worker", "STANDARD"]
+__all__ = ["CameraReader", "Clock", "Collectives", "FrameDecoder", "Intruder", "ScreenWriter", "Observer", "ParameterServer",
+           "RankWorker", "Worker"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from protocols.messages import Capture, CodeSeen
 from wccl.actor import Actor, ActorContext, Overflow
+from protocols.registry import REGISTRY
 from wccl.media import Camera
 
 
@@ -41,3 +42,6 @@ class CameraReader(Actor):
         code_seen = getattr(self.camera, "code_seen", None)
         if code_seen is not None:
             code_seen(msg.bbox, msg.image)
+
+
+REGISTRY.register("actor.camera_reader", "standard", CameraReader)

@@ -54,6 +54,7 @@ from protocols.algorithms import Sight, chunks
 from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
+from protocols.registry import REGISTRY
 from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.schedule import DEADLINE_STEPS, Schedule
 
@@ -425,3 +426,5 @@ class Clock(Actor):
         self.log.info("schedule_done", steps=self.steps,
                       **({"residual_p95_ms": round(self.state["residual_p95_ms"], 3)} if res else {}))
 
+
+REGISTRY.register("actor.clock", "standard", Clock)

@@ -72,6 +72,7 @@ from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
                                 PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
 from wccl.actor import Actor, ActorContext, Overflow
+from protocols.registry import REGISTRY
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
 MAX_PARTIAL_STREAMS = 32  # relayed tensors waiting for their other chunks; beyond, the oldest is dropped
@@ -665,3 +666,6 @@ class Collectives(Actor):
         await self.clock.sleep_until(self.clock.now() + LINGER_S)
         if self.on_drained is not None:
             self.on_drained()
+
+
+REGISTRY.register("actor.collectives", "standard", Collectives)

@@ -53,6 +53,7 @@ from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, Hol
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.actor import Actor, ActorContext, Overflow
+from protocols.registry import REGISTRY
 from wccl.imaging import reader
 from wccl.imaging.lens import LensFit
 
@@ -676,3 +677,6 @@ class FrameDecoder(Actor):
         # Frames that read cleanly and were refused: a wrong key, a replay, another room. Worth a warning.
         (self.log.warning if any(refused.values()) else self.log.info)(
             "frames_refused", frames_ok=link.get("frames_ok", 0), **refused, losses=dict(self.transfers.losses))
+
+
+REGISTRY.register("actor.frame_decoder", "standard", FrameDecoder)

@@ -35,6 +35,7 @@ from protocols.link import LinkCodec
 from protocols.messages import Capture
 from protocols.security import REPLAY_WINDOW_S, RoomKey
 from wccl.actor import Actor, ActorContext, Overflow
+from protocols.registry import REGISTRY
 from wccl.imaging import reader
 from wccl.media import Screen
 
@@ -137,3 +138,6 @@ class Intruder(Actor):
             self.record_to.write_text("\n".join(m.hex() for _, _, m in self.filmed) + "\n")
         self.log.info("intruder_done", **self.results)
         await asyncio.sleep(0)
+
+
+REGISTRY.register("actor.intruder", "standard", Intruder)

@@ -45,6 +45,7 @@ from protocols import snapshot as snap
 from protocols.messages import TensorReceived
 from protocols.codecs import Codec, CodecError, get_codec
 from wccl.actor import Actor, ActorContext
+from protocols.registry import REGISTRY
 
 KEEP_AVERAGES = 64  # averages kept while stalled, to catch up after a snapshot
 KEEP_DIGESTS = 64  # digests of the replica's recent states, to check the server's snapshots against
@@ -215,3 +216,6 @@ class Observer(Actor):
             self.log.warning("observer_incomplete", last_step=r["last_step"], steps=self.steps, applied=r["applied"],
                              stalled=r["stalled"], hint="its camera read too few of the server's frames: aim it at "
                              "the server's screen (python -m wccl.aim), or bring it closer")
+
+
+REGISTRY.register("actor.observer", "standard", Observer)

@@ -44,6 +44,7 @@ from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, S
 from protocols.security import NO_KEY, RoomKey
 from protocols.codecs import Codec, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext, Overflow
+from protocols.registry import REGISTRY
 from wccl.recovery import save_checkpoint
 from wccl.training.exchange import reduce
 from wccl.schedule import DEADLINE_STEPS, Schedule
@@ -250,3 +251,6 @@ class ParameterServer(Actor):
     async def finish(self) -> None:
         self.results.update(applied=self.applied, epoch=self.epoch,
                             state_digest=snap.state_digest(self.replica.export_state()))
+
+
+REGISTRY.register("actor.parameter_server", "standard", ParameterServer)

@@ -98,6 +98,7 @@ from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, SendTe
                                 VoidCollectives)
 from protocols.security import NO_KEY, RoomKey
 from wccl.actor import Actor, ActorContext, GiveUp, Overflow
+from protocols.registry import REGISTRY
 from wccl.recovery import CheckpointError, load_checkpoint, save_checkpoint
 from wccl.training.divergence import HINT, DivergenceWatch
 from wccl.training.exchange import reduce
@@ -458,3 +459,6 @@ class RankWorker(Actor):
                             params_sha256=hashlib.sha256(params.numpy().tobytes()).hexdigest())
         self.log.info("worker_finished", test_accuracy=round(acc, 4), applied=self.results["applied"],
                       skipped=self.results["skipped"])
+
+
+REGISTRY.register("actor.rank_worker", "standard", RankWorker)

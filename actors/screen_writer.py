@@ -65,6 +65,7 @@ from protocols.messages import (AcksChanged, FrameTiming, HoldsKnown, LayoutChos
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey, new_run_nonce
 from wccl.actor import Actor, ActorContext, Overflow
+from protocols.registry import REGISTRY
 from wccl.media import Screen
 
 STATUS_REPEATS = 3  # status frames shown after the acknowledgements change
@@ -304,3 +305,6 @@ class ScreenWriter(Actor):
 
     async def finish(self) -> None:
         self.screen.show(self._blank)
+
+
+REGISTRY.register("actor.screen_writer", "standard", ScreenWriter)

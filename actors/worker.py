@@ -45,6 +45,7 @@ from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, S
                                 TensorReceived, Tick)
 from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext
+from protocols.registry import REGISTRY
 from wccl.training.divergence import HINT, DivergenceWatch
 from wccl.schedule import DEADLINE_STEPS, Schedule
 
@@ -273,3 +274,6 @@ class Worker(Actor):
                             params_sha256=hashlib.sha256(params.numpy().tobytes()).hexdigest())
         self.log.info("worker_finished", test_accuracy=round(acc, 4), applied=self.results["applied"],
                       average_missing=self.results["average_missing"], state_applied=self.applied)
+
+
+REGISTRY.register("actor.worker", "standard", Worker)

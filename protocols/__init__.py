@@ -21,18 +21,6 @@ import sys
 from types import ModuleType
 
 
-def named_subclasses(package: str, modules: tuple[str, ...], base: type) -> dict[str, type]:
-    """The subclasses of `base` with a `name`, defined in `package`'s `modules`, by name: the registry
-    of a folder where each kind (a codec, a collective algorithm) is one file."""
-    found: dict[str, type] = {}
-    for mod in modules:
-        for obj in vars(importlib.import_module(f"{package}.{mod}")).values():
-            # (type(obj), not isinstance: a lazily imported module must not be loaded by looking at it)
-            if issubclass(type(obj), type) and issubclass(obj, base) and obj is not base and obj.name:
-                found[obj.name] = obj
-    return found
-
-
 class _Deferred(ModuleType):
     """A stand-in for a module not imported yet: the first attribute read imports the module (the usual
     way, into sys.modules) and takes over its namespace."""

@@ -13,7 +13,6 @@ import asyncio
 import pytest
 from conftest import make_config, run_virtual
 
-import actors  # noqa: F401  (registers the actors)
 from protocols.messages import CollectiveRequest, Drain, VoidCollectives
 from wccl.distributed.runtime import CollectiveNode
 from wccl.room import SimulatedRoom

@@ -215,7 +215,7 @@ def test_a_laptop_without_a_camera_says_so_before_its_window_opens():
     # Parts swapped through the registry: a camera that is not there, and a screen that notes it was made.
     from wccl.config import parse_config
     from wccl.media.display import NoCamera
-    from wccl.registry import REGISTRY
+    from protocols.registry import REGISTRY
     from wccl.timebase import NodeClock
 
     made = []

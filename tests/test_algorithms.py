@@ -9,7 +9,10 @@ import random
 import pytest
 import torch
 
-from protocols.algorithms import ALGORITHMS, AlgorithmError, Sight, choose, estimates
+from protocols.algorithms import AlgorithmError, Sight, choose, estimates
+from protocols.registry import REGISTRY
+
+ALGORITHMS = REGISTRY.parts("algorithm")
 from protocols.algorithms.star import hub_of
 
 

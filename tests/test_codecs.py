@@ -10,14 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.codecs import CODECS, CodecError, ErrorFeedback, get_codec
+from protocols.codecs import CodecError, ErrorFeedback, get_codec
+from protocols.registry import REGISTRY
 from wccl.config import ConfigError, load_config
 
 ROOM = ('[[room.nodes]]\nname = "a"\nroles = ["server", "worker"]\n'
         '[[room.nodes]]\nname = "b"\nroles = ["worker"]\n')
 finite = st.floats(min_value=-1e4, max_value=1e4, allow_nan=False, width=32)
 vectors = st.lists(finite, min_size=0, max_size=700).map(lambda v: torch.tensor(v, dtype=torch.float32))
-ALL = sorted(CODECS)
+ALL = REGISTRY.names("codec")
 
 
 def test_the_issue_codecs_are_registered():
@@ -195,7 +196,7 @@ def test_sizes_match_numpy_expectations():
     assert np.dtype("<f4").itemsize == 4
 
 
-@pytest.mark.parametrize("name", sorted(CODECS))
+@pytest.mark.parametrize("name", ALL)
 def test_a_nonfinite_tensor_is_sent_as_nan_left_out_of_the_average_and_out_of_the_residual(name):
     from wccl.distributed.hooks import NONFINITE, average_decoded
 

@@ -183,7 +183,7 @@ def _set(data: dict, keys: tuple, value) -> dict:
 # as listed, the suggestion or None)
 ENUMERATED = [
     (("room", "profile"), "webcm", "room.profile", "webcm", "exact, ideal, webcam, harsh", "webcam"),
-    (("room", "medium"), "simulatd", "room.medium", "simulatd", "simulated, hardware, desktop", "simulated"),
+    (("room", "medium"), "simulatd", "room.medium", "simulatd", "desktop, hardware, simulated", "simulated"),
     (("room", "clock"), "virtul", "room.clock", "virtul", "virtual, realtime", "virtual"),
     (("room", "nodes", 1, "roles"), ["wroker"], "room.nodes[1].roles[0]", "wroker",
      "server, worker, observer, intruder", "worker"),
@@ -297,7 +297,7 @@ def test_every_enumerated_key_has_words_for_its_values():
                 yield from literal_keys(arg, path)
 
     keys = set(literal_keys(WcclConfig, ""))
-    assert {"room.medium", "room.nodes.roles", "supervision.actors", "link.ladder.colours"} <= keys
+    assert {"room.clock", "room.nodes.roles", "supervision.actors", "link.ladder.colours"} <= keys
     assert keys <= set(NOUNS), keys - set(NOUNS)
 
 

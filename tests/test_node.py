@@ -20,7 +20,7 @@ from protocols.messages import Capture, TensorReceived
 from protocols.transfer import TransferAssembler
 from wccl.harness import ActorHarness
 from wccl.media.fake import FakeCamera
-from wccl.registry import REGISTRY
+from protocols.registry import REGISTRY
 from wccl.supervisor import NodeFailed
 from wccl.timebase import NodeClock
 
@@ -462,3 +462,37 @@ def test_the_decoder_measures_its_cameras_period_by_the_cameras_own_count():
 
     assert period(30.0, 2) == pytest.approx(1 / 30)
     assert period(15.0, 1) == pytest.approx(1 / 15)
+
+
+def test_a_new_camera_is_one_file_and_one_registration_line(tmp_path, monkeypatch):
+    """A camera kind of its own, written as a user would: one module whose last line registers it. The room
+    file names it; the registry imports its module when the kind is first looked up; the run reads through
+    it (here: the room's camera, counting what it hands over)."""
+    (tmp_path / "counting_camera.py").write_text(
+        "from protocols.registry import REGISTRY\n"
+        "CAPTURES = []\n\n\n"
+        "class Counting:\n"
+        "    def __init__(self, inner):\n"
+        "        self.inner = inner\n\n"
+        "    async def recv(self):\n"
+        "        got = await self.inner.recv()\n"
+        "        CAPTURES.append(got[1])\n"
+        "        return got\n\n"
+        "    def __getattr__(self, name):\n"
+        "        return getattr(self.inner, name)\n\n\n"
+        "def counting(*, medium, node, clock, config):\n"
+        "    return Counting(medium.camera(node, clock))\n\n\n"
+        "REGISTRY.register('camera', 'counting', counting)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    REGISTRY.sources("camera", "counting_camera")  # the registration line: among the kind's sources
+    try:
+        cfg = make_config(training={"steps": 2, "eval_every": 0},
+                          room={"nodes": [{"name": "alice", "roles": ["server", "worker"]},
+                                          {"name": "bob", "roles": ["worker"], "camera": "counting"}]})
+        result = run_room(cfg)
+    finally:
+        REGISTRY.unregister("camera", "counting")
+    import counting_camera
+
+    assert result["applied"] == 2 and result["replicas_identical"]
+    assert len(counting_camera.CAPTURES) > 10  # bob read every capture through it

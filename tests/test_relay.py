@@ -15,7 +15,6 @@ import zlib
 
 from conftest import make_config, run_virtual
 
-import actors  # noqa: F401  (registers the actors)
 from actors.collectives import Collectives
 from protocols import streams, transfer
 from protocols.algorithms import Sight

@@ -14,7 +14,7 @@ from protocols import snapshot as snap
 from protocols import sync
 from wccl.clocksync import FlightTimes, OffsetEstimator
 from wccl.node import Fault, RoomRun
-from wccl.registry import REGISTRY
+from protocols.registry import REGISTRY
 
 from conftest import ROOT, make_config, run_virtual
 from test_node import _reference_sha

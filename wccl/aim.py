@@ -236,7 +236,7 @@ class Aimer:
     """One node's aim: shows its aim code and inset, reads its camera, logs states and `aim_ok`."""
 
     def __init__(self, cfg: WcclConfig, name: str, medium: Any, key: RoomKey, peers: list[str], clock) -> None:
-        from wccl.registry import REGISTRY
+        from protocols.registry import REGISTRY
 
         self.cfg, self.name, self.key, self.clock = cfg, name, key, clock
         names = [n.name for n in cfg.room.nodes]
@@ -399,10 +399,8 @@ async def aim(cfg: WcclConfig, nodes: list[str] | None = None, peers: list[str] 
               seconds: float = 60.0) -> dict[str, Any]:
     """Aim the nodes named (default: all), each at `peers` (default: every other node); return each
     node's outcome. Stops early on Esc in a window or when every node has lingered after `aim_ok`."""
-    import actors  # noqa: F401  (registers the standard actors)
-    import wccl.media.parts  # noqa: F401
     from wccl.keys import new_ephemeral, room_key
-    from wccl.registry import REGISTRY
+    from protocols.registry import REGISTRY
     from wccl.timebase import NodeClock
 
     names = [n.name for n in cfg.room.nodes]
@@ -496,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     from wccl.hostos import stop_on_signals
     from wccl.logs import configure_logging
     from wccl.media.display import DeviceError
-    from wccl.registry import UnknownPart
+    from protocols.registry import UnknownPart
     from wccl.timebase import new_loop
 
     p = command_parser("wccl.aim",

@@ -17,7 +17,6 @@ errors of both kinds, and all others, in the user's words.
 from __future__ import annotations
 
 import difflib
-import importlib
 import json
 import tomllib
 import types
@@ -104,21 +103,17 @@ class OneOf:
         return value
 
 
-# The module that registers each registry kind's standard parts.
-REGISTERING_MODULES = {"camera": "wccl.media.parts", "screen": "wccl.media.parts", "actor": "actors"}
-
-
 class Registered:
-    """The names registered as `kind` ("camera", "actor.worker"), once the module registering the kind's
-    standard parts is imported (tests register their own parts the same way, before loading a config)."""
+    """The names registered as `kind` ("camera", "actor.worker", "codec"; protocols.registry: the kind's
+    standard parts are registered on first look; tests register their own the same way, before loading a
+    config)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
 
     def __call__(self) -> list[str]:
-        from wccl.registry import REGISTRY
+        from protocols.registry import REGISTRY
 
-        importlib.import_module(REGISTERING_MODULES[self.kind.split(".")[0]])
         return REGISTRY.names(self.kind)
 
 
@@ -129,15 +124,13 @@ def _profile_names() -> tuple[str, ...]:
 
 
 def _codec_names() -> list[str]:
-    from protocols.codecs import CODECS
-
-    return sorted(CODECS)
+    return Registered("codec")()
 
 
 def _algorithm_names() -> tuple[str, ...]:
-    from protocols.algorithms import ALGORITHMS
+    from protocols.registry import REGISTRY
 
-    return ("auto", *ALGORITHMS)
+    return ("auto", *REGISTRY.parts("algorithm"))
 
 
 def _channel_table(table: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +151,7 @@ def _channel_table(table: dict[str, Any]) -> dict[str, Any]:
 # Names checked when a config is validated (OneOf), and channel tables checked as the room will read them.
 CameraName = Annotated[str, AfterValidator(OneOf("a camera", Registered("camera")))]
 ScreenName = Annotated[str, AfterValidator(OneOf("a screen", Registered("screen")))]
+MediumName = Annotated[str, AfterValidator(OneOf("a medium", Registered("medium")))]
 ProfileName = Annotated[str, AfterValidator(OneOf("a profile", _profile_names))]
 CodecName = Annotated[str, AfterValidator(OneOf("a codec", _codec_names))]
 AlgorithmName = Annotated[str, AfterValidator(OneOf("an algorithm", _algorithm_names))]
@@ -265,7 +259,7 @@ class NodeSpec(_Strict):
 
 
 class RoomConfig(_Strict):
-    medium: Literal["simulated", "hardware", "desktop"] = "simulated"  # where pixels go
+    medium: MediumName = "simulated"  # where pixels go, by registry name: "simulated", "hardware", "desktop"
     profile: ProfileName = "exact"  # the simulated room's channel: "exact", "ideal", "webcam", "harsh"
     channel: ChannelTable = Field(default_factory=dict)  # room-wide channel overrides (wccl/room/params.py)
     clock: Literal["virtual", "realtime"] = "virtual"  # virtual: time jumps when every node waits
@@ -609,21 +603,22 @@ class TrainingConfig(_Strict):
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
-        from protocols.codecs import CODECS, CodecError, get_codec
+        from protocols.codecs import CodecError, get_codec
+        from protocols.registry import REGISTRY
 
         try:
             get_codec(self.codec, **self.codec_params())  # the codec checks its own parameters
         except CodecError as e:
-            keys = ", ".join(CODEC_KEYS[p] for p in CODECS[self.codec].params if p in CODEC_KEYS) or "codec"
+            keys = ", ".join(CODEC_KEYS[p] for p in REGISTRY.get("codec", self.codec).params if p in CODEC_KEYS) or "codec"
             raise user_error(str(e), keys) from None
         return self
 
     def codec_params(self) -> dict[str, Any]:
         """The keyword parameters of the chosen codec (protocols.codecs.get_codec), from their keys here."""
-        from protocols.codecs import CODECS
+        from protocols.registry import REGISTRY
 
         # a parameter without a key here (powersgd's iters) keeps the codec's default
-        return {p: getattr(self, CODEC_KEYS[p]) for p in CODECS[self.codec].params if p in CODEC_KEYS}
+        return {p: getattr(self, CODEC_KEYS[p]) for p in REGISTRY.get("codec", self.codec).params if p in CODEC_KEYS}
 
 
 class LoggingConfig(_Strict):
@@ -738,7 +733,7 @@ class WcclConfig(_Strict):
 
 # What a value of each enumerated key is, by key path without indices (OneOf fields name their own).
 NOUNS: dict[str, str] = {
-    "room.medium": "a medium", "room.clock": "a clock", "room.security": "a security setting",
+    "room.clock": "a clock", "room.security": "a security setting",
     "room.nodes.roles": "a role", "room.nodes.actors": "an actor", "room.nodes.webcam.backend": "a camera backend",
     "camera.lens": "a lens model", "link.colours": "a number of colours", "link.ladder.colours": "a number of colours",
     "link.choose": "a way to choose the layout", "schedule.preset": "a schedule preset",

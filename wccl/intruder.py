@@ -31,7 +31,6 @@ class IntruderNode(NodeSupervisor):
         return ["camera_reader", "intruder"]
 
     def build(self) -> None:
-        import actors  # noqa: F401  (registers the actors)
         from wccl.distributed.runtime import collective_layout
 
         cfg = self.config

@@ -26,7 +26,7 @@ from wccl.config import ConfigError, WcclConfig, load_config
 from wccl.hostos import stop_on_signals
 from wccl.logs import configure_logging, end_progress
 from wccl.media.display import DeviceError
-from wccl.registry import REGISTRY, UnknownPart
+from protocols.registry import REGISTRY, UnknownPart
 from wccl.timebase import new_loop
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -49,7 +49,6 @@ class RoomRun:
     """Runs the nodes of a room in this process; `result` holds what they reported."""
 
     def __init__(self, config: WcclConfig, only: str | None = None, faults: tuple[Fault, ...] = ()) -> None:
-        import actors  # noqa: F401  (registers the standard actors)
         from wccl.keys import new_ephemeral
         from wccl.nodes import node_class
 

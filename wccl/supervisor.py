@@ -30,8 +30,7 @@ import structlog
 from protocols.messages import Message
 from wccl.actor import Actor, ActorContext, GiveUp, Mailbox, MailboxClosed
 from wccl.config import WcclConfig
-from wccl.media import parts as _parts  # noqa: F401  (registers media, cameras, screens)
-from wccl.registry import REGISTRY
+from protocols.registry import REGISTRY
 from wccl.timebase import NodeClock, SyncedClock
 
 

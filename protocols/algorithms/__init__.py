@@ -19,7 +19,8 @@ chunk once around the ring, by the rank that finishes it, then copied; star:
 by the hub, then copied).
 
 Add an algorithm: write `protocols/algorithms/NAME.py` defining a `Plan`
-subclass with `name = "NAME"` and list the module in `_MODULES` below.
+subclass with `name = "NAME"`, registered with `@REGISTRY.part("algorithm")`
+(protocols.registry), and list the module among the algorithm sources there.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from protocols import named_subclasses
+from protocols.registry import REGISTRY
 
-__all__ = ["Plan", "Send", "Sight", "ALGORITHMS", "choose", "estimates", "AlgorithmError"]
+__all__ = ["Plan", "Send", "Sight", "choose", "estimates", "AlgorithmError"]
 
 OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter", "barrier")
 
@@ -219,14 +220,12 @@ class Plan(ABC):
         to write the outputs. A reducing op gets one of the two; broadcast gets the root's in every slot."""
 
 
-_MODULES = ("all_see_all", "ring", "star", "tree")
-ALGORITHMS: dict[str, type[Plan]] = named_subclasses(__name__, _MODULES, Plan)
 
 
 def estimates(sight: Sight, op: str, nbytes: int, root: int = 0) -> dict[str, float | str]:
     """Each algorithm's cost for `op` of `nbytes` on `sight` in seconds, or why it cannot run."""
     out: dict[str, float | str] = {}
-    for name, cls in ALGORITHMS.items():
+    for name, cls in REGISTRY.parts("algorithm").items():
         why = cls.feasible(sight, op, root)
         out[name] = why if why is not None else cls.estimate(sight, op, nbytes, root)
     return out
@@ -234,16 +233,17 @@ def estimates(sight: Sight, op: str, nbytes: int, root: int = 0) -> dict[str, fl
 
 def choose(sight: Sight, op: str, nbytes: int, root: int = 0, want: str = "auto") -> type[Plan]:
     """The algorithm for this collective: `want` if it is not "auto" (AlgorithmError if it cannot run
-    here), else the cheapest feasible one by the cost model (ties: the order of `_MODULES`)."""
+    here), else the cheapest feasible one by the cost model (ties: the order of the algorithm sources)."""
+    algorithms = REGISTRY.parts("algorithm")
     if want != "auto":
-        if want not in ALGORITHMS:
-            raise AlgorithmError(f"unknown collective algorithm {want!r} (known: auto, {', '.join(ALGORITHMS)})")
-        why = ALGORITHMS[want].feasible(sight, op, root)
+        if want not in algorithms:
+            raise AlgorithmError(f"unknown collective algorithm {want!r} (known: auto, {', '.join(algorithms)})")
+        why = algorithms[want].feasible(sight, op, root)
         if why is not None:
             raise AlgorithmError(f"collective algorithm {want!r} cannot carry {op} in this room: {why}")
-        return ALGORITHMS[want]
+        return algorithms[want]
     costs = {n: c for n, c in estimates(sight, op, nbytes, root).items() if not isinstance(c, str)}
     if not costs:
         reasons = "; ".join(f"{n}: {c}" for n, c in estimates(sight, op, nbytes, root).items())
         raise AlgorithmError(f"no collective algorithm can carry {op} in this room ({reasons})")
-    return ALGORITHMS[min(costs, key=lambda n: (costs[n], list(ALGORITHMS).index(n)))]
+    return algorithms[min(costs, key=lambda n: (costs[n], list(algorithms).index(n)))]

@@ -5,8 +5,10 @@ well (small rooms, small tensors)."""
 from __future__ import annotations
 
 from protocols.algorithms import Plan, Send, Sight
+from protocols.registry import REGISTRY
 
 
+@REGISTRY.part("algorithm")
 class AllSeeAll(Plan):
     name = "all_see_all"
 

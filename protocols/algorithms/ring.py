@@ -10,8 +10,10 @@ ranks in ring order; the rank that finishes it shows it to the others: the same 
 from __future__ import annotations
 
 from protocols.algorithms import Plan, Send, Sight, chunks, fold
+from protocols.registry import REGISTRY
 
 
+@REGISTRY.part("algorithm")
 class Ring(Plan):
     name = "ring"
 

@@ -5,6 +5,7 @@ all. Two rounds; it needs one laptop that sees everyone and is seen by everyone,
 from __future__ import annotations
 
 from protocols.algorithms import Plan, Send, Sight, fold
+from protocols.registry import REGISTRY
 
 
 def hub_of(sight: Sight) -> int | None:
@@ -20,6 +21,7 @@ def hub_of(sight: Sight) -> int | None:
     return None if best is None else best[1]
 
 
+@REGISTRY.part("algorithm")
 class Star(Plan):
     name = "star"
 

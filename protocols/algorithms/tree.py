@@ -21,6 +21,7 @@ fewest parts so far, then the lowest rank), so relaying is shared out."""
 from __future__ import annotations
 
 from protocols.algorithms import Plan, Send, Sight, chunks
+from protocols.registry import REGISTRY
 
 MIN_CHUNK_BYTES = 512  # a broadcast's chunks are no smaller (each is a transfer: its frames, its round)
 
@@ -74,6 +75,7 @@ def broadcast_chunks(nbytes: int, hops: int, world: int) -> int:
     return 1 if hops <= 1 else max(1, min(world, nbytes // MIN_CHUNK_BYTES))
 
 
+@REGISTRY.part("algorithm")
 class Tree(Plan):
     name = "tree"
 

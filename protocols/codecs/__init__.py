@@ -6,7 +6,8 @@ training code, in `ErrorFeedback`, never here. `encoded_size(numel)` is exact
 and the same on every rank, so encoded tensors can travel by all_gather.
 
 Add a codec: write `protocols/codecs/NAME.py` defining a `Codec` subclass with
-`name = "NAME"` and list the module in `_MODULES` below.
+`name = "NAME"`, registered with `@REGISTRY.part("codec")` (protocols.registry),
+and list the module among the codec sources in protocols/registry.py.
 
 Every rank decodes the same bytes with the same code, so replicas that apply
 the decoded values stay bit-identical; a rank must apply the *decoded* form of
@@ -18,13 +19,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from protocols import lazy_import, named_subclasses
+from protocols import lazy_import
+from protocols.registry import REGISTRY
 
 # Loaded on first use: a config names and checks its codec without it (each codec module's `import torch`
 # gets this same module).
 torch = lazy_import("torch")
 
-__all__ = ["Codec", "CodecError", "CODECS", "get_codec", "ErrorFeedback"]
+__all__ = ["Codec", "CodecError", "get_codec", "ErrorFeedback"]
 
 
 class CodecError(ValueError):
@@ -70,21 +72,11 @@ class Codec(ABC):
             raise CodecError(f"{self.name}: {len(data)} bytes cannot hold {numel} values (need {want})")
 
 
-_MODULES = ("fp32", "bf16", "int8", "sign", "topk", "powersgd")
-
-
-def _registry() -> dict[str, type[Codec]]:
-    return named_subclasses(__name__, _MODULES, Codec)
-
-
-CODECS: dict[str, type[Codec]] = _registry()
-
-
 def get_codec(name: str, **params: object) -> Codec:
     """The codec `name` built with `params` (only those it accepts; None values are ignored)."""
-    cls = CODECS.get(name)
+    cls = REGISTRY.parts("codec").get(name)
     if cls is None:
-        raise CodecError(f"unknown codec {name!r}; codecs are {', '.join(sorted(CODECS))}")
+        raise CodecError(f"unknown codec {name!r}; codecs are {', '.join(REGISTRY.names('codec'))}")
     kwargs = {k: v for k, v in params.items() if v is not None and k in cls.params}
     return cls(**kwargs)
 

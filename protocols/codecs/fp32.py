@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 from protocols.codecs import Codec, torch  # torch: loaded on first use
+from protocols.registry import REGISTRY
 
 
+@REGISTRY.part("codec")
 class Fp32(Codec):
     name = "fp32"
 

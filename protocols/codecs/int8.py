@@ -8,8 +8,10 @@ import math
 
 import numpy as np
 from protocols.codecs import Codec, CodecError, torch  # torch: loaded on first use
+from protocols.registry import REGISTRY
 
 
+@REGISTRY.part("codec")
 class Int8(Codec):
     name = "int8"
     params = ("block",)

@@ -16,8 +16,10 @@ import math
 
 import numpy as np
 from protocols.codecs import Codec, CodecError, torch  # torch: loaded on first use
+from protocols.registry import REGISTRY
 
 
+@REGISTRY.part("codec")
 class PowerSGD(Codec):
     name = "powersgd"
     error_feedback = True

@@ -9,8 +9,10 @@ import math
 
 import numpy as np
 from protocols.codecs import Codec, CodecError, torch  # torch: loaded on first use
+from protocols.registry import REGISTRY
 
 
+@REGISTRY.part("codec")
 class SignEF(Codec):
     name = "sign_ef"
     error_feedback = True

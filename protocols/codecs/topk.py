@@ -12,8 +12,10 @@ import math
 
 import numpy as np
 from protocols.codecs import Codec, CodecError, torch  # torch: loaded on first use
+from protocols.registry import REGISTRY
 
 
+@REGISTRY.part("codec")
 class TopKEF(Codec):
     name = "topk_ef"
     error_feedback = True

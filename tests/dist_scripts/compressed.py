@@ -18,7 +18,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from protocols.codecs import CODECS, get_codec
+from protocols.codecs import get_codec
+from protocols.registry import REGISTRY
 from wccl.distributed.hooks import codec_hook
 from wccl.distributed.localsteps import LocalSteps
 from wccl.training.data import batch_for_step, load_dataset, shard
@@ -32,7 +33,7 @@ def sha(model: torch.nn.Module) -> str:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--backend", default="wccl")
-    p.add_argument("--codecs", default=",".join(sorted(CODECS)))
+    p.add_argument("--codecs", default=",".join(REGISTRY.names("codec")))
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--mismatch", action="store_true")
     args = p.parse_args()

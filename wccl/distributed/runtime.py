@@ -36,7 +36,7 @@ from protocols import frames, transfer
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain, Message
 from wccl.actor import GiveUp
 from wccl.config import ConfigError, WcclConfig
-from wccl.registry import REGISTRY
+from protocols.registry import REGISTRY
 from wccl.supervisor import NodeSupervisor
 
 
@@ -190,7 +190,6 @@ class CollectiveNode(NodeSupervisor):
         return ["camera_reader", "frame_decoder", "screen_writer", "collectives"]
 
     def build(self) -> None:
-        import actors  # noqa: F401  (registers the actors: this is a composition root, like wccl.node)
 
         cfg, room = self.config, self.config.room
         screen = self._media()  # no schedule to sync to: a rank's collectives run on demand, on its own clock

@@ -45,7 +45,7 @@ from protocols.security import TAG_BYTES, new_run_nonce
 from protocols.transfer import TransferAssembler
 from wccl.config import WcclConfig
 from wccl.harness import ActorHarness
-from wccl.registry import REGISTRY
+from protocols.registry import REGISTRY
 from wccl.timebase import NodeClock, VirtualTimeLoop
 
 HACKATHON_LINK = dict(rows=40, cols=70, colours=8, cell_px=16, hold_s=1.0, code_rate=1.0)
@@ -70,7 +70,6 @@ def sealed_bytes(tensor_bytes: int, encrypts: bool = True) -> int:
 
 async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float, extra: int, seed: int,
                  sender: str | None = None, receiver: str | None = None, per_tensor: int | None = None) -> dict:
-    import wccl.media.parts  # noqa: F401  (registers the room)
 
     wall0 = time.perf_counter()
     medium = REGISTRY.create("medium", cfg.room.medium, config=cfg)

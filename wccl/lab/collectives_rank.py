@@ -77,10 +77,11 @@ def _received(op: str, nbytes: int, world: int, algorithm: str, sight=None) -> l
     (On the complete sight graph by default: which rank is the hub or the ring's order may differ in the
     room, but not the counts' largest and smallest, which the lab reports. A camera that reads a screen
     also decodes the transfers shown there for others: the node's own `bytes_received` counts those.)"""
-    from protocols.algorithms import ALGORITHMS, Sight
+    from protocols.algorithms import Sight
+    from protocols.registry import REGISTRY
 
     name, dtype, numel, size = _call(op, nbytes, world)
-    cls = ALGORITHMS[algorithm]
+    cls = REGISTRY.get("algorithm", algorithm)
     sight = sight or Sight.complete(world, 20_000.0, 0.3)
     plans = [cls(r, world, name, dtype, numel, bytes(size), 0, "sum", sight) for r in range(world)]
     got = [0] * world

@@ -125,7 +125,6 @@ async def _probe(cfg, k: int, frames: int, seed: int) -> dict[tuple[int, int], f
     """Every screen shows `frames` single-frame transfers in layout k of the ladder at once (each from a
     random phase of its hold); every camera decodes what it sees. (reader, shown) -> share of the frames
     shown that it read."""
-    import wccl.media.parts  # noqa: F401  (registers the room)
     from actors.frame_decoder import FrameDecoder
     from protocols.discovery import steady_hold
     from protocols.layout import render, render_idle
@@ -135,7 +134,7 @@ async def _probe(cfg, k: int, frames: int, seed: int) -> dict[tuple[int, int], f
     from wccl.distributed.runtime import collective_ladder
     from wccl.harness import ActorHarness
     from wccl.keys import new_ephemeral, room_key
-    from wccl.registry import REGISTRY
+    from protocols.registry import REGISTRY
     from wccl.timebase import NodeClock
 
     codec, hold = collective_ladder(cfg)[k]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from wccl.media.fake import FakeCamera, RecordingScreen
 from wccl.media import desktop as _desktop, hardware as _hardware
-from wccl.registry import REGISTRY
+from protocols.registry import REGISTRY
 from wccl.room import SimulatedRoom
 
 
