@@ -55,6 +55,7 @@ from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 from wccl.imaging import reader
+from wccl.keys import new_run_nonce
 from wccl.imaging.lens import LensFit
 
 SAME_FRAME = 0.97  # share of identical data cells above which a read is the frame already decoded
@@ -197,8 +198,10 @@ class FrameDecoder(Actor):
         self.transfers = transfers
         self.key = key
         # The receive path: a rank's, with the run handshake it keeps, or a listener's (protocols.receiver)
-        self.receiver = TransferReceiver(None if listen else node_names.index(ctx.node), len(node_names), session,
-                                         key, handshake, transfers)
+        rank = None if listen else node_names.index(ctx.node)
+        if rank is not None and handshake is None:  # (a reader alone, e.g. a test's: a run of its own)
+            handshake = Handshake(rank, len(node_names), new_run_nonce())
+        self.receiver = TransferReceiver(rank, len(node_names), session, key, handshake, transfers)
         self._layout_sent = False
         self._members_sent = 0  # the room's members in the SightKnown sent last (0: none sent)
 

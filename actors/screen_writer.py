@@ -63,10 +63,11 @@ from protocols.link import LinkCodec
 from protocols.messages import (AcksChanged, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks, PostTransfer,
                                 VoidCollectives)
 from protocols.planner import ScreenPlan
-from protocols.security import NO_KEY, RoomKey, new_run_nonce
+from protocols.security import NO_KEY, RoomKey
 from wccl.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 from wccl.media import Screen
+from wccl.keys import new_run_nonce
 
 STATUS_REPEATS = 3  # status frames shown after the acknowledgements change
 # A transfer nodes overhear (observers) is shown this many frames per source packet more, once its readers

@@ -69,10 +69,13 @@ class Received:
 class TransferReceiver:
     def __init__(self, rank: int | None, world: int, session: int, key: RoomKey = NO_KEY,
                  handshake: Handshake | None = None, assembler: transfer.TransferAssembler | None = None) -> None:
-        """`rank` None: a listener (see the module doc), with no handshake."""
+        """`rank` None: a listener (see the module doc), with no handshake; else `handshake` is the rank's
+        (its run nonce: the caller's)."""
+        if (rank is None) != (handshake is None):
+            raise ValueError("a rank's receive path takes its run handshake; a listener's none")
         self.rank, self.world, self.session = rank, world, session
         self.key = key
-        self.handshake = None if rank is None else handshake or Handshake(rank, world)
+        self.handshake = handshake
         self._heard: dict[int, tuple[int, int]] = {}  # a listener's: sender -> (its run nonce, latest shown_us)
         self.assembler = assembler or transfer.TransferAssembler()
         self._peer_acks: dict[int, transfer.Ack] = {}

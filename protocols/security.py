@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidTag
@@ -140,39 +139,11 @@ def payload_nonce(run_nonce: int, tid: int) -> bytes:
     return run_nonce.to_bytes(8, "big") + tid.to_bytes(4, "big")
 
 
-def new_run_nonce() -> int:
-    """A sender's run nonce: random, never 0 (0 means 'none seen' in an echo)."""
-    while True:
-        n = int.from_bytes(os.urandom(8), "big")
-        if n:
-            return n
-
-
 def key_from_passphrase(passphrase: str) -> bytes:
     """A 32-byte room key from a passphrase (scrypt: memory-hard, so guessing is slow)."""
     if not passphrase:
         raise KeyError_("the passphrase is empty")
     return hashlib.scrypt(passphrase.encode(), salt=SCRYPT_SALT, dklen=KEY_BYTES, **SCRYPT)
-
-
-def read_key_file(path) -> bytes:
-    """A key file's 32 bytes (raw, or 64 hex digits with optional whitespace)."""
-    try:
-        raw = open(path, "rb").read(4096)
-    except FileNotFoundError:
-        raise KeyError_(f"no key file at {path} (make one with: python -m wccl.keys new {path})") from None
-    except (OSError, ValueError) as e:
-        raise KeyError_(f"cannot read key file {str(path)[:200]}: {getattr(e, 'strerror', None) or e}") from None
-    if len(raw) == KEY_BYTES:
-        return raw
-    text = raw.strip()
-    try:
-        key = bytes.fromhex(text.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        key = b""
-    if len(key) != KEY_BYTES:
-        raise KeyError_(f"{path} is not a room key ({KEY_BYTES} bytes or {2 * KEY_BYTES} hex digits)")
-    return key
 
 
 # ---- freshness --------------------------------------------------------------------------------
@@ -225,7 +196,7 @@ class Handshake:
 
     rank: int
     world: int
-    nonce: int = field(default_factory=new_run_nonce)
+    nonce: int  # this run's, random, never 0 (wccl.keys.new_run_nonce)
     window_s: float = REPLAY_WINDOW_S
     trusted: dict[int, int] = field(default_factory=dict)  # peer -> its run nonce, proven fresh
     seen: dict[int, int] = field(default_factory=dict)  # peer not yet trusted -> the latest nonce heard (not proven)

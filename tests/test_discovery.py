@@ -12,6 +12,7 @@ from protocols import discovery, frames, transfer
 from protocols.algorithms import Sight, choose
 from protocols.receiver import TransferReceiver
 from protocols.security import Handshake, RoomKey
+from wccl.keys import new_run_nonce
 
 KEY = RoomKey(bytes(range(32)))
 HOLD = 0.083
@@ -24,7 +25,7 @@ class Node:
 
     def __init__(self, rank: int, world: int, settle_s: float = 1.0) -> None:
         self.rank = rank
-        self.hs = Handshake(rank, world, sight=discovery.SightTable(rank, world, HOLD, settle_s=settle_s))
+        self.hs = Handshake(rank, world, new_run_nonce(), sight=discovery.SightTable(rank, world, HOLD, settle_s=settle_s))
         self.rx = TransferReceiver(rank, world, 7, KEY, handshake=self.hs)
 
     def status(self, t: float) -> bytes:
@@ -168,7 +169,7 @@ def simulate_ladder(read_share, world: int, seconds: float = 30.0, seed: int = 0
     nodes = []
     for r in range(world):
         n = Node(r, world)
-        n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=1.0, cost=cost))
+        n.hs = Handshake(r, world, new_run_nonce(), sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=1.0, cost=cost))
         n.rx = TransferReceiver(r, world, 7, KEY, handshake=n.hs)
         nodes.append(n)
     done: dict[int, float] = {}
@@ -444,7 +445,7 @@ def test_two_rows_of_eight_whose_diagonals_read_only_big_cells_agree():
     nodes = []
     for r in range(world):
         n = Node(r, world)
-        n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, holds, settle_s=1.5, cost=cost,
+        n.hs = Handshake(r, world, new_run_nonce(), sight=discovery.SightTable(r, world, holds, settle_s=1.5, cost=cost,
                                                               schedule=schedule))
         n.rx = TransferReceiver(r, world, 7, KEY, handshake=n.hs)
         n.pages = transfer.StatusPages()
@@ -498,7 +499,7 @@ def simulate_probe(read_share, world: int, cost=None, seconds: float = 60.0, see
     nodes = [] if nodes is None else nodes
     for r in range(world):
         n = Node(r, world)
-        n.hs = Handshake(r, world, sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=settle_s, cost=cost,
+        n.hs = Handshake(r, world, new_run_nonce(), sight=discovery.SightTable(r, world, LADDER_HOLDS, settle_s=settle_s, cost=cost,
                                                               schedule=schedule, **(tables or {}).get(r, {})))
         n.rx = TransferReceiver(r, world, 7, KEY, handshake=n.hs)
         nodes.append(n)

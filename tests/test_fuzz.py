@@ -11,7 +11,7 @@ from protocols import fec, frames, snapshot, transfer
 from protocols.layout import GridLayout
 from protocols.link import LinkCodec
 from protocols.receiver import TransferReceiver
-from protocols.security import RoomKey
+from protocols.security import Handshake, RoomKey
 
 KEY = RoomKey(bytes(32))
 PREFIX = st.sampled_from([b"", bytes([frames.MAGIC, transfer.VERSION]), bytes([frames.MAGIC, transfer.VERSION - 1])])
@@ -20,7 +20,7 @@ PREFIX = st.sampled_from([b"", bytes([frames.MAGIC, transfer.VERSION]), bytes([f
 @settings(max_examples=400, deadline=None)
 @given(prefix=PREFIX, body=st.binary(max_size=3000))
 def test_any_bytes_as_a_transfer_frame_are_refused_with_a_reason(prefix, body):
-    rx = TransferReceiver(1, 2, 1, KEY)
+    rx = TransferReceiver(1, 2, 1, KEY, Handshake(1, 2, 0x0B0B))
     r = rx.receive(prefix + body)
     assert r.refused and r.data is None
 

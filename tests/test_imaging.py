@@ -16,6 +16,7 @@ from protocols.security import Handshake
 from wccl.harness import ActorHarness
 from wccl.imaging import reader
 from wccl.lab.bench import run_bench, with_overrides
+from wccl.keys import new_run_nonce
 
 from conftest import make_config, run_virtual
 
@@ -136,7 +137,7 @@ def _decode_captures(images: list[np.ndarray], node_names=("alice", "bob"), me="
     """A rank's decoder (`me`) whose run handshake already trusts bob's frames (run nonce 1, as
     LinkCodec.encode makes them)."""
     rank = list(node_names).index(me)
-    hs = Handshake(rank, len(node_names))
+    hs = Handshake(rank, len(node_names), new_run_nonce())
     hs.heard(1, 1, tuple(hs.nonce if r == rank else 1 for r in range(len(node_names))), 0, 0)
 
     async def go():
@@ -169,7 +170,7 @@ def test_a_code_even_in_one_layout_of_the_ladder_is_read_in_another(monkeypatch)
     coarse = LinkCodec(GridLayout(20, 35, 8, 24), 0.8)
     even = reader.is_idle
     monkeypatch.setattr(reader, "is_idle", lambda values, layout: layout.cell_px == 24 or even(values, layout))
-    hs = Handshake(0, 2)
+    hs = Handshake(0, 2, new_run_nonce())
     hs.heard(1, 1, (hs.nonce, 1), 0, 0)
     data = bytes(range(200))
     _, frame = _frame(12, sender=1, data=data)

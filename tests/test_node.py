@@ -23,6 +23,7 @@ from wccl.media.fake import FakeCamera
 from protocols.registry import REGISTRY
 from wccl.supervisor import NodeFailed
 from wccl.timebase import NodeClock
+from wccl.keys import new_run_nonce
 
 from conftest import ROOT, make_config, run_room, run_virtual
 
@@ -451,7 +452,7 @@ def test_the_decoder_measures_its_cameras_period_by_the_cameras_own_count():
             clock = NodeClock(origin=0.0)
             async with ActorHarness(FrameDecoder, node="alice", clock=clock, codec=cfg.link.codec(), session=1,
                                     node_names=["alice", "bob"], transfers=TransferAssembler(),
-                                    handshake=Handshake(0, 2, sight=sight)) as dec:
+                                    handshake=Handshake(0, 2, new_run_nonce(), sight=sight)) as dec:
                 for seq in range(0, 40, every):
                     await dec.send(Capture(sender="alice", time=seq / fps, image=np.zeros((72, 128, 3), np.uint8),
                                            seq=seq))

@@ -18,6 +18,7 @@ from conftest import make_config, run_virtual
 from protocols import discovery, transfer
 from protocols.receiver import TransferReceiver
 from protocols.security import Handshake, RoomKey
+from wccl.keys import new_run_nonce
 
 KEY = RoomKey(bytes(range(32)))
 HOLD = 0.083
@@ -33,7 +34,7 @@ class Node:
 
     def __init__(self, rank: int, world: int) -> None:
         self.rank = rank
-        self.hs = Handshake(rank, world, sight=discovery.SightTable(rank, world, HOLD, settle_s=1.0))
+        self.hs = Handshake(rank, world, new_run_nonce(), sight=discovery.SightTable(rank, world, HOLD, settle_s=1.0))
         self.rx = TransferReceiver(rank, world, SESSION, KEY, handshake=self.hs)
         self.shown: bytes | None = None
         self.due = 0
@@ -186,7 +187,7 @@ def _greet(a: Node, b: Node) -> None:
 
 def _plain(rank: int) -> Node:
     n = Node(rank, 2)
-    n.hs = Handshake(rank, 2)  # every camera reads every screen: no discovery
+    n.hs = Handshake(rank, 2, new_run_nonce())  # every camera reads every screen: no discovery
     n.rx = TransferReceiver(rank, 2, SESSION, KEY, handshake=n.hs)
     return n
 

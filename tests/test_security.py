@@ -18,6 +18,7 @@ from protocols.security import Handshake, RoomKey
 from wccl.config import ConfigError, parse_config
 from wccl.keys import room_key
 from wccl.recovery import CheckpointError, load_checkpoint, save_checkpoint
+from wccl.keys import new_run_nonce
 
 MSG = 1900
 KEY = RoomKey(bytes(range(32)), "test")
@@ -106,8 +107,8 @@ def test_the_built_in_run_uses_only_frames_of_this_run(_quiet_logs):
     from wccl.harness import ActorHarness
 
     codec = LinkCodec(GridLayout(40, 70, 8, 12), 0.8)
-    hs = Handshake(1, 2, window_s=4.0)
-    alice, alice_then, bob_then = security.new_run_nonce(), security.new_run_nonce(), security.new_run_nonce()
+    hs = Handshake(1, 2, new_run_nonce(), window_s=4.0)
+    alice, alice_then, bob_then = new_run_nonce(), new_run_nonce(), new_run_nonce()
     data = bytes(range(200))
 
     def tensor(k: int, nonce: int, shown_s: float) -> bytes:
@@ -167,8 +168,8 @@ def _hear(hs: Handshake, f: transfer.TransferFrame) -> str | None:
 
 
 def test_the_handshake_trusts_only_this_runs_nonces():
-    a, b = Handshake(0, 2), Handshake(1, 2)
-    old_b = Handshake(1, 2)  # bob in an earlier run, filmed: his frames echo an alice that no longer runs
+    a, b = Handshake(0, 2, new_run_nonce()), Handshake(1, 2, new_run_nonce())
+    old_b = Handshake(1, 2, new_run_nonce())  # bob in an earlier run, filmed: his frames echo an alice that no longer runs
     old_b.heard(0, 12345, None, 0, 0)
     recorded = _status(old_b)
     assert _hear(a, recorded) == "unconfirmed_sender"
@@ -182,7 +183,7 @@ def test_the_handshake_trusts_only_this_runs_nonces():
     assert _hear(a, _status(b, shown_us=100_000_000)) is None
     assert _hear(a, _status(b, shown_us=100_000_000 - int(security.REPLAY_WINDOW_S * 1e6) - 1)) == "replayed_old"
     # Bob restarts: his new nonce is trusted once he echoes alice's again.
-    b2 = Handshake(1, 2)
+    b2 = Handshake(1, 2, new_run_nonce())
     b2.heard(0, a.nonce, None, 0, 0)
     assert _hear(a, _status(b2)) is None and a.trusted[1] == b2.nonce
 

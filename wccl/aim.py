@@ -48,10 +48,11 @@ from protocols import fec
 from protocols.frames import FrameError
 from protocols.layout import GridLayout, render
 from protocols.link import LinkCodec
-from protocols.security import RoomKey, new_run_nonce
+from protocols.security import RoomKey
 from protocols.transfer import status_message
 from wccl.cli import command_parser
 from wccl.config import ConfigError, WcclConfig, load_config
+from wccl.keys import new_run_nonce
 
 AIM_ROWS, AIM_COLS, AIM_COLOURS, AIM_CELL_PX = 30, 48, 4, 16  # the aim code: 16 px cells where they fit
 CODE_SHARE = 0.65  # of the screen's width, at most, for the code (the inset and the words take the rest)

@@ -21,11 +21,39 @@ import os
 import sys
 from pathlib import Path
 
-from protocols.security import KEY_BYTES, NO_KEY, KeyError_, RoomKey, key_from_passphrase, read_key_file
+from protocols.security import KEY_BYTES, NO_KEY, KeyError_, RoomKey, key_from_passphrase
 from wccl.config import ConfigError
 from wccl.cli import command_parser
 
 RUN_KEY_ENV = "WCCL_RUN_KEY"  # the ephemeral key of a simulated run, set by wccl.launch for its ranks
+
+
+def new_run_nonce() -> int:
+    """A sender's run nonce: random, never 0 (0 means 'none seen' in an echo)."""
+    while True:
+        n = int.from_bytes(os.urandom(8), "big")
+        if n:
+            return n
+
+
+def read_key_file(path) -> bytes:
+    """A key file's 32 bytes (raw, or 64 hex digits with optional whitespace)."""
+    try:
+        raw = open(path, "rb").read(4096)
+    except FileNotFoundError:
+        raise KeyError_(f"no key file at {path} (make one with: python -m wccl.keys new {path})") from None
+    except (OSError, ValueError) as e:
+        raise KeyError_(f"cannot read key file {str(path)[:200]}: {getattr(e, 'strerror', None) or e}") from None
+    if len(raw) == KEY_BYTES:
+        return raw
+    text = raw.strip()
+    try:
+        key = bytes.fromhex(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        key = b""
+    if len(key) != KEY_BYTES:
+        raise KeyError_(f"{path} is not a room key ({KEY_BYTES} bytes or {2 * KEY_BYTES} hex digits)")
+    return key
 
 
 def room_key(cfg, *, ephemeral: bytes | None = None) -> RoomKey:

@@ -197,7 +197,7 @@ class CollectiveNode(NodeSupervisor):
         codec, hold_s = ladder[0]
         col = cfg.collectives
         from protocols.security import Handshake
-        from wccl.keys import log_key, room_key
+        from wccl.keys import log_key, new_run_nonce, room_key
 
         key = self.key if self.key is not None else room_key(cfg)
         log_key(structlog.get_logger("wccl"), key)
@@ -215,7 +215,7 @@ class CollectiveNode(NodeSupervisor):
         # (one rank alone: nothing to discover, nobody to greet)
         sight = (SightTable(self.rank, self.world, schedule.holds, settle_s=col.discovery_s,
                             min_ok=cfg.link.min_frames_ok, cost=cost, schedule=schedule) if self.world > 1 else None)
-        self.handshake = Handshake(self.rank, self.world, sight=sight, window_s=room.replay_window_s)
+        self.handshake = Handshake(self.rank, self.world, new_run_nonce(), sight=sight, window_s=room.replay_window_s)
         self.clock_origin_local = self.local_clock.now()  # the node's start, on its own clock
         self.greeted = StartupGate()  # the run handshake and discovery are done, or start-up gave up
         self.handshake.on_complete.append(self._greeted_at)

@@ -47,6 +47,7 @@ from protocols import frames, streams, transfer
 from protocols.receiver import TransferReceiver
 from protocols.security import REPLAY_WINDOW_S, Handshake, RoomKey
 from wccl.cli import command_parser
+from wccl.keys import new_run_nonce
 
 MESSAGE_BYTES = 1900  # a mid-sized layout's frame message
 FRAME_S = 0.1  # one frame every 100 ms
@@ -86,7 +87,7 @@ class _Rank:
                  stream: str | None = None, message_bytes: int = MESSAGE_BYTES) -> None:
         self.rank, self.key, self.session, self.stream = rank, key, session, stream
         self.message_bytes = message_bytes  # its frames' message size (a layout's LinkCodec.message_bytes)
-        hs = Handshake(rank, 2) if nonce is None else Handshake(rank, 2, nonce=nonce)
+        hs = Handshake(rank, 2, new_run_nonce() if nonce is None else nonce)
         self.rx = TransferReceiver(rank, 2, session, key, handshake=hs)
         self.hs = self.rx.handshake
         self.tid = 0

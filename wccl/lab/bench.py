@@ -41,7 +41,8 @@ from actors.frame_decoder import FrameDecoder
 from protocols import streams
 from protocols.layout import render, render_idle
 from protocols.messages import Capture, TensorReceived
-from protocols.security import TAG_BYTES, new_run_nonce
+from protocols.security import TAG_BYTES
+from wccl.keys import new_run_nonce
 from protocols.transfer import TransferAssembler
 from wccl.config import WcclConfig
 from wccl.harness import ActorHarness

@@ -129,7 +129,7 @@ async def _probe(cfg, k: int, frames: int, seed: int) -> dict[tuple[int, int], f
     from protocols.discovery import steady_hold
     from protocols.layout import render, render_idle
     from protocols.messages import Capture, TensorReceived
-    from protocols.security import new_run_nonce
+    from wccl.keys import new_run_nonce
     from protocols.transfer import TransferAssembler
     from wccl.distributed.runtime import collective_ladder
     from wccl.harness import ActorHarness
