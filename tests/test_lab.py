@@ -294,7 +294,8 @@ def test_the_report_reads_a_run_from_its_log_and_says_why_when_there_is_no_figur
 
     log = "\n".join(json.dumps(e) for e in [
         {"event": "sight_known", "t": 1.5}, {"event": "sight_known", "t": 3.08},
-        *({"event": "step_applied", "t": 4.0 + 0.44 * k} for k in range(5)),
+        *({"event": "step_applied", "t": 4.0 + 0.44 * k + d, "node": n} for k in range(5)
+          for n, d in (("alice", 0.0), ("bob", 0.01), ("carol", 0.02))),
         {"event": "run_finished", "applied": 5, "steps": 5, "test_accuracy": 0.8734, "replicas_identical": True,
          "observer_identical": None, "sim_seconds": 6.2, "wall_seconds": 20.0}])
     run, start = report._run(log, "")

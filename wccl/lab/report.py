@@ -82,8 +82,11 @@ def _run(out: str, err: str) -> list[str]:
     fin = next((e for e in ev if e["event"] == "run_finished"), None)
     if fin is None:
         raise ValueError("no run_finished: " + (err.strip().splitlines() or ["?"])[-1][:200])
-    times = sorted({e["t"] for e in ev if e["event"] == "step_applied" and "t" in e})
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    applied: dict[str, list[float]] = {}  # node -> when it applied each step
+    for e in ev:
+        if e["event"] == "step_applied" and "t" in e:
+            applied.setdefault(e.get("node", ""), []).append(e["t"])
+    gaps = [b - a for times in applied.values() for a, b in zip(times, times[1:])]
     step = f"{statistics.median(gaps):.2f} s a step" if gaps else "no step time (fewer than two steps)"
     known = [e["t"] for e in ev if e["event"] == "sight_known" and "t" in e]
     same = {True: "identical", False: "DIFFERENT", None: "-"}
