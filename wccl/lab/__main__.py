@@ -14,6 +14,7 @@ that some layout reads starts and runs its steps, and why not);
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     s = sub.add_parser("sweep", formatter_class=HelpFormatter, help="run the bench over a grid of layouts; CSV, plots, summary, best [link]")
     sweep_arguments(s)
+    s.set_defaults(run=_sweep)
     y = sub.add_parser("sync", formatter_class=HelpFormatter, help="run the room for N steps; clock residuals against the truth, lockstep figures")
     y.add_argument("--config", default="config.toml", help="the room file")
     y.add_argument("--profile", help="room channel profile (default: the config's)")
@@ -65,64 +67,29 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--ops", default="all_reduce,broadcast,all_gather,reduce_scatter,barrier", help="collectives to time")
     c.add_argument("--repeat", type=int, default=3, help="runs of each collective of 2 KB or less (the worst counts)")
     c.add_argument("--json", action="store_true", help="print one JSON object")
-    t = sub.add_parser("train", formatter_class=HelpFormatter,
-                       help="accuracy against simulated time for a model, codec and sync period (through the backend)")
-    from wccl.lab import train as train_lab
-
-    train_lab.add_arguments(t)
-    a = sub.add_parser("attack", formatter_class=HelpFormatter,
-                       help="forged, replayed, foreign and bit-flipped frames against a rank: none may be accepted")
-    from wccl.lab import attack as attack_lab
-
-    attack_lab.add_arguments(a)
-    z = sub.add_parser("fuzz", formatter_class=HelpFormatter,
-                       help="random and mutated inputs to every entry point that reads from outside: no crash, no hang")
-    from wccl.lab import fuzz as fuzz_lab
-
-    fuzz_lab.add_arguments(z)
-    from wccl.lab import startup as startup_lab
-
-    startup_lab.add_arguments(sub.add_parser("startup", formatter_class=HelpFormatter,
-                                             help="time init_process_group on every rank of a room (wall and simulated s)"))
-    from wccl.lab import rooms as rooms_lab
-
-    rooms_lab.add_arguments(sub.add_parser("rooms", formatter_class=HelpFormatter,
-                                           help="rooms drawn at random: whether each that some layout reads starts "
-                                           "and runs its steps, and why not"))
-    from wccl.lab import placement as placement_lab
-
-    placement_lab.add_arguments(sub.add_parser("placement", formatter_class=HelpFormatter,
-                                               help="camera pixels per cell and the furthest distance each layout "
-                                               "reads at, by screen, lens and distance (no camera needed)"))
-    from wccl.lab import report as report_lab
-
-    report_lab.add_arguments(sub.add_parser("report", formatter_class=HelpFormatter,
-                                            help="measure the headline figures; print their table or write it "
-                                            "into BENCHMARKS.md"))
+    # The tools of a module of their own: (command, module, help); each has add_arguments(parser) and run(args).
+    for name, help_ in (
+            ("train", "accuracy against simulated time for a model, codec and sync period (through the backend)"),
+            ("attack", "forged, replayed, foreign and bit-flipped frames against a rank: none may be accepted"),
+            ("fuzz", "random and mutated inputs to every entry point that reads from outside: no crash, no hang"),
+            ("startup", "time init_process_group on every rank of a room (wall and simulated s)"),
+            ("rooms", "rooms drawn at random: whether each that some layout reads starts and runs its steps, and "
+                      "why not"),
+            ("placement", "camera pixels per cell and the furthest distance each layout reads at, by screen, lens "
+                          "and distance (no camera needed)"),
+            ("report", "measure the headline figures; print their table or write it into BENCHMARKS.md")):
+        tool = importlib.import_module(f"wccl.lab.{name}")
+        parser = sub.add_parser(name, formatter_class=HelpFormatter, help=help_)
+        tool.add_arguments(parser)
+        parser.set_defaults(run=tool.run)
+    c.set_defaults(run=_collectives)
+    y.set_defaults(run=_sync)
+    b.set_defaults(run=_bench)
     args = p.parse_args(argv)
-    if args.cmd == "report":
-        return report_lab.run(args)
-    if args.cmd == "rooms":
-        return rooms_lab.run(args)
-    if args.cmd == "placement":
-        return placement_lab.run(args)
-    if args.cmd == "startup":
-        return startup_lab.run(args)
-    if args.cmd == "fuzz":
-        return fuzz_lab.run(args)
-    if args.cmd == "train":
-        return train_lab.run(args)
-    if args.cmd == "attack":
-        return attack_lab.run(args)
-    if args.cmd == "collectives":
-        return _collectives(args)
-    if args.cmd == "sync":
-        return _sync(args)
-    if args.cmd == "sweep":
-        from wccl.lab.sweep import main as sweep_main
+    return args.run(args)
 
-        return sweep_main(args)
 
+def _bench(args: argparse.Namespace) -> int:
     from wccl.lab.bench import HACKATHON_LINK, run_bench, with_overrides
     from wccl.logs import configure_logging
 
@@ -156,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['zero_reason']}", file=sys.stderr)
     _print(result, args.json)
     return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from wccl.lab.sweep import main as sweep_main
+
+    return sweep_main(args)
 
 
 def _print(result: dict, as_json: bool) -> None:
