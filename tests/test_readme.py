@@ -99,6 +99,7 @@ COMMANDS = {
     'python -m wccl.aim --config config.toml': "aim",
     'python -m wccl.keys new room.key': "keys",
     'python -m wccl.lab bench --config rooms/two-laptops-sim.toml --bytes 100000 --json': "bench",
+    'python -m wccl.room.draw rooms/two-laptops-sim.toml': "draw",
 }
 
 
@@ -186,3 +187,11 @@ def test_the_link_bench_of_the_readme(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert out["undetected_errors"] == 0 and out["tensors_delivered"] > 0 and out["goodput_kBps"] > 0, out
+
+
+def test_the_room_drawing_of_the_readme(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "wccl.room.draw", str(ROOT / "rooms/two-laptops-sim.toml")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "bob -> alice: seen" in p.stdout and "alice -> bob: seen" in p.stdout
+    assert (tmp_path / "two-laptops-sim.png").stat().st_size > 10_000
