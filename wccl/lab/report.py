@@ -159,12 +159,13 @@ ROWS = (
     Row(("2 KB tensor latency, `webcam`",), f"{PY} -m wccl.lab bench --config rooms/two-laptops-sim.toml --profile "
         "webcam --bytes 409600 --tensor-bytes 2048 --json", _latency),
     Row(("default run (`config.toml`)", "start-up, default room"),
-        f"{PY} -m wccl.node --config config.toml --log-format json", _run),
+        f"{PY} -m wccl.node --config config.toml --log-format json --log-level info", _run),
     Row(("DDP example against gloo",), f"{PY} -m wccl.launch --config rooms/two-laptops-sim.toml "
         "examples/ddp_mnist.py --steps 30 && python -m torch.distributed.run --standalone --nproc-per-node 2 examples/ddp_mnist.py "
         "--backend gloo --steps 30", _ddp, slow=True),
     Row(("eight-laptop table", "start-up, eight-laptop table"),
-        f"{PY} -m wccl.node --config rooms/table-8.toml --steps 12 --log-format json", _run, slow=True),
+        f"{PY} -m wccl.node --config rooms/table-8.toml --steps 12 --log-format json --log-level info", _run,
+        slow=True),
     Row(("Fashion-MNIST time to 0.90",), f"{PY} -m wccl.lab train --config rooms/fashion.toml --references --json "
         "--out runs/report-fashion", _fashion, slow=True),
     Row(("forged, replayed and foreign frames",), f"{PY} -m wccl.lab attack --frames 10000 --json", _attack),
