@@ -47,11 +47,9 @@ import asyncio
 import hashlib
 import hmac
 import json
-import mmap
 import os
 import socket
 import struct
-import sys
 import time
 from typing import Any, Callable
 
@@ -65,9 +63,9 @@ NONCE_BYTES = 32
 AUTHKEY_ENV = "WCCL_ROOM_AUTHKEY"  # where `connect` and the server look for the authkey by default
 
 # Requests.
-HELLO, SHOW, CAM_OPEN, NEXT, RENDER, CAM_CLOSE, IDLE, BUSY, BYE, SHOW_SLOT = range(1, 11)
+HELLO, SHOW, CAM_OPEN, NEXT, RENDER, CAM_CLOSE, IDLE, BUSY, BYE = range(1, 10)
 # Replies.
-R_ERROR, R_HELLO, R_NOW, R_NEXT, R_IMAGE, R_COMPOSE, R_SHM_IMAGE = range(0x80, 0x87)
+R_ERROR, R_HELLO, R_NOW, R_NEXT, R_IMAGE = range(0x80, 0x85)
 
 HEADER = struct.Struct("<BHQ")
 DIMS = struct.Struct("<III")
@@ -78,16 +76,6 @@ F_RENDER = struct.Struct("<Iqd")
 F_CAM_ID = struct.Struct("<I")
 F_IDLE = struct.Struct("<?d")
 F_NOW = struct.Struct("<d")
-F_SHOW_SLOT = struct.Struct("<dIQ")      # t, slot, claim
-F_COMPOSE = struct.Struct("<IIII")       # height, width of one screen, channels, pieces
-F_PIECE = struct.Struct("<qQ40s")        # slot (-1: black), claim, ring segment name
-F_SHM_IMAGE = struct.Struct("<Q40s")     # sequence number, capture segment name (then DIMS)
-
-# Shared memory (the room creates, owns and unlinks every segment; see the module docstring).
-RING_SLOTS = 16          # screen images per node: the room's history (8) and captures lent out, with room to spare
-RING_HEADER = 4096       # claimed[RING_SLOTS] (uint64, the node writes) at 0, released[RING_SLOTS] (the room) at 2048
-CAPTURE_HEADER = 64      # the capture buffer's sequence number (uint64) at 0, the image from 64 on
-SHM_ENV = "WCCL_ROOM_SHM"  # "0": a node asks for no shared memory (every image on the socket)
 
 MAX_PAYLOAD = 1 << 30  # 1 GiB: far above any screen or camera image
 
@@ -101,120 +89,6 @@ class ProtocolError(Exception):
 
 class RoomClosedError(ConnectionError):
     """The room (or the connection to it) is gone: the node cannot go on."""
-
-
-class CaptureOverwrittenError(RuntimeError):
-    """A capture's shared memory changed while this process copied it out: the copy is not the image."""
-
-
-# ---- shared memory ---------------------------------------------------------------------------------
-
-def slot_bytes(height: int, width: int) -> int:
-    """Bytes of one screen slot of a ring (page aligned)."""
-    return -(-height * width * 3 // 4096) * 4096
-
-
-def ring_bytes(height: int, width: int) -> int:
-    return RING_HEADER + RING_SLOTS * slot_bytes(height, width)
-
-
-class Segment:
-    """A shared-memory segment, mapped: created here (`create=True`: this process owns and must `unlink`
-    it; the resource tracker unlinks it should this process die) or one the room created, mapped by name
-    (never tracked here: the room unlinks it)."""
-
-    def __init__(self, name: str, size: int = 0, create: bool = False) -> None:
-        self.name = name
-        self._shm = None
-        if create:
-            from multiprocessing.shared_memory import SharedMemory
-
-            self._shm = SharedMemory(name=name, create=True, size=size)
-            self.buf = self._shm.buf
-            self.size = self._shm.size
-            return
-        try:
-            import _posixshmem
-        except ImportError:  # no POSIX shared memory: the standard class, untracked by hand
-            from multiprocessing import resource_tracker
-            from multiprocessing.shared_memory import SharedMemory
-
-            self._shm = SharedMemory(name=name)
-            resource_tracker.unregister(self._shm._name, "shared_memory")
-            self.buf = self._shm.buf
-            self.size = self._shm.size
-            return
-        fd = _posixshmem.shm_open("/" + name, os.O_RDWR, mode=0o600)
-        try:
-            self.size = os.fstat(fd).st_size
-            self._mmap = mmap.mmap(fd, self.size)
-        finally:
-            os.close(fd)
-        self.buf = memoryview(self._mmap)
-
-    def array(self, shape: tuple[int, ...], dtype, offset: int) -> np.ndarray:
-        return np.ndarray(shape, dtype, self.buf, offset)
-
-    def close(self) -> None:
-        """Unmap (arrays onto it must be gone; if some are left the mapping goes with them)."""
-        try:
-            if self._shm is not None:
-                self._shm.close()
-            else:
-                self.buf.release()
-                self._mmap.close()
-        except (BufferError, ValueError):
-            pass
-
-    def unlink(self) -> None:
-        if self._shm is not None:
-            try:
-                self._shm.unlink()
-            except FileNotFoundError:
-                pass
-
-
-class Ring:
-    """A node's screen images in shared memory: RING_SLOTS slots of height x width x 3 uint8 after a
-    header of two counters per slot, `claimed` (written by the node as it starts writing a slot) and
-    `released` (written by the room when it holds the slot's image no more). A slot is the node's to
-    write while the two are equal."""
-
-    def __init__(self, seg: Segment, height: int, width: int) -> None:
-        self.seg = seg
-        self.claimed = seg.array((RING_SLOTS,), np.uint64, 0)
-        self.released = seg.array((RING_SLOTS,), np.uint64, RING_HEADER // 2)
-        step = slot_bytes(height, width)
-        self.images = [seg.array((height, width, 3), np.uint8, RING_HEADER + i * step) for i in range(RING_SLOTS)]
-
-    def close(self) -> None:
-        self.claimed = self.released = None
-        self.images = []
-        self.seg.close()
-
-
-class _CaptureView:
-    """A camera's capture buffer (the room writes it), mapped to copy captures out of."""
-
-    def __init__(self, name: str) -> None:
-        self.seg = Segment(name)
-        self.seq = self.seg.array((1,), np.uint64, 0)
-
-    def close(self) -> None:
-        self.seq = None
-        self.seg.close()
-
-
-def checked_copy(dst: np.ndarray, src: np.ndarray, stamp: np.ndarray, index: int, want: int) -> None:
-    """Copy `src` into `dst` if `stamp[index]` (the writer's counter) reads `want` before and after the
-    copy; else CaptureOverwrittenError (the source was rewritten: `dst` is not the image)."""
-    if int(stamp[index]) != want:
-        raise CaptureOverwrittenError(f"shared image changed before it was copied (stamp {int(stamp[index])}, "
-                                      f"expected {want})")
-    np.copyto(dst, src)
-    if int(stamp[index]) != want:
-        raise CaptureOverwrittenError(f"shared image changed while it was copied (stamp {int(stamp[index])}, "
-                                      f"expected {want})")
 
 
 class Channel:
@@ -303,49 +177,30 @@ class RoomClient:
     `now` is the room's virtual time as this process last heard it (the RoomTimeLoop reads it).
     """
 
-    POOL = 4  # capture arrays kept for reuse once nobody else holds them
-
     def __init__(self, socket_path: str, node: str, authkey: bytes | str | None = None,
-                 connect_timeout_s: float = 10.0, shm: bool | None = None) -> None:
+                 connect_timeout_s: float = 10.0) -> None:
         if authkey is None:
             authkey = os.environ.get(AUTHKEY_ENV, "")
         if isinstance(authkey, str):
             authkey = authkey.encode()
-        if shm is None:
-            shm = os.environ.get(SHM_ENV, "1") != "0"
         self.socket_path = str(socket_path)
         self.node = node
         self.closed = False
         self._idle_pending = False
         self._next_cam = 0
-        self._ring: Ring | None = None       # this node's screen slots (it writes them)
-        self._rings: dict[str, Ring] = {}    # other nodes' screen slots, as the room named them in captures
-        self._captures: dict[int, _CaptureView] = {}  # per camera: the buffer the room renders into
-        self._claims = 0
-        self._pool: list[np.ndarray] = []
         sock = _connect_unix(self.socket_path, connect_timeout_s)
         self.chan = Channel(sock)
         try:
             answer_challenge(self.chan, authkey)
-            self.chan.send(HELLO, json.dumps({"node": node, "version": VERSION, "shm": bool(shm)}).encode())
+            self.chan.send(HELLO, json.dumps({"node": node, "version": VERSION}).encode())
             info = json.loads(self._reply(R_HELLO))
-            if info.get("shm"):
-                w, h = info["screen"]
-                self._screen_hw = (h, w)
-                self._ring = Ring(Segment(info["shm"]["ring"]), h, w)
         except BaseException:
             self.closed = True
             self.chan.close()
-            self._unmap()
             raise
         self.info: dict[str, Any] = info
         self.mode: str = info["mode"]
         self.now: float = info["now"] if info["now"] is not None else 0.0
-
-    @property
-    def shared_memory(self) -> bool:
-        """Whether images go through shared memory (else all of them cross the socket)."""
-        return self._ring is not None
 
     def fileno(self) -> int:
         return self.chan.fileno()
@@ -355,7 +210,6 @@ class RoomClient:
     def _closed_error(self, why: object = None) -> RoomClosedError:
         self.closed = True
         self.chan.close()
-        self._unmap()
         extra = f": {why}" if why else ""
         return RoomClosedError(f"the room closed (socket {self.socket_path}, node {self.node}){extra}")
 
@@ -375,15 +229,13 @@ class RoomClient:
         except (EOFError, OSError) as e:
             raise self._closed_error(e) from None
 
-    def _reply(self, want: int | tuple[int, ...], image: bool = False):
+    def _reply(self, want: int, image: bool = False):
         op, fixed, payload = self._recv()
         if op == R_ERROR:
             err = json.loads(fixed)
             raise ERROR_KINDS.get(err.get("kind"), RuntimeError)(err.get("message", "room error"))
-        if op != want and not (isinstance(want, tuple) and op in want):
-            raise ProtocolError(f"expected reply {want} from the room, got {op:#x}")
-        if isinstance(want, tuple):
-            return op, fixed, payload
+        if op != want:
+            raise ProtocolError(f"expected reply {want:#x} from the room, got {op:#x}")
         return (fixed, payload) if image else fixed
 
     # ---- the time protocol (RoomTimeLoop) ------------------------------------------------------
@@ -420,16 +272,6 @@ class RoomClient:
     # ---- the medium's requests -----------------------------------------------------------------
 
     def show(self, t: float, image: np.ndarray) -> None:
-        ring = self._ring
-        if ring is not None and image.shape == ring.images[0].shape and image.dtype == np.uint8:
-            free = np.flatnonzero(ring.claimed == ring.released)
-            if free.size:  # else every slot is still the room's: this image crosses the socket
-                s = int(free[0])
-                self._claims += 1
-                ring.claimed[s] = self._claims  # first: whoever copies the slot now sees it changed
-                np.copyto(ring.images[s], image)
-                self._send(SHOW_SLOT, F_SHOW_SLOT.pack(t, s, self._claims))
-                return
         self._send(SHOW, image_fixed(F_SHOW.pack(t), image), image)
 
     def open_camera(self, now: float) -> int:
@@ -443,90 +285,13 @@ class RoomClient:
         return F_NEXT.unpack(self._reply(R_NEXT))
 
     def render(self, cid: int, k: int, t: float) -> np.ndarray:
-        """Capture `k` of camera `cid` (row 0 at room time `t`): an array this process owns."""
-        for attempt in range(2):
-            self._send(RENDER, F_RENDER.pack(cid, k, t))
-            op, fixed, payload = self._reply((R_IMAGE, R_COMPOSE, R_SHM_IMAGE))
-            if op == R_IMAGE:
-                return payload
-            try:
-                if op == R_COMPOSE:
-                    return self._compose(fixed)
-                return self._from_buffer(cid, fixed)
-            except FileNotFoundError:
-                # A segment named in the reply is gone (its node left before this process mapped it):
-                # ask again; the room now renders from its own copies.
-                if attempt:
-                    raise RuntimeError(f"capture {k} of camera {cid}: the room's shared memory is gone") from None
-        raise AssertionError("unreachable")
-
-    def _alloc(self, shape: tuple[int, int, int]) -> np.ndarray:
-        """An array for a capture: one of the pool that nothing else refers to any more, or a new one."""
-        for a in self._pool:
-            # References: the pool, `a`, getrefcount's argument. A view, a memoryview or a queue holding it adds one.
-            if a.shape == shape and sys.getrefcount(a) <= 3:
-                return a
-        a = np.empty(shape, np.uint8)
-        self._pool.append(a)
-        if len(self._pool) > self.POOL:
-            del self._pool[0]
-        return a
-
-    def _compose(self, fixed: bytes) -> np.ndarray:
-        """An exact capture from the screens' slots the room named (screens side by side)."""
-        h, w, c, n = F_COMPOSE.unpack_from(fixed)
-        if len(fixed) != F_COMPOSE.size + n * F_PIECE.size:
-            raise ProtocolError(f"capture of {n} screens in {len(fixed)} bytes")
-        pieces = [F_PIECE.unpack_from(fixed, F_COMPOSE.size + j * F_PIECE.size) for j in range(n)]
-        out = self._alloc((h, w * n, c))
-        for j, (slot, claim, name) in enumerate(pieces):
-            dst = out[:, j * w:(j + 1) * w]
-            if slot < 0:
-                dst[...] = 0
-                continue
-            ring = self._map_ring(name.rstrip(b"\0").decode())
-            if not 0 <= slot < RING_SLOTS or ring.images[0].shape != (h, w, c):
-                raise ProtocolError(f"capture names slot {slot} of a ring of {RING_SLOTS} {ring.images[0].shape}")
-            checked_copy(dst, ring.images[slot], ring.claimed, slot, claim)
-        return out
-
-    def _map_ring(self, name: str) -> Ring:
-        ring = self._rings.get(name)
-        if ring is None:
-            ring = self._rings[name] = Ring(Segment(name), *self._screen_hw)
-        return ring
-
-    def _from_buffer(self, cid: int, fixed: bytes) -> np.ndarray:
-        """A capture the room wrote into this camera's buffer."""
-        seq, name = F_SHM_IMAGE.unpack_from(fixed)
-        h, w, c = DIMS.unpack_from(fixed, F_SHM_IMAGE.size)
-        name = name.rstrip(b"\0").decode()
-        view = self._captures.get(cid)
-        if view is None or view.seg.name != name:
-            if view is not None:
-                view.close()
-                del self._captures[cid]
-            view = self._captures[cid] = _CaptureView(name)
-        if CAPTURE_HEADER + h * w * c > view.seg.size:
-            raise ProtocolError(f"capture of {h}x{w}x{c} in a buffer of {view.seg.size} bytes")
-        out = self._alloc((h, w, c))
-        checked_copy(out, view.seg.array((h, w, c), np.uint8, CAPTURE_HEADER), view.seq, 0, seq)
-        return out
+        self._send(RENDER, F_RENDER.pack(cid, k, t))
+        _, image = self._reply(R_IMAGE, image=True)
+        return image
 
     def close_camera(self, cid: int) -> None:
-        view = self._captures.pop(cid, None)
-        if view is not None:
-            view.close()
         if not self.closed:
             self._send(CAM_CLOSE, F_CAM_ID.pack(cid))
-
-    def _unmap(self) -> None:
-        for m in [self._ring, *self._rings.values(), *self._captures.values()]:
-            if m is not None:
-                m.close()
-        self._ring = None
-        self._rings.clear()
-        self._captures.clear()
 
     def close(self) -> None:
         """Say goodbye (idempotent). A pending idle is withdrawn first."""
@@ -538,7 +303,6 @@ class RoomClient:
             pass
         self.closed = True
         self.chan.close()
-        self._unmap()
 
 
 def _connect_unix(path: str, timeout_s: float) -> socket.socket:

@@ -253,14 +253,8 @@ class SimulatedRoom:
     def _show(self, node: str, image: np.ndarray) -> None:
         self.show_at(node, image, self.now())
 
-    def show_at(self, node: str, image: np.ndarray, t: float, copy: bool = True) -> int | None:
-        """Put `image` on `node`'s screen at true time `t` (times must not go backwards).
-
-        Returns the serial of the image now on the screen, or None when nothing changed (a rendered
-        room's panel showing the same picture again). `copy=False`: a read-only `image` is kept
-        itself, not copied (it must not change while the room holds it: see `history_serials`), as
-        wccl/room/serve.py does with screen images in shared memory.
-        """
+    def show_at(self, node: str, image: np.ndarray, t: float) -> None:
+        """Put `image` on `node`'s screen at true time `t` (times must not go backwards)."""
         self._check(node)
         if image.shape != (self.screen_h, self.screen_w, 3) or image.dtype != np.uint8:
             raise ValueError(
@@ -269,15 +263,12 @@ class SimulatedRoom:
         times, images, serials = self._times[node], self._images[node], self._serials[node]
         if not self.exact:
             if np.array_equal(images[-1], image):
-                return None  # the same picture again: nothing changes on the panel
+                return  # the same picture again: nothing changes on the panel
             t_up = self.screens[node].display_time(t)
         else:
             t_up = t
-        if copy or image.flags.writeable:
-            frozen = image.copy()  # the room owns its copy: the sender may reuse its array
-            frozen.setflags(write=False)
-        else:
-            frozen = image
+        frozen = image.copy()  # the room owns its copy: the sender may reuse its array
+        frozen.setflags(write=False)
         self._serial += 1
         if times[-1] == t_up:
             images[-1] = frozen
@@ -293,20 +284,6 @@ class SimulatedRoom:
             for n, ex in self.exposures.items():
                 if n != node:
                     ex.screen_changed(node, t, lum)
-        return self._serial
-
-    def history_serials(self, node: str) -> list[int]:
-        """The serials of the images the room still holds for `node`'s screen (0: the blank it started with)."""
-        return list(self._serials[node])
-
-    def keep_copies(self, node: str, serials: set[int] | None = None) -> None:
-        """Replace the held images of `node` (those of `serials`, or all) by the room's own copies."""
-        images, held = self._images[node], self._serials[node]
-        for i, serial in enumerate(held):
-            if serials is None or serial in serials:
-                frozen = images[i].copy()
-                frozen.setflags(write=False)
-                images[i] = frozen
 
     def screen_at(self, node: str, t: float) -> np.ndarray:
         """What `node`'s screen showed at true time `t` (its top row; read-only)."""
@@ -360,23 +337,6 @@ class SimulatedRoom:
 
     def _history(self, node: str) -> list[tuple[float, int, np.ndarray]]:
         return list(zip(self._times[node], self._serials[node], self._images[node]))
-
-    def view_sources(self, node: str, t: float) -> list[int] | None:
-        """Exact profile: what `_view(node, t)` puts side by side, as the serial of each screen's image
-        (in the order of `visible_from(node)`); None when the camera is covered (its capture is black).
-
-        Counts a capture, as `_view` does: wccl/room/serve.py lets the node assemble it.
-        """
-        if not self.exact:
-            raise ValueError("view_sources: only the exact profile's captures are screens side by side")
-        self.captures += 1
-        if self.covered(node, t):
-            return None
-        out = []
-        for n in self.visible_from(node):
-            times = self._times[n]
-            out.append(self._serials[n][max(bisect.bisect_right(times, t) - 1, 0)])
-        return out
 
     def _view(self, node: str, t: float) -> np.ndarray:
         if not self.exact:

@@ -42,7 +42,6 @@ import hashlib
 import hmac
 import json
 import os
-import secrets
 import selectors
 import signal
 import socket
@@ -56,10 +55,9 @@ import numpy as np
 import structlog
 
 from wccl.room.remote import (
-    AUTHKEY_ENV, BUSY, BYE, CAM_CLOSE, CAM_OPEN, CAPTURE_HEADER, DIMS, F_CAM, F_CAM_ID, F_COMPOSE, F_IDLE,
-    F_NEXT, F_NOW, F_PIECE, F_RENDER, F_SHM_IMAGE, F_SHOW, F_SHOW_SLOT, HELLO, IDLE, MAGIC, NEXT, NONCE_BYTES,
-    R_COMPOSE, R_ERROR, R_HELLO, R_IMAGE, R_NEXT, R_NOW, R_SHM_IMAGE, RENDER, RING_SLOTS, SHOW, SHOW_SLOT,
-    VERSION, Channel, ProtocolError, Ring, Segment, image_fixed, ring_bytes,
+    AUTHKEY_ENV, BUSY, BYE, CAM_CLOSE, CAM_OPEN, F_CAM, F_CAM_ID, F_IDLE, F_NEXT, F_NOW, F_RENDER, F_SHOW,
+    HELLO, IDLE, MAGIC, NEXT, NONCE_BYTES, R_ERROR, R_HELLO, R_IMAGE, R_NEXT, R_NOW, RENDER, SHOW, VERSION,
+    Channel, ProtocolError, image_fixed,
 )
 from wccl.room.room import SimulatedRoom
 from wccl.room.timing import CaptureSchedule, capture_rng
@@ -125,68 +123,6 @@ class _Camera:
         return self.room._render(self.node, t, rng, stream=True)
 
 
-class _Screens:
-    """A node's screen slots in shared memory, as the room keeps them: which of the room's held images
-    (serials) each slot carries, and how many holders each slot has (the room's history, captures lent out).
-    A slot without holders is released: the node may write it again."""
-
-    def __init__(self, node: str, seg: Segment, height: int, width: int) -> None:
-        self.node = node
-        self.ring = Ring(seg, height, width)
-        self.name = seg.name.encode()
-        self.images = []
-        for im in self.ring.images:
-            ro = im.view()
-            ro.setflags(write=False)
-            self.images.append(ro)
-        self.refs = [0] * RING_SLOTS
-        self.claim = [0] * RING_SLOTS      # the claim of the image each slot carries
-        self.serials: dict[int, int] = {}  # the room's serial of a held image -> its slot
-        self.closed = False
-
-    def hold(self, slot: int) -> None:
-        self.refs[slot] += 1
-
-    def let_go(self, slot: int) -> None:
-        if self.closed:
-            return
-        self.refs[slot] -= 1
-        if self.refs[slot] == 0:
-            self.ring.released[slot] = self.claim[slot]
-
-    def close(self) -> None:
-        """Unmap and unlink (the room must hold none of the images any more: `SimulatedRoom.keep_copies`)."""
-        self.closed = True
-        self.images = []
-        self.serials.clear()
-        self.ring.close()
-        self.ring.seg.unlink()
-
-
-class _CaptureBuffer:
-    """One camera's capture buffer in shared memory: the room writes a capture, the node copies it out.
-
-    Its sequence number is odd while the room writes and goes up by 2 per capture (seqlock)."""
-
-    def __init__(self, name: str, nbytes: int) -> None:
-        self.seg = Segment(name, CAPTURE_HEADER + nbytes, create=True)
-        self.capacity = self.seg.size - CAPTURE_HEADER
-        self.seq = self.seg.array((1,), np.uint64, 0)
-
-    def begin(self, shape: tuple[int, int, int]) -> np.ndarray:
-        self.seq[0] += 1
-        return self.seg.array(shape, np.uint8, CAPTURE_HEADER)
-
-    def end(self) -> int:
-        self.seq[0] += 1
-        return int(self.seq[0])
-
-    def close(self) -> None:
-        self.seq = None
-        self.seg.close()
-        self.seg.unlink()
-
-
 class _Client:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -199,9 +135,6 @@ class _Client:
         self.deadline: float | None = None
         self.cams: dict[int, _Camera] = {}
         self.error: tuple[str, str] | None = None  # the failure of a request without a reply, for the next reply
-        self.screens: _Screens | None = None  # its node's screen slots, when it uses shared memory
-        self.buffers: dict[int, _CaptureBuffer] = {}  # per camera
-        self.lent: list[tuple[_Screens, int]] = []  # slots its last capture was composed of (it copies them now)
 
 
 class _Leave(Exception):
@@ -213,7 +146,7 @@ class RoomServer:
 
     def __init__(self, room: SimulatedRoom, socket_path: str | Path, mode: str = "virtual",
                  nodes: list[str] | None = None, authkey: bytes = b"", deadlock_grace_s: float = 0.5,
-                 supervised: bool = False, shm: bool = True) -> None:
+                 supervised: bool = False) -> None:
         if mode not in ("virtual", "realtime"):
             raise ValueError(f"unknown clock mode {mode!r} (expected 'virtual' or 'realtime')")
         expected = list(room.nodes if nodes is None else nodes)
@@ -235,10 +168,6 @@ class RoomServer:
         self._sel = selectors.DefaultSelector()
         self._listener: socket.socket | None = None
         self._deadlock_since: float | None = None
-        self.shm = shm  # offer shared memory to the nodes that ask for it
-        self._screens: dict[str, _Screens] = {}  # per connected node using shared memory
-        self._shm_prefix = f"wccl{os.getpid()}-{secrets.token_hex(3)}-"
-        self._shm_count = 0
         self.log = structlog.get_logger("wccl.room.serve")
 
     # ---- the socket ----------------------------------------------------------------------------
@@ -377,18 +306,6 @@ class RoomServer:
             pass
         c.chan.close()
         self._clients.remove(c)
-        self._return_lent(c)
-        for buf in c.buffers.values():
-            buf.close()
-        c.buffers.clear()
-        if c.screens is not None:
-            # Its screens stay in the room (the others' cameras still see them): the room copies the
-            # images it holds out of the slots, then the slots go.
-            scr, c.screens = c.screens, None
-            self.room.keep_copies(scr.node, set(scr.serials))
-            if self._screens.get(scr.node) is scr:
-                del self._screens[scr.node]
-            scr.close()
         if c.node is not None and not quiet:
             level = self.log.info if reason == "bye" or self.supervised else self.log.warning
             level("room_client_left", node=c.node, reason=reason, **self._t())
@@ -399,8 +316,6 @@ class RoomServer:
     # ---- requests ------------------------------------------------------------------------------
 
     def _handle(self, c: _Client, op: int, fixed: bytes, payload: np.ndarray | None) -> None:
-        if c.lent:
-            self._return_lent(c)  # it copied its last capture before it sent anything more
         if op == BYE:
             raise _Leave
         if c.node is None:
@@ -419,19 +334,12 @@ class RoomServer:
             except (ValueError, KeyError) as e:
                 self.log.warning("room_request_failed", node=c.node, request="show", error=str(e))
                 c.error = (type(e).__name__, str(e))
-            if c.screens is not None:
-                self._sync(c.screens)
-        elif op == SHOW_SLOT:
-            self._show_slot(c, *F_SHOW_SLOT.unpack(fixed))
         elif op == CAM_OPEN:
             cid, now = F_CAM.unpack(fixed)
             c.cams[cid] = _Camera(self.room, c.node, now)
         elif op == CAM_CLOSE:
             (cid,) = F_CAM_ID.unpack(fixed)
             c.cams.pop(cid, None)
-            buf = c.buffers.pop(cid, None)
-            if buf is not None:
-                buf.close()
         elif op in (NEXT, RENDER):
             if c.error is not None:
                 self._error(c, *c.error)
@@ -449,7 +357,7 @@ class RoomServer:
                 if op == NEXT:
                     k, t0, t1 = cam.next(now)
                 else:
-                    reply = self._render(c, cid, cam, k, t)
+                    image = cam.render(k, t)
             except Exception as e:  # noqa: BLE001 - the node gets the error; the room goes on
                 self.log.exception("room_request_failed", node=c.node, request="next" if op == NEXT else "render",
                                    error=repr(e))
@@ -459,7 +367,7 @@ class RoomServer:
             if op == NEXT:
                 c.chan.send(R_NEXT, F_NEXT.pack(k, t0, t1, cam.missed, cam.dropped))
             else:
-                c.chan.send(*reply)
+                c.chan.send(R_IMAGE, image_fixed(b"", image), image)
         elif op == IDLE:
             if c.error is not None:
                 self._error(c, *c.error)
@@ -477,110 +385,6 @@ class RoomServer:
                 self._wake(c)
         else:
             raise ProtocolError(f"unknown request {op}")
-
-    # ---- images in shared memory ---------------------------------------------------------------
-
-    def _segment_name(self) -> str:
-        self._shm_count += 1
-        return f"{self._shm_prefix}{self._shm_count}"
-
-    def _show_slot(self, c: _Client, t: float, slot: int, claim: int) -> None:
-        """The node wrote its next screen image into `slot` of its ring under `claim`."""
-        scr = c.screens
-        if scr is None:
-            raise ProtocolError("a show from shared memory, but the room gave this node no slots")
-        if not 0 <= slot < RING_SLOTS or scr.refs[slot] or int(scr.ring.claimed[slot]) != claim \
-                or claim == int(scr.ring.released[slot]):
-            raise ProtocolError(f"show from slot {slot} (claim {claim}): the slot is not the node's to write")
-        scr.claim[slot] = claim
-        try:
-            serial = self.room.show_at(c.node, scr.images[slot], t, copy=False)
-        except (ValueError, KeyError) as e:
-            self.log.warning("room_request_failed", node=c.node, request="show", error=str(e))
-            c.error = (type(e).__name__, str(e))
-            serial = None
-        if serial is not None:
-            scr.serials[serial] = slot
-            scr.hold(slot)
-        else:
-            scr.ring.released[slot] = claim  # the room keeps nothing of it
-        self._sync(scr)
-
-    def _sync(self, scr: _Screens) -> None:
-        """Let go of the slots whose images the room's history no longer holds."""
-        held = set(self.room.history_serials(scr.node))
-        for serial in [s for s in scr.serials if s not in held]:
-            scr.let_go(scr.serials.pop(serial))
-
-    def _return_lent(self, c: _Client) -> None:
-        for scr, slot in c.lent:
-            scr.let_go(slot)
-        c.lent = []
-
-    def _buffer(self, c: _Client, cid: int, nbytes: int) -> _CaptureBuffer:
-        buf = c.buffers.get(cid)
-        if buf is None or buf.capacity < nbytes:
-            if buf is not None:
-                del c.buffers[cid]
-                buf.close()
-            buf = c.buffers[cid] = _CaptureBuffer(self._segment_name(), nbytes)
-        return buf
-
-    def _render(self, c: _Client, cid: int, cam: _Camera, k: int, t: float) -> tuple:
-        """The reply to a RENDER: (op, fixed part[, image payload])."""
-        if c.screens is None:  # this node takes its images over the socket
-            image = cam.render(k, t)
-            return R_IMAGE, image_fixed(b"", image), image
-        room = self.room
-        visible = room.visible_from(c.node)
-        if cam.schedule is not None or not visible:  # a rendered capture (or the exact room's odd empty view)
-            image = cam.render(k, t)
-            try:
-                buf = self._buffer(c, cid, image.nbytes)
-            except OSError as e:  # no room left for shared memory: over the socket then
-                self.log.warning("room_shm_failed", node=c.node, error=str(e))
-                return R_IMAGE, image_fixed(b"", image), image
-            np.copyto(buf.begin(image.shape), image)
-            return R_SHM_IMAGE, F_SHM_IMAGE.pack(buf.end(), buf.seg.name.encode()) + DIMS.pack(*image.shape)
-        # The exact profile: screens side by side. Name the slots; the node puts them together.
-        sources = room.view_sources(c.node, t)
-        h, w = room.screen_h, room.screen_w
-        pieces: list[tuple[_Screens, int] | None] = []
-        for i, n in enumerate(visible):
-            if sources is None or sources[i] == 0:
-                pieces.append(None)  # covered, or the blank screen (protocols.layout.blank: black)
-                continue
-            scr = self._screens.get(n)
-            slot = scr.serials.get(sources[i]) if scr is not None else None
-            if slot is None:  # an image the room holds itself (it came over the socket, or its node left)
-                pieces = []
-                break
-            pieces.append((scr, slot))
-        if pieces:
-            fixed = [F_COMPOSE.pack(h, w, 3, len(pieces))]
-            for p in pieces:
-                if p is None:
-                    fixed.append(F_PIECE.pack(-1, 0, b""))
-                else:
-                    scr, slot = p
-                    fixed.append(F_PIECE.pack(slot, scr.claim[slot], scr.name))
-                    scr.hold(slot)  # until this node's next message: it copies the slots first
-                    c.lent.append(p)
-            return R_COMPOSE, b"".join(fixed)
-        shape = (h, w * len(visible), 3)
-        shown = None if sources is None else [room.screen_at(n, t) for n in visible]
-        try:
-            buf = self._buffer(c, cid, h * w * len(visible) * 3)
-        except OSError as e:
-            self.log.warning("room_shm_failed", node=c.node, error=str(e))
-            image = np.zeros(shape, np.uint8) if shown is None else np.concatenate(shown, axis=1)
-            return R_IMAGE, image_fixed(b"", image), image
-        out = buf.begin(shape)
-        if shown is None:
-            out[...] = 0
-        else:
-            np.concatenate(shown, axis=1, out=out)
-        return R_SHM_IMAGE, F_SHM_IMAGE.pack(buf.end(), buf.seg.name.encode()) + DIMS.pack(*shape)
 
     def _hello(self, c: _Client, fixed: bytes) -> None:
         info = json.loads(fixed)
@@ -604,16 +408,8 @@ class RoomServer:
             "offset_s": clocks.get(node, (0.0, 0.0))[0], "drift_ppm": clocks.get(node, (0.0, 0.0))[1],
             "clocks": {n: list(clocks.get(n, (0.0, 0.0))) for n in room.nodes},
             "camera_fps": room.camera_fps(node), "profile": room.profile,
-            "screen": [room.screen_w, room.screen_h], "seed": room.seed, "shm": None,
+            "screen": [room.screen_w, room.screen_h], "seed": room.seed,
         }
-        if self.shm and info.get("shm"):
-            try:
-                seg = Segment(self._segment_name(), ring_bytes(room.screen_h, room.screen_w), create=True)
-            except OSError as e:  # no shared memory here: this node's images cross the socket
-                self.log.warning("room_shm_failed", node=node, error=str(e))
-            else:
-                c.screens = self._screens[node] = _Screens(node, seg, room.screen_h, room.screen_w)
-                reply["shm"] = {"ring": seg.name, "slots": RING_SLOTS}
         c.chan.send(R_HELLO, json.dumps(reply).encode())
         self.log.info("room_client_joined", node=node, **self._t())
         if self.mode == "virtual" and not self.started and self.expected <= self._joined:
