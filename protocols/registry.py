@@ -29,16 +29,20 @@ class UnknownPart(LookupError):
 class Registry:
     def __init__(self) -> None:
         self._parts: dict[str, dict[str, Callable[..., Any]]] = {}
-        self._sources: dict[str, list[str]] = {}  # kind (its first word) -> modules not imported yet
+        self._sources: dict[str, list[str]] = {}  # kind (its first word) -> the modules that register its parts
+        self._loaded: dict[str, int] = {}  # kind -> how many of its sources are imported
 
     def sources(self, kind: str, *modules: str) -> None:
         """The modules that register `kind`'s standard parts ("actor" covers every "actor.ROLE")."""
         self._sources.setdefault(kind, []).extend(modules)
 
     def _load(self, kind: str) -> None:
-        pending = self._sources.get(kind.split(".")[0])
-        while pending:
-            importlib.import_module(pending.pop(0))
+        first = kind.split(".")[0]
+        sources = self._sources.get(first, [])
+        while self._loaded.get(first, 0) < len(sources):
+            module = sources[self._loaded.get(first, 0)]
+            self._loaded[first] = self._loaded.get(first, 0) + 1
+            importlib.import_module(module)
 
     def register(self, kind: str, name: str, factory: Callable[..., Any] | None = None, *, replace: bool = False):
         """Register `factory` as `kind`/`name`; usable as a decorator when `factory` is omitted."""
@@ -60,9 +64,17 @@ class Registry:
         self._parts.get(kind, {}).pop(name, None)
 
     def parts(self, kind: str) -> dict[str, Callable[..., Any]]:
-        """`kind`'s parts by name, in the order they registered (a copy)."""
+        """`kind`'s parts by name (a copy), in the order of the sources that register them, whatever order
+        they were imported in (others after them, as they registered): an order a choice can break ties by."""
         self._load(kind)
-        return dict(self._parts.get(kind, {}))
+        sources = self._sources.get(kind.split(".")[0], [])
+        parts = self._parts.get(kind, {})
+
+        def place(name: str) -> int:
+            module = getattr(parts[name], "__module__", None)
+            return sources.index(module) if module in sources else len(sources)
+
+        return {name: parts[name] for name in sorted(parts, key=place)}
 
     def get(self, kind: str, name: str) -> Callable[..., Any]:
         parts = self.parts(kind)

@@ -230,3 +230,20 @@ def test_a_broadcast_down_a_deep_tree_goes_in_chunks_each_passed_on_as_it_arrive
         assert last.received(1, s.part, s.payload) == []
     assert relay.done and last.done and last.result()[0][0] == (data,)
     assert len(tree(0, 3, "broadcast", "uint8", len(data), data, 0, "sum", Sight.complete(3, 1.0, 0.1)).start()) == 1
+
+
+def test_algorithms_keep_the_order_of_their_sources_whatever_was_imported_first():
+    """`choose` breaks a tie in cost by this order: a module imported before the others (a test, a tool)
+    must not change which algorithm a room gets."""
+    import importlib
+
+    from protocols.registry import Registry
+
+    reg = Registry()
+    reg.sources("algorithm", *(f"protocols.algorithms.{m}" for m in ("all_see_all", "ring", "star", "tree")))
+    tree = importlib.import_module("protocols.algorithms.tree").Tree
+    reg.register("algorithm", "tree", tree)  # registered first, as when its module is imported first
+    for name, cls in REGISTRY.parts("algorithm").items():
+        reg.register("algorithm", name, cls, replace=True)
+    assert list(reg.parts("algorithm")) == ["all_see_all", "ring", "star", "tree"]
+    assert list(REGISTRY.parts("algorithm")) == ["all_see_all", "ring", "star", "tree"]
