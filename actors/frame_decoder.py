@@ -591,8 +591,6 @@ class FrameDecoder(Actor):
                           restarts=self.receiver.restarts.get(f.sender, 0))
         if r.handshake_changed:
             await self._handshake_changed(self.node_names[f.sender])
-        if self.listen:
-            return self._listened(r, f)
         if r.refused == "unconfirmed_sender":
             self._read_from(f.sender)  # (its screen reads: it has not read this rank's nonce yet)
         if r.refused:
@@ -601,7 +599,8 @@ class FrameDecoder(Actor):
             return None
         self.stats["frames_ok"] += 1
         self._read_from(f.sender)
-        self._timing(f, captured)
+        if not self.listen:  # (a listener shows nothing: no clock echo, no acknowledgement)
+            self._timing(f, captured)
         if r.holds_changed:
             await self.emit(HoldsKnown(sender=self.ctx.node, time=self.clock.now(), holds=self.receiver.holds))
         if r.peer_ack is not None:
@@ -613,9 +612,12 @@ class FrameDecoder(Actor):
                 # its floor settled transfers: show the acknowledgement; it lacks this rank's row: show that
                 await self.emit(self._acks_message(news=r.behind))
             return None
+        if self.listen and self.current is None:
+            self.current = self._layout  # the ranks chose this one: transfers go up only in the chosen layout
         if r.duplicate:
             # The sender still shows a transfer this rank has: it has not seen the acknowledgement yet.
-            await self.emit(self._acks_message())
+            if not self.listen:
+                await self.emit(self._acks_message())
             return None
         data = r.data
         if data is None:
@@ -623,31 +625,10 @@ class FrameDecoder(Actor):
         h = f.header
         self.stats["tensors"] += 1
         self.stats["tensor_bytes"] += len(data)
-        await self.emit(self._acks_message())
+        if not self.listen:
+            await self.emit(self._acks_message())
         return TransferArrived(sender=self.ctx.node, time=self.clock.now(), origin=h.sender, tid=h.tid,
                                seq=h.seq, op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=data,
-                               frames=self.transfers.last_packets)
-
-    def _listened(self, r, f: transfer.TransferFrame) -> TransferArrived | None:
-        """What a listener makes of a frame the receive path took or refused."""
-        if r.refused:
-            self.stats[f"frames_rejected_{r.refused}" if r.refused not in ("foreign_session", "unknown_sender")
-                       else f"frames_{r.refused}"] += 1
-            return None
-        self.stats["frames_ok"] += 1
-        self._read_from(f.sender)
-        if f.header is None:
-            self.stats["status_frames"] += 1
-            return None
-        if self.current is None:
-            self.current = self._layout  # the ranks chose this one: transfers go up only in the chosen layout
-        if r.data is None:
-            return None
-        h = f.header
-        self.stats["tensors"] += 1
-        self.stats["tensor_bytes"] += len(r.data)
-        return TransferArrived(sender=self.ctx.node, time=self.clock.now(), origin=h.sender, tid=h.tid, seq=h.seq,
-                               op=h.op, dtype=h.dtype, numel=h.numel, part=h.part, payload=r.data,
                                frames=self.transfers.last_packets)
 
     def _acks_message(self, news: bool = False) -> AcksChanged:

@@ -39,10 +39,9 @@ class Registry:
     def _load(self, kind: str) -> None:
         first = kind.split(".")[0]
         sources = self._sources.get(first, [])
-        while self._loaded.get(first, 0) < len(sources):
-            module = sources[self._loaded.get(first, 0)]
-            self._loaded[first] = self._loaded.get(first, 0) + 1
-            importlib.import_module(module)
+        while (done := self._loaded.get(first, 0)) < len(sources):
+            self._loaded[first] = done + 1  # (before the import: a source that looks its kind up does not loop)
+            importlib.import_module(sources[done])
 
     def register(self, kind: str, name: str, factory: Callable[..., Any] | None = None, *, replace: bool = False):
         """Register `factory` as `kind`/`name`; usable as a decorator when `factory` is omitted."""

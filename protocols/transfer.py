@@ -72,7 +72,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import raptorq
@@ -305,7 +305,6 @@ class Outgoing:
     def message(self, index: int, *, message_bytes: int, **fields) -> bytes:
         """The message of the frame that shows packet `index` (taken in turn: repair packets repeat);
         `fields`: frame_message's (acks, shown_us, run_nonce, trusts, holds, clock_echo, key)."""
-        fields.setdefault("acks", ())
         return frame_message(self.header, self.fountain, index % len(self.fountain.packets),
                              message_bytes=message_bytes, **fields)
 
@@ -316,17 +315,15 @@ def outgoing(header: TransferHeader, payload: bytes, *, message_bytes: int, rank
     """The one way a transfer is made: `payload` sealed under `key` for the sender's run `run_nonce` (bound
     to what `header` says: `aad`; `sealed`: it already is, or is made up), cut by the fountain code into
     packets sized for frames of `message_bytes` that carry the entries of `ranks` ranks, `count` of them
-    (default: the source packets and `repair` more, or `repair(source packets)` more), and `header` completed with the length and digest
-    the frames carry."""
+    (default: the source packets and `repair` more, or `repair(source packets)` more), and `header`
+    completed with the length and digest the frames carry."""
     data = payload if sealed else key.seal(run_nonce, header.tid, payload, aad(header))
     psize = packet_size_for(message_bytes, ranks)
     if count is None:
         k = frames.source_packets(len(data), psize)
         count = k + (repair(k) if callable(repair) else repair)
     fountain = frames.fountain(data, message_bytes=message_bytes, count=count, packet_size=psize)
-    header = TransferHeader(header.session, header.sender, header.tid, header.seq, header.op, header.dtype,
-                            header.numel, fountain.length, fountain.digest, header.part, header.dest)
-    return Outgoing(header, fountain)
+    return Outgoing(replace(header, length=fountain.length, digest=fountain.digest), fountain)
 
 
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
