@@ -176,7 +176,9 @@ class FrameDecoder(Actor):
         # there first (each screen shows the ladder in turn, on its own schedule)
         self._read_at: dict[tuple[int, int], int] = {}
         self._use(0)  # sets codec, grid, model and the layout being read
-        self.tracker = reader.QuadTracker(self.ladder[0].layout)
+        # Codes are looked for down to the size of the coarsest layout's (the fewest cells): a screen too far
+        # off for the ladder's first layout to be found at all may still be read in its last.
+        self.tracker = reader.QuadTracker(min((c.layout for c in self.ladder), key=lambda lay: min(lay.outer_cells)))
         self.session = session
         self.node_names = node_names
         self.listen = listen

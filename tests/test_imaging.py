@@ -189,6 +189,34 @@ def test_a_code_even_in_one_layout_of_the_ladder_is_read_in_another(monkeypatch)
     assert link["idle_screens"] == 1
 
 
+def test_a_screen_too_small_for_the_first_layouts_cells_is_found_and_read_in_the_coarsest():
+    """Far off, a screen fills fewer camera pixels than the ladder's first layout needs to be found at all;
+    while the layout is not chosen the decoder still finds it, and reads it in the coarsest layout."""
+    fine = LinkCodec(GridLayout(68, 124, 8, 10), 0.8)
+    coarse = LinkCodec(GridLayout(20, 37, 8, 32), 0.8)
+    hs = Handshake(0, 2, new_run_nonce())
+    hs.heard(1, 1, (hs.nonce, 1), 0, 0)
+    data = bytes(range(40))
+    (fb,) = coarse.encode(data, count=1, session=1, sender=1, stream="grad", step=3)
+    screen = cv2.resize(render(fb, coarse.layout, 1280, 720, sender=1, parity=1), (160, 90),
+                        interpolation=cv2.INTER_AREA)
+    img = np.full((720, 1280, 3), 20, np.uint8)
+    img[300:390, 540:700] = screen
+    img = cv2.GaussianBlur(img, (0, 0), 0.6)
+    assert reader.find_quads(img, fine.layout) == []  # the first layout's cells would not find it
+
+    async def go():
+        async with ActorHarness(FrameDecoder, node="alice", codec=fine, session=1, node_names=["alice", "bob"],
+                                transfers=transfer.TransferAssembler(), handshake=hs,
+                                ladder=[fine, coarse]) as dec:
+            await dec.send(Capture(sender="alice", time=1.0, image=img, seq=0))
+            await dec.settle()
+        return dec.of_type(TensorReceived)
+
+    got = run_virtual(go)
+    assert len(got) == 1 and got[0].payload == data
+
+
 def test_frames_of_another_session_or_an_unknown_sender_are_ignored():
     data = bytes(range(200))
     _, foreign = _frame(7, sender=1, session=2, data=data)
