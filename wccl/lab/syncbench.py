@@ -17,17 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from wccl.config import WcclConfig
+from wccl.config import WcclConfig, with_values
 from wccl.timebase import new_loop
 
 
 def run_sync_bench(cfg: WcclConfig, steps: int) -> dict[str, Any]:
     from wccl.node import RoomRun
 
-    cfg = cfg.model_copy(update={
-        "training": cfg.training.model_copy(update={"steps": steps}),
-        "dashboard": cfg.dashboard.model_copy(update={"enabled": False}),
-    })
+    cfg = with_values(cfg, training={"steps": steps}, dashboard={"enabled": False})
     wall = time.perf_counter()
 
     async def go():

@@ -34,15 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--change", action="store_true", help="switch every screen to a new frame at --at")
     args = ap.parse_args(argv)
 
-    from wccl.config import ConfigError, load_config, parse_config
+    from wccl.config import ConfigError, load_config, with_values
     from wccl.room import SimulatedRoom
 
     try:
-        cfg = load_config(args.config)
-        if args.profile:
-            data = cfg.model_dump()
-            data["room"]["profile"] = args.profile
-            cfg = parse_config(data, f"{args.config} (--profile {args.profile})")
+        cfg = with_values(load_config(args.config), f"{args.config} (--profile {args.profile})",
+                          room=args.profile and {"profile": args.profile})
         room = SimulatedRoom.from_config(cfg)
     except (ConfigError, ValueError) as e:
         print(f"wccl.room.snapshot: config error: {e}", file=sys.stderr)
