@@ -140,31 +140,53 @@ def _quads_in(small: np.ndarray, outer_cells: tuple[int, int], min_cell_px: floa
         x, y, w, h = cv2.boundingRect(c)
         if min(w, h) < min_side:
             continue
-        hull = cv2.convexHull(c)
-        peri = cv2.arcLength(hull, True)
-        approx = cv2.approxPolyDP(hull, 0.02 * peri, True).reshape(-1, 2).astype(np.float32)
-        if len(approx) != 4 or not cv2.isContourConvex(approx.reshape(-1, 1, 2)):
+        # A code's outline is the same while its screen holds still, whatever frame it shows (a screen's
+        # neighbour in the same capture may have changed): its corners are worked out once.
+        key = (hashlib.blake2b(c.tobytes(), digest_size=16).digest(), outer_cells)
+        if key in _OUTLINES:
+            q = _OUTLINES[key]
+            if q is not None:
+                quads.append(q)
             continue
-        if cv2.contourArea(approx) < 0.5 * w * h:
-            continue
-        corners = _refine_corners(c, _order_corners(approx))
-        # Pixel centres: a mask pixel i covers full-resolution pixels [i*D, i*D + D).
-        corners = corners * _DOWN + (_DOWN - 1) / 2.0
-        # The outline runs through the outermost bright mask pixels: the edge lies half a mask pixel further out.
-        centre = corners.mean(axis=0)
-        direction = corners - centre
-        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
-        corners = corners + direction * (_DOWN / 2.0) * np.sqrt(2)
-        sides = np.linalg.norm(corners - np.roll(corners, -1, axis=0), axis=1)
-        ratio = (sides[0] + sides[2]) / max(1e-6, sides[1] + sides[3])
-        want = out_c / out_r
-        if not 0.5 * want < ratio < 2.0 * want:
-            continue
-        quads.append(Quad(corners.astype(np.float32)))
+        q = _OUTLINES[key] = _quad_of(c, w, h, outer_cells)
+        if len(_OUTLINES) > 256:
+            del _OUTLINES[next(iter(_OUTLINES))]
+        if q is not None:
+            quads.append(q)
     quads.sort(key=lambda q: (q.corners[:, 0].min(), q.corners[:, 1].min()))
-    for q in quads:
-        q.corners.setflags(write=False)  # shared by every caller of the cache
     return tuple(quads)
+
+
+_OUTLINES: dict[tuple, Quad | None] = {}  # an outline's quad (None: not a code's), oldest first
+
+
+def _quad_of(c: np.ndarray, w: int, h: int, outer_cells: tuple[int, int]) -> Quad | None:
+    """The code's quadrilateral whose outline on the half-resolution mask is `c` (bounding box w x h), or
+    None if it is not one."""
+    out_r, out_c = outer_cells
+    hull = cv2.convexHull(c)
+    peri = cv2.arcLength(hull, True)
+    approx = cv2.approxPolyDP(hull, 0.02 * peri, True).reshape(-1, 2).astype(np.float32)
+    if len(approx) != 4 or not cv2.isContourConvex(approx.reshape(-1, 1, 2)):
+        return None
+    if cv2.contourArea(approx) < 0.5 * w * h:
+        return None
+    corners = _refine_corners(c, _order_corners(approx))
+    # Pixel centres: a mask pixel i covers full-resolution pixels [i*D, i*D + D).
+    corners = corners * _DOWN + (_DOWN - 1) / 2.0
+    # The outline runs through the outermost bright mask pixels: the edge lies half a mask pixel further out.
+    centre = corners.mean(axis=0)
+    direction = corners - centre
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    corners = corners + direction * (_DOWN / 2.0) * np.sqrt(2)
+    sides = np.linalg.norm(corners - np.roll(corners, -1, axis=0), axis=1)
+    ratio = (sides[0] + sides[2]) / max(1e-6, sides[1] + sides[3])
+    want = out_c / out_r
+    if not 0.5 * want < ratio < 2.0 * want:
+        return None
+    q = Quad(corners.astype(np.float32))
+    q.corners.setflags(write=False)  # shared by every caller of the caches
+    return q
 
 
 class QuadTracker:
