@@ -60,6 +60,7 @@ the void).
 from __future__ import annotations
 
 import asyncio
+import functools
 import zlib
 from collections import deque
 from dataclasses import dataclass
@@ -73,6 +74,25 @@ from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drai
                                 PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
 from wccl.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
+
+# The reduce ops, by the name a request gives (`CollectiveRequest.reduce_op`), as torch's element-wise
+# functions: the one table the algorithms' folds and the backend's reductions (wccl.distributed.backend) use.
+# "avg" folds as a sum (the backend divides at the end).
+REDUCE_OPS = {"sum": "add", "avg": "add", "product": "mul", "min": "minimum", "max": "maximum",
+              "band": "bitwise_and", "bor": "bitwise_or", "bxor": "bitwise_xor"}
+
+
+def fold(acc: bytes, x: bytes, dtype: str, reduce_op: str) -> bytes:
+    """`acc` `reduce_op` `x`, element-wise, two tensors of `dtype` as bytes (torch's arithmetic, the
+    backend's: the same bits whichever rank computes it)."""
+    import torch
+
+    fn = getattr(torch, REDUCE_OPS[reduce_op])
+    tdt = getattr(torch, dtype)
+    a = torch.frombuffer(bytearray(acc), dtype=torch.uint8).view(tdt)
+    b = torch.frombuffer(bytearray(x), dtype=torch.uint8).view(tdt)
+    return fn(a, b).contiguous().view(torch.uint8).numpy().tobytes()
+
 
 LINGER_S = 1.0  # after draining, keep the screen up this long: peers read the last acknowledgements
 MAX_PARTIAL_STREAMS = 32  # relayed tensors waiting for their other chunks; beyond, the oldest is dropped
@@ -326,7 +346,7 @@ class Collectives(Actor):
             self.log.info("algorithm_chosen", op=req.op, bytes=len(payload), algorithm=cls.name,
                           configured=self.algorithm)
         plan = cls(ranks.index(self.rank), len(ranks), req.op, req.dtype, req.numel, payload, root, req.reduce_op,
-                   sight)
+                   sight, functools.partial(fold, dtype=req.dtype, reduce_op=req.reduce_op))
         pend = _Pending(req, self.clock.now() + self.timeout_s, plan, ranks)
         self._pending[req.seq] = pend
         await self._post(pend, plan.start())

@@ -43,7 +43,7 @@ import torch
 
 from protocols import snapshot as snap
 from protocols.messages import TensorReceived
-from protocols.codecs import Codec, CodecError, get_codec
+from wccl.compression import Codec, CodecError, get_codec
 from wccl.actor import Actor, ActorContext
 from protocols.registry import REGISTRY
 

@@ -42,7 +42,7 @@ from protocols import sync
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
                                 TensorReceived, Tick)
 from protocols.security import NO_KEY, RoomKey
-from protocols.codecs import Codec, ErrorFeedback, get_codec
+from wccl.compression import Codec, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 from wccl.recovery import save_checkpoint

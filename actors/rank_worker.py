@@ -93,7 +93,7 @@ import torch
 
 from protocols import snapshot as snap
 from protocols import sync
-from protocols.codecs import Codec, ErrorFeedback
+from wccl.compression import Codec, ErrorFeedback
 from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, SendTensor, TensorReceived,
                                 VoidCollectives)
 from protocols.security import NO_KEY, RoomKey

@@ -43,7 +43,7 @@ import structlog
 from protocols import snapshot as snap
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
                                 TensorReceived, Tick)
-from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
+from wccl.compression import Codec, CodecError, ErrorFeedback, get_codec
 from wccl.actor import Actor, ActorContext
 from protocols.registry import REGISTRY
 from wccl.training.divergence import HINT, DivergenceWatch

@@ -89,7 +89,7 @@ class Registry:
 
 
 REGISTRY = Registry()
-# The sources of protocols' own kinds (the runtime's, cameras, screens, media and actors: wccl/__init__.py).
-REGISTRY.sources("codec", *(f"protocols.codecs.{m}" for m in ("fp32", "bf16", "int8", "sign", "topk", "powersgd")))
+# The sources of protocols' own kinds (the runtime's, codecs, cameras, screens, media and actors:
+# wccl/__init__.py).
 # (in this order: protocols.algorithms.choose breaks a tie in cost by it)
 REGISTRY.sources("algorithm", *(f"protocols.algorithms.{m}" for m in ("all_see_all", "ring", "star", "tree")))

@@ -5,7 +5,7 @@ observers, on a step schedule) moves four kinds of tensors, each one
 acknowledged transfer (protocols.transfer) whose op names its stream and
 whose `seq` is the training step it belongs to:
 
-- `grad`: a worker's gradient, encoded by the run's codec (protocols.codecs)
+- `grad`: a worker's gradient, encoded by the run's codec (wccl.compression)
 - `avg`: the server's word on a step: its average (the same codec), or empty
   when the step was skipped (too few usable gradients: the state stays)
 - `params`: a snapshot of the server's training state (protocols.snapshot)

@@ -4,11 +4,13 @@ it; the cost model's choices; a configured algorithm the room cannot carry is a 
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
 import torch
 
+from actors.collectives import fold
 from protocols.algorithms import AlgorithmError, Sight, choose, estimates
 from protocols.registry import REGISTRY
 
@@ -24,7 +26,7 @@ def run(cls, sight: Sight, op: str, inputs: list[torch.Tensor], root: int = 0, r
     dtype = str(inputs[0].dtype).removeprefix("torch.")
     numel = inputs[0].numel()
     plans = [cls(r, n, op, dtype, numel, inputs[r].contiguous().view(torch.uint8).numpy().tobytes(), root,
-                 reduce_op, sight) for r in range(n)]
+                 reduce_op, sight, functools.partial(fold, dtype=dtype, reduce_op=reduce_op)) for r in range(n)]
     rng = random.Random(seed)
     in_flight = []  # (sender, part, dest, payload)
 

@@ -1,4 +1,4 @@
-"""Codecs (protocols/codecs): round trips, exact sizes, error feedback, config errors."""
+"""Codecs (wccl/compression): round trips, exact sizes, error feedback, config errors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocols.codecs import CodecError, ErrorFeedback, get_codec
+from wccl.compression import CodecError, ErrorFeedback, get_codec
 from protocols.registry import REGISTRY
 from wccl.config import ConfigError, load_config
 
@@ -259,7 +259,7 @@ def test_a_config_check_imports_no_torch_and_torch_imports_normally_after_it():
     import sys
 
     code = ("import sys; import wccl.config; assert 'torch' not in sys.modules; "
-            "import torch.distributed, torch.nn; from protocols.codecs import get_codec, torch as t; "
+            "import torch.distributed, torch.nn; from wccl.compression import get_codec, torch as t; "
             "x = torch.arange(4, dtype=torch.float32); c = get_codec('bf16'); "
             "assert torch.equal(c.decode(c.encode(x), 4), x) and t.float32 is torch.float32; print('ok')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -151,7 +151,7 @@ def test_the_built_in_run_on_the_collectives_is_bit_exact_with_its_reference(alg
     """Three ranks, no parameter server: each step's compressed gradients go round a ring or down the trees
     (forced), every rank reduces them as the server would, and every replica ends with the in-process
     reference's bits (the server's run of the same workers gives the same)."""
-    from protocols.codecs import get_codec
+    from wccl.compression import get_codec
     from test_node import _reference_sha
 
     cfg = _ranks_config(collectives={"algorithm": algorithm})

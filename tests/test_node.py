@@ -62,7 +62,7 @@ def test_optical_run_is_bit_exact_with_in_process_reference():
 
 @pytest.mark.slow
 def test_a_built_in_run_with_a_codec_and_a_by_class_split_is_bit_exact_with_its_reference():
-    from protocols.codecs import get_codec
+    from wccl.compression import get_codec
 
     cfg = make_config(training={"steps": 6, "eval_every": 0, "codec": "topk_ef", "topk_ratio": 0.25,
                                 "split": "by_class"})

@@ -17,7 +17,7 @@ from conftest import (
 
 from actors.observer import Observer
 from protocols import snapshot as snap
-from protocols.codecs import get_codec
+from wccl.compression import get_codec
 from protocols.messages import TensorReceived
 from wccl.config import ConfigError, parse_config
 from wccl.harness import ActorHarness

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from conftest import run_virtual
-from protocols.codecs import get_codec
+from wccl.compression import get_codec
 from protocols.messages import AveragedGradient, LocalGradient, ScheduleKnown, Tick
 from wccl.actor import ActorContext, Mailbox
 from wccl.schedule import Schedule

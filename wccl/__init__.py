@@ -5,7 +5,8 @@ Runtime: `node` (CLI and composition root), `config`, `supervisor`, `actor`
 node clocks), `schedule`, `logs`.
 Engines the actors drive: `room` (the simulated room medium), `media`
 (the screen/camera interface and its implementations), `imaging` (finding
-and reading codes in camera images), `training` (model, data, replicas).
+and reading codes in camera images), `training` (model, data, replicas), `compression` (the
+gradient codecs: a tensor <-> the bytes that travel).
 Tools: `lab` (link measurements).
 """
 
@@ -21,5 +22,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 # The modules that register the runtime's parts (protocols.registry: imported on first look at a kind).
 _REGISTRY.sources("actor", "actors")
+_REGISTRY.sources("codec", *(f"wccl.compression.{m}" for m in ("fp32", "bf16", "int8", "sign", "topk", "powersgd")))
 for _kind in ("camera", "screen", "medium"):
     _REGISTRY.sources(_kind, "wccl.media.parts")

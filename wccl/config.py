@@ -558,7 +558,7 @@ MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-# A codec parameter (protocols/codecs: `Codec.params`) -> its [training] key.
+# A codec parameter (wccl/compression: `Codec.params`) -> its [training] key.
 CODEC_KEYS: dict[str, str] = {"ratio": "topk_ratio", "block": "codec_block", "rank": "powersgd_rank"}
 
 
@@ -585,7 +585,7 @@ class TrainingConfig(_Strict):
     eval_every: int = Field(default=1, ge=0)  # evaluate every N steps (0: only at the end)
     # wccl.lab train and wccl.distributed (the built-in run sends bf16 gradients every step)
     split: Literal["iid", "by_class"] = "iid"  # by_class: each laptop holds different classes
-    codec: CodecName = "bf16"  # fp32, bf16, int8, sign_ef, topk_ef, powersgd (protocols/codecs)
+    codec: CodecName = "bf16"  # fp32, bf16, int8, sign_ef, topk_ef, powersgd (wccl/compression)
     topk_ratio: float = Field(default=0.01, gt=0, le=1)  # topk_ef: the share of values sent
     codec_block: int = Field(default=256, ge=8, le=1 << 20)  # int8 and sign_ef: values per scale
     powersgd_rank: int = Field(default=4, ge=1, le=256)  # powersgd: the rank of the approximation
@@ -603,7 +603,7 @@ class TrainingConfig(_Strict):
         for key, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self, key) is None:
                 object.__setattr__(self, key, value)
-        from protocols.codecs import CodecError, get_codec
+        from wccl.compression import CodecError, get_codec
         from protocols.registry import REGISTRY
 
         try:
@@ -614,7 +614,7 @@ class TrainingConfig(_Strict):
         return self
 
     def codec_params(self) -> dict[str, Any]:
-        """The keyword parameters of the chosen codec (protocols.codecs.get_codec), from their keys here."""
+        """The keyword parameters of the chosen codec (wccl.compression.get_codec), from their keys here."""
         from protocols.registry import REGISTRY
 
         # a parameter without a key here (powersgd's iters) keeps the codec's default

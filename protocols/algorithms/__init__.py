@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -145,21 +146,6 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8,
             "int8": 1, "uint8": 1, "bool": 1}
 
 
-def fold(acc: bytes, x: bytes, dtype: str, reduce_op: str) -> bytes:
-    """`acc` op `x`, element-wise, with the torch operation the backend uses (wccl.distributed.backend):
-    the same bits whichever rank computes it. "avg" folds as a sum (the backend divides at the end)."""
-    import torch
-
-    tdt = getattr(torch, dtype)
-    fn = {"sum": torch.add, "avg": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum,
-          "band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}[reduce_op]
-    if not acc:
-        return acc
-    a = torch.frombuffer(bytearray(acc), dtype=torch.uint8).view(tdt)
-    b = torch.frombuffer(bytearray(x), dtype=torch.uint8).view(tdt)
-    return fn(a, b).contiguous().view(torch.uint8).numpy().tobytes()
-
-
 def chunks(numel: int, n: int) -> list[tuple[int, int]]:
     """`numel` elements cut into `n` runs as equal as possible (the first ones one longer): (start, count)."""
     base, extra = divmod(numel, n)
@@ -177,12 +163,21 @@ class Plan(ABC):
     name: ClassVar[str] = ""
 
     def __init__(self, rank: int, world: int, op: str, dtype: str, numel: int, payload: bytes, root: int,
-                 reduce_op: str, sight: Sight) -> None:
+                 reduce_op: str, sight: Sight, fold: Callable[[bytes, bytes], bytes] | None = None) -> None:
+        """`fold(acc, x)`: `acc` `reduce_op` `x` element-wise, as the caller computes it (the same bits
+        whichever rank does: actors.collectives.fold); the algorithms that reduce on the way call it."""
         self.rank, self.world = rank, world
         self.op, self.dtype, self.numel = op, dtype, numel
         self.payload, self.root, self.reduce_op = payload, root, reduce_op
         self.sight = sight
         self.itemsize = ITEMSIZE.get(dtype, 1)
+        self._fold = fold
+
+    def fold(self, acc: bytes, x: bytes) -> bytes:
+        """`acc` `reduce_op` `x`, element-wise (the caller's `fold`)."""
+        if self._fold is None:
+            raise AlgorithmError(f"{self.name}: a {self.op} folds on the way and was given no fold")
+        return self._fold(acc, x) if acc else acc
 
     # ---- what an algorithm says of itself
     @classmethod

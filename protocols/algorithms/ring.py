@@ -9,7 +9,7 @@ ranks in ring order; the rank that finishes it shows it to the others: the same 
 
 from __future__ import annotations
 
-from protocols.algorithms import Plan, Send, Sight, chunks, fold
+from protocols.algorithms import Plan, Send, Sight, chunks
 from protocols.registry import REGISTRY
 
 
@@ -123,7 +123,7 @@ class Ring(Plan):
             if self._reducing():
                 if k < n - 1:  # reduce-scatter: fold pred's partial sum of this chunk with ours
                     idx = (pos - k - 1) % n
-                    self.acc[idx] = fold(data, self.acc[idx], self.dtype, self.reduce_op)
+                    self.acc[idx] = self.fold(data, self.acc[idx])
                 else:  # all-gather: a finished chunk
                     self.acc[(pos - (k - (n - 1))) % n] = data
             else:

@@ -4,7 +4,7 @@ all. Two rounds; it needs one laptop that sees everyone and is seen by everyone,
 
 from __future__ import annotations
 
-from protocols.algorithms import Plan, Send, Sight, fold
+from protocols.algorithms import Plan, Send, Sight
 from protocols.registry import REGISTRY
 
 
@@ -57,7 +57,7 @@ class Star(Plan):
         if self.op in ("allreduce", "reduce_scatter"):
             acc = self.parts[0]
             for r in range(1, self.world):
-                acc = fold(acc, self.parts[r], self.dtype, self.reduce_op)
+                acc = self.fold(acc, self.parts[r])
             return acc
         return b"".join(self.parts[r] for r in range(self.world))  # allgather, barrier
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from protocols.codecs import get_codec
+from wccl.compression import get_codec
 from protocols.registry import REGISTRY
 from wccl.distributed.hooks import codec_hook
 from wccl.distributed.localsteps import LocalSteps

@@ -41,6 +41,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from actors.collectives import REDUCE_OPS
 from protocols.messages import CollectiveDone
 from wccl.distributed.runtime import RankNode
 from wccl.distributed.status import StatusChannel
@@ -51,10 +52,9 @@ DTYPES: dict[torch.dtype, str] = {
     torch.bool: "bool",
 }
 R = dist.ReduceOp.RedOpType
-_OPS: dict = {R.SUM: torch.add, R.PRODUCT: torch.mul, R.MIN: torch.minimum, R.MAX: torch.maximum,
-              R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
+# torch's reduce ops by the names the collectives give them (their arithmetic: actors.collectives.REDUCE_OPS)
 _OP_NAMES = {R.SUM: "sum", R.PRODUCT: "product", R.MIN: "min", R.MAX: "max", R.BAND: "band", R.BOR: "bor",
-             R.BXOR: "bxor", R.AVG: "avg"}  # as protocols.algorithms.fold names them
+             R.BXOR: "bxor", R.AVG: "avg"}
 
 
 DIGEST_BROADCAST_BYTES = 64 * 1024  # a broadcast this big first compares digests: equal bytes do not cross
@@ -92,9 +92,9 @@ def _reduce(parts: list[torch.Tensor], op, world: int) -> torch.Tensor:
         if not parts[0].is_floating_point():
             raise WcclError("wccl: ReduceOp.AVG needs a floating-point tensor")
         red = R.SUM
-    if red not in _OPS:
+    if red not in _OP_NAMES:
         raise WcclError(f"wccl: reduce op {red} is not supported")
-    fn = _OPS[red]
+    fn = getattr(torch, REDUCE_OPS[_OP_NAMES[red]])
     out = parts[0].clone()
     for p in parts[1:]:
         out = fn(out, p)

@@ -1,4 +1,4 @@
-"""DDP communication hooks that compress gradients with WCCL's codecs (protocols/codecs).
+"""DDP communication hooks that compress gradients with WCCL's codecs (wccl/compression).
 
     from wccl.distributed import hooks
     model = DistributedDataParallel(net)
@@ -27,7 +27,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from protocols.codecs import Codec, ErrorFeedback, get_codec
+from wccl.compression import Codec, ErrorFeedback, get_codec
 from wccl.training.exchange import mean_of
 
 __all__ = ["CodecHookState", "codec_hook", "exchange"]

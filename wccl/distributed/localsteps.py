@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from protocols.codecs import Codec, ErrorFeedback, get_codec
+from wccl.compression import Codec, ErrorFeedback, get_codec
 from wccl.distributed.hooks import average_decoded, exchange
 
 __all__ = ["LocalSteps", "SyncResult"]

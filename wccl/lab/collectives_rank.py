@@ -77,13 +77,17 @@ def _received(op: str, nbytes: int, world: int, algorithm: str, sight=None) -> l
     (On the complete sight graph by default: which rank is the hub or the ring's order may differ in the
     room, but not the counts' largest and smallest, which the lab reports. A camera that reads a screen
     also decodes the transfers shown there for others: the node's own `bytes_received` counts those.)"""
+    import functools
+
+    from actors.collectives import fold
     from protocols.algorithms import Sight
     from protocols.registry import REGISTRY
 
     name, dtype, numel, size = _call(op, nbytes, world)
     cls = REGISTRY.get("algorithm", algorithm)
     sight = sight or Sight.complete(world, 20_000.0, 0.3)
-    plans = [cls(r, world, name, dtype, numel, bytes(size), 0, "sum", sight) for r in range(world)]
+    plans = [cls(r, world, name, dtype, numel, bytes(size), 0, "sum", sight,
+                 functools.partial(fold, dtype=dtype, reduce_op="sum")) for r in range(world)]
     got = [0] * world
     queue = [(r, s) for r, p in enumerate(plans) for s in p.start()]
     steps = 0

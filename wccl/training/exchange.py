@@ -1,8 +1,8 @@
-"""The built-in run's gradient exchange through a codec (protocols/codecs), and its state.
+"""The built-in run's gradient exchange through a codec (wccl/compression), and its state.
 
 Per step of `python -m wccl.node` with `[training] codec = C`:
   1. each worker encodes its float32 gradient with C through its own
-     `ErrorFeedback` (protocols.codecs: what C dropped is added to the next
+     `ErrorFeedback` (wccl.compression: what C dropped is added to the next
      step's gradient) and shows the bytes;
   2. the server decodes every worker's bytes, leaves out those that are not
      finite, averages the rest in float32 in sorted-name order (`reduce`) and
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from protocols.codecs import Codec, CodecError, ErrorFeedback, get_codec
+from wccl.compression import Codec, CodecError, ErrorFeedback, get_codec
 
 __all__ = ["Reduced", "reduce", "mean_of", "codec_from_config"]
 

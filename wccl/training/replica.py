@@ -248,7 +248,7 @@ def reference_run(
     """In-process synchronous data-parallel run: worker ``workers[i]`` is rank
     i of ``len(workers)`` (those in ``absent`` never send a gradient: a room
     that started without them); each step is the built-in run's exchange with
-    ``codec`` (a protocols.codecs.Codec; None: bf16), wccl.training.exchange:
+    ``codec`` (a wccl.compression.Codec; None: bf16), wccl.training.exchange:
     each worker encodes its gradient with its own error feedback, the server
     averages the decoded gradients (keyed by worker name) and encodes the
     average with its own, and every replica applies the decoded average.
@@ -269,7 +269,7 @@ def reference_run(
         Replica(model_name, init, seed, optimizer, lr, momentum, dataset, rank, world, batch_size, data_seed, split)
         for rank in range(world)
     ]
-    from protocols.codecs import ErrorFeedback, get_codec
+    from wccl.compression import ErrorFeedback, get_codec
 
     from .exchange import reduce
 

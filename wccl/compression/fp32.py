@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-from protocols.codecs import Codec, torch  # torch: loaded on first use
+from wccl.compression import Codec, torch  # torch: loaded on first use
 from protocols.registry import REGISTRY
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from protocols.codecs import Codec, CodecError, torch  # torch: loaded on first use
+from wccl.compression import Codec, CodecError, torch  # torch: loaded on first use
 from protocols.registry import REGISTRY
 
 

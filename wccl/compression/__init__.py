@@ -5,9 +5,9 @@ state some of them need (the error-feedback residual) lives beside the
 training code, in `ErrorFeedback`, never here. `encoded_size(numel)` is exact
 and the same on every rank, so encoded tensors can travel by all_gather.
 
-Add a codec: write `protocols/codecs/NAME.py` defining a `Codec` subclass with
+Add a codec: write `wccl/compression/NAME.py` defining a `Codec` subclass with
 `name = "NAME"`, registered with `@REGISTRY.part("codec")` (protocols.registry),
-and list the module among the codec sources in protocols/registry.py.
+and list the module among the codec sources in wccl/__init__.py.
 
 Every rank decodes the same bytes with the same code, so replicas that apply
 the decoded values stay bit-identical; a rank must apply the *decoded* form of
@@ -16,11 +16,35 @@ its own contribution, not the tensor it encoded.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 from abc import ABC, abstractmethod
+from types import ModuleType
 from typing import ClassVar
 
-from protocols import lazy_import
 from protocols.registry import REGISTRY
+
+
+class _Deferred(ModuleType):
+    """A stand-in for a module not imported yet: the first attribute read imports the module (the usual
+    way, into sys.modules) and takes over its namespace."""
+
+    def __getattr__(self, attr: str):
+        module = importlib.import_module(self.__name__)
+        self.__dict__.update(vars(module))
+        return getattr(module, attr)
+
+
+def lazy_import(name: str) -> ModuleType:
+    """Module `name`, imported on first use of one of its attributes: a process that only checks a config
+    (the launcher, the room) never pays torch's two seconds of import. Until then it stays out of
+    sys.modules, so `import name` or `import name.sub` elsewhere imports it the usual way, once."""
+    if name in sys.modules:
+        return sys.modules[name]
+    if importlib.util.find_spec(name) is None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    return _Deferred(name)
 
 # Loaded on first use: a config names and checks its codec without it (each codec module's `import torch`
 # gets this same module).
