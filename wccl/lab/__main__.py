@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--extra", type=int, help="repair frames added to every tensor (default 2 with a fixed --repair)")
     b.add_argument("--layout", choices=["config", "hackathon"], default="config",
                    help="'config': the room's [link] layout, or when it pins none (and no --set gives one) the "
-                   "layout of the collectives' ladder this pair reads fastest; 'hackathon': 40x70 cells, 8 colours, "
+                   "layout the room's ranks choose at start-up (discovery over the light); 'hackathon': 40x70 cells, 8 colours, "
                    "1 s hold, no error correction")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a [link] key, e.g. --set cell_px=8 (repeatable)")

@@ -215,10 +215,10 @@ def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: f
               choose: bool = False) -> dict:
     """Send from `sender` (default: the room's second node) to `receiver` (default: its first).
 
-    `choose`: measure the room as its ranks would use it when its [link] pins no layout: the bench first
-    shows a few tensors in each layout of the collectives' ladder and keeps the one with the best goodput
-    its camera reads (`layout_choice`); otherwise the config's [link] layout. `repair` None: the repair
-    frames a tensor gets are chosen from the frame loss measured in that layout (`spare_frames`)."""
+    `choose`: measure the room as its ranks would use it when its [link] pins no layout: in the layout their
+    start-up chooses (`choose_layout`; `layout_choice` says what it found); otherwise the config's [link]
+    layout. `repair` None: the repair frames a tensor gets are chosen from the frame loss measured in that
+    layout (`spare_frames`)."""
     choice = None
     per_tensor = None
     if choose and cfg.link.choose == "auto":
@@ -240,9 +240,8 @@ def _run(coro):
         return runner.run(coro)
 
 
-PROBE_TENSORS = 3  # tensors each layout shows while the bench chooses (about 60-120 frames)
-LOSS_TENSORS = 8  # and the chosen one then, to measure its loss (about 300 frames of 64 KB tensors)
-MIN_SHARE = 0.5  # a layout whose frames the camera reads less often than this is not chosen
+LOSS_TENSORS = 8  # tensors the chosen layout shows to measure its loss (about 300 frames of 64 KB tensors)
+MIN_SHARE = 0.5  # a pair that reads fewer of a layout's frames than this is not measured in it
 MISS = 0.01  # chance a tensor may miss its frames, in choosing its repair frames
 Z = 1.0  # the loss taken as the measured share plus this many standard errors (Wilson's bound)
 
@@ -269,47 +268,76 @@ def spare_frames(source: int, lost: int, shown: int, miss: float = MISS) -> int:
 
 def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | None,
                   receiver: str | None) -> tuple[WcclConfig, dict]:
-    """The layout of the collectives' ladder (wccl.distributed.runtime.collective_ladder) whose frames this
-    pair reads at the best goodput, each measured by showing PROBE_TENSORS tensors with the bench's fixed
-    repair; the config pinned to it, and what was measured."""
+    """The config pinned to the layout its ranks choose (their own start-up: wccl.distributed.runtime's
+    discovery over the light, each layout judged by an all_reduce of `tensor_bytes`; a pinned [link] is kept
+    as it is), and that layout's loss between this pair, measured over LOSS_TENSORS tensors (it sizes each
+    tensor's repair frames)."""
     from wccl.distributed.runtime import collective_ladder
 
-    tried = []
-    best = None
-    ranks = len(cfg.room.ranks)
-    for codec, hold in collective_ladder(cfg):
+    startup = None
+    if cfg.link.choose == "auto":
+        k, startup = startup_choice(cfg, tensor_bytes)
+        codec, hold = collective_ladder(cfg)[k]
         lay = codec.layout
-        # read at every frame (a sealed tensor's frames: at most these, without a key a tag fewer)
-        ceiling = tensor_bytes / (codec.frames_needed(sealed_bytes(tensor_bytes), ranks) * hold) / 1000
-        if best is not None and ceiling <= best[0]["estimate_kBps"]:
-            tried.append(dict(rows=lay.rows, cols=lay.cols, hold_s=hold, estimate_kBps=round(ceiling, 2),
-                              skipped="slower than the best so far even if every frame were read"))
-            continue
-        pinned = with_values(cfg, link=dict(choose="pinned", rows=lay.rows, cols=lay.cols, colours=lay.colours,
-                                               cell_px=lay.cell_px, hold_s=hold, code_rate=codec.code_rate))
-        r = _run(_bench(pinned, PROBE_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed, sender, receiver))
-        shown, ok = r["frames_shown"], r["frames_decoded"]
-        share = ok / shown if shown else 0.0
-        est = ceiling * share
-        row = dict(rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px, hold_s=hold,
-                   code_rate=codec.code_rate, frames_shown=shown, frames_lost=shown - ok, share_read=round(share, 3),
-                   source_frames=r["source_frames"], estimate_kBps=round(est, 2), probe_sim_seconds=r["sim_seconds"])
-        tried.append(row)
-        if share >= MIN_SHARE and (best is None or est > best[0]["estimate_kBps"]):
-            best = (row, pinned)
-    if best is None:
-        raise ValueError("no layout of the ladder reads between these two: "
-                         + "; ".join(f"{t['rows']}x{t['cols']}: {t['share_read']:.0%} of frames" for t in tried
-                                     if "share_read" in t))
-    row, pinned = best
-    # The chosen layout's loss, which sets every tensor's repair frames, from more frames than the choice
-    # needed (three tensors' worth gives a bound too loose to size the repair by).
-    r = _run(_bench(pinned, LOSS_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed + 1, sender, receiver))
-    row = dict(row, frames_shown=row["frames_shown"] + r["frames_shown"],
-               frames_lost=row["frames_lost"] + r["frames_shown"] - r["frames_decoded"],
-               probe_sim_seconds=row["probe_sim_seconds"] + r["sim_seconds"])
-    row["share_read"] = round(1 - row["frames_lost"] / max(1, row["frames_shown"]), 3)
-    tried.append(dict(rows=row["rows"], cols=row["cols"], hold_s=row["hold_s"], loss_measured_over=r["frames_shown"],
-                      probe_sim_seconds=r["sim_seconds"]))
-    return pinned, dict(row, tried=tried,
-                        probe_sim_seconds=round(sum(t.get("probe_sim_seconds", 0) for t in tried), 3))
+        cfg = with_values(cfg, link=dict(choose="pinned", rows=lay.rows, cols=lay.cols, colours=lay.colours,
+                                         cell_px=lay.cell_px, hold_s=hold, code_rate=codec.code_rate))
+    lay, hold = cfg.link.layout(), cfg.link.hold_s
+    r = _run(_bench(cfg, LOSS_TENSORS * tensor_bytes, tensor_bytes, 0.25, 2, seed + 1, sender, receiver))
+    shown, lost = r["frames_shown"], r["frames_shown"] - r["frames_decoded"]
+    share = 1 - lost / max(1, shown)
+    row = dict(rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px, hold_s=hold,
+               code_rate=cfg.link.code_rate, frames_shown=shown, frames_lost=lost, share_read=round(share, 3),
+               source_frames=r["source_frames"], loss_sim_seconds=r["sim_seconds"],
+               **({"startup": startup} if startup else {}))
+    if share < MIN_SHARE:
+        raise ValueError(f"{lay.rows}x{lay.cols} cells of {lay.cell_px} px held {hold * 1000:.0f} ms"
+                         + (" (the layout the room's ranks chose)" if startup else "")
+                         + f": {receiver or 'the receiver'}'s camera read {share:.0%} of the frames"
+                         + f" {sender or 'the sender'} showed")
+    return cfg, row
+
+
+def startup_choice(cfg: WcclConfig, layout_bytes: int, timeout_s: float = 120.0) -> tuple[int, dict]:
+    """The layout of the collectives' ladder the room's ranks choose at start-up, judging each by an
+    all_reduce of `layout_bytes` (every rank's node in one simulated room, on virtual time, as
+    init_process_group runs them), and what rank 0's discovery found (`sight_known`: the edges, the layouts
+    measured) with the room seconds start-up took. A ValueError saying what start-up lacked if it fails."""
+    from wccl.distributed.runtime import CollectiveNode
+
+    names = cfg.room.ranks
+    if len(names) < 2:
+        raise ValueError("the room has one rank: there is no layout to choose (pin one in [link])")
+
+    from wccl.keys import new_ephemeral, room_key
+
+    key = room_key(cfg, ephemeral=new_ephemeral())  # the bench's own key, as its transfers use
+
+    async def go():
+        medium = REGISTRY.create("medium", cfg.room.medium, config=cfg)
+        loop = asyncio.get_running_loop()
+        nodes = [CollectiveNode(cfg.model_copy(deep=True), n, medium, timeout_s=timeout_s, on_done=lambda m: None,
+                                key=key) for n in names]
+        for node in nodes:
+            node.layout_bytes = layout_bytes
+            node.build()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for node in nodes:
+                    tg.create_task(node.run())
+                while not all("discovery" in node.results for node in nodes) and loop.time() < timeout_s:
+                    if any(node.greeted.problem for node in nodes):
+                        break
+                    await asyncio.sleep(0.05)
+                for node in nodes:
+                    node.stop.set()
+        except BaseExceptionGroup as eg:
+            raise ValueError("start-up failed: " + "; ".join(str(e) for e in eg.exceptions)) from None
+        found = [node.results.get("discovery") for node in nodes]
+        if not all(found):
+            why = [f"{n}: {node.greeted.problem}" for n, node in zip(names, nodes) if node.greeted.problem]
+            raise ValueError(f"start-up chose no layout in {loop.time():.1f} room s"
+                             + (": " + "; ".join(why) if why else ""))
+        return found, loop.time()
+
+    found, took = _run(go())
+    return found[0]["layout"], dict(found[0], startup_sim_seconds=round(took, 3))
