@@ -53,14 +53,14 @@ def test_room_help_lists_the_rooms_subcommands(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: wccl room SUBCOMMAND")
     columns = _described(out, {name: text for name, (_, text) in ROOM_COMMANDS.items()})
-    assert len(set(columns)) == 1 and {"snapshot", "fit", "bench", "serve"} <= set(ROOM_COMMANDS)
+    assert len(set(columns)) == 1 and {"views", "fit", "bench", "serve"} <= set(ROOM_COMMANDS)
     assert "\n  launch " not in out and "\n  room " not in out  # the room's help, not the top-level one
     assert main(["room"]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("usage: wccl room SUBCOMMAND")
 
 
-@pytest.mark.parametrize("argv,near", [(["fly"], None), (["rn"], "run"), (["room", "snapshott"], "snapshot")])
+@pytest.mark.parametrize("argv,near", [(["fly"], None), (["rn"], "run"), (["room", "viewz"], "views")])
 def test_an_unknown_command_names_itself_and_lists_the_commands(argv, near, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

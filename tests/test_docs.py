@@ -67,7 +67,7 @@ def test_the_docs_name_only_what_the_code_has():
 def test_a_doc_that_names_a_missing_event_flag_path_or_module_fails():
     words, flags = _code()
     doc = ROOT / "docs" / "made-up.md"
-    text = ("The run logs `layout_chosen` (`--old-flag`), see `docs/gone.md` and `wccl.nodes.no_such_thing`; "
-            "`sight_known`, `--config`, `docs/limits.md` and `wccl.nodes.node_class` are there.")
+    text = ("The run logs `layout_chosen` (`--old-flag`), see `docs/gone.md` and `wccl.training.nodes.no_such_thing`; "
+            "`sight_known`, `--config`, `docs/limits.md` and `wccl.training.nodes.node_class` are there.")
     assert stale(text, doc, words, flags) == ["name layout_chosen", "flag --old-flag", "path docs/gone.md",
-                                              "module wccl.nodes.no_such_thing"]
+                                              "module wccl.training.nodes.no_such_thing"]

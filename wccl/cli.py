@@ -5,7 +5,7 @@
     wccl lab bench|sweep|sync|collectives|train    # measure the link, collectives, training (python -m wccl.lab)
     wccl devices                                   # cameras and displays (python -m wccl.devices)
     wccl keys new|fingerprint ...                  # room keys (python -m wccl.keys)
-    wccl room snapshot|draw|fit|bench|serve ...    # the simulated room's tools (python -m wccl.room.X)
+    wccl room views|draw|fit|bench|serve ...    # the simulated room's tools (python -m wccl.room.X)
 
 `wccl` alone prints the commands to stderr and exits 2 (`wccl --help`: to
 stdout, exit 0); `wccl room` likewise lists the room's tools. `wccl COMMAND
@@ -53,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "seeds": ("wccl.training.seeds", "the seed study of the built-in model"),
 }
 ROOM_COMMANDS: dict[str, tuple[str, str]] = {
-    "snapshot": ("wccl.room.snapshot", "what each camera sees at a moment of a run (pictures)"),
+    "views": ("wccl.room.views", "what each camera sees at a moment of a run (pictures)"),
     "draw": ("wccl.room.draw", "a room file seen from above: laptops, fields of view, who reads whom (a picture)"),
     "fit": ("wccl.room.fit", "fit the simulated webcam to real photos of screens"),
     "bench": ("wccl.room.bench", "render speed per profile"),

@@ -50,7 +50,7 @@ class RoomRun:
 
     def __init__(self, config: WcclConfig, only: str | None = None, faults: tuple[Fault, ...] = ()) -> None:
         from wccl.keys import new_ephemeral
-        from wccl.nodes import node_class
+        from wccl.training.nodes import node_class
 
         self.config = config
         names = [n.name for n in config.room.nodes]
@@ -72,7 +72,7 @@ class RoomRun:
         # A simulated room that names no key gets a fresh one for this run (wccl.keys), as if copied to
         # every laptop; each node gets its own copy of the config, as each laptop reads its own file.
         self.run_key = new_ephemeral() if config.room.medium == "simulated" else None
-        # Each node's assembly by its roles and the run's exchange (wccl.nodes).
+        # Each node's assembly by its roles and the run's exchange (wccl.training.nodes).
         self.node_class = {n: node_class(config, n) for n in self.names}
         self.supervisors = [self.node_class[n](config.model_copy(deep=True), n, self.medium, self.stop, origin,
                                                monitor=self.monitor, run_key=self.run_key)
@@ -307,7 +307,7 @@ def builtin_run_check(cfg: WcclConfig) -> None:
                                                           ("ema", 0.0), ("augment", 0))
            if getattr(tr, k) != default]
     if cfg.exchange == "collectives":
-        from wccl.nodes import check
+        from wccl.training.nodes import check
 
         check(cfg)
     replaying = [n.name for n in cfg.room.nodes if n.camera == "file"]

@@ -1,4 +1,4 @@
-"""`python -m wccl.room.snapshot --config config.toml --at 5.0 --out DIR`: what every camera sees at a moment.
+"""`python -m wccl.room.views --config config.toml --at 5.0 --out DIR`: what every camera sees at a moment.
 
 Consumes: a config (its room, profile, channel overrides, screen and link
 layout). Emits: DIR/<node>.png, the image each node's camera captures at
@@ -25,7 +25,7 @@ from wccl.cli import command_parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = command_parser("wccl.room.snapshot", description=__doc__.split("\n\n")[0])
+    ap = command_parser("wccl.room.views", description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="config.toml")
     ap.add_argument("--at", type=float, default=5.0, help="true time of the capture, s")
     ap.add_argument("--out", required=True, help="folder for the PNGs")
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                           room=args.profile and {"profile": args.profile})
         room = SimulatedRoom.from_config(cfg)
     except (ConfigError, ValueError) as e:
-        print(f"wccl.room.snapshot: config error: {e}", file=sys.stderr)
+        print(f"wccl.room.views: config error: {e}", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
