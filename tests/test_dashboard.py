@@ -243,7 +243,7 @@ def test_page_in_chromium_follows_a_run_live(tmp_path):
             assert page.inner_text("#observer-identical") == ("yes" if finished["observer_identical"] else "no")
             assert finished["observer_identical"] is True
             # What was drawn: the lines in the nodes' colours, the frame bars, the cameras, the digits.
-            colours = page.evaluate("() => Object.fromEntries(Object.values(wccl.training.nodes).map(n => [n.name, n.colour]))")
+            colours = page.evaluate("() => Object.fromEntries(Object.values(wccl.nodes).map(n => [n.name, n.colour]))")
             # (the observer's dashed line is drawn last, over the trainers' equal ones; a legend swatch is 30 px)
             assert _colour_pixels(page, "chart-acc-step", colours["carol"]) > 100
             assert _colour_pixels(page, "chart-frames", "#2e9e54") > 50
