@@ -194,7 +194,7 @@ class WcclProcessGroup(dist.ProcessGroup):
         self._seq = itertools.count()
         self._sent: dict[tuple[int, int], int] = {}  # (peer, tag) -> messages sent to it with that tag
         self._group_name = ""
-        self._lock = threading.Lock()  # the program's thread and a hook on the node's thread may both call
+        self._lock = threading.Lock()  # the program's thread and a hook on a completion thread may both call
 
     def getBackendName(self) -> str:
         return "wccl"
@@ -225,7 +225,7 @@ class WcclProcessGroup(dist.ProcessGroup):
                root: int = 0, inputs: list[torch.Tensor] | None = None, reduce_op=None,
                finish_reduced: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dist.Work:
         """Send `inputs` (default `tensors`) as this rank's part; `finish(parts per rank)` writes the outputs
-        (called on the node's thread) and returns the future's value; for a reducing op (`reduce_op`, a
+        (called on a completion thread of the node: RankNode.submit) and returns the future's value; for a reducing op (`reduce_op`, a
         torch ReduceOp) an algorithm may instead hand back the reduced tensor: `finish_reduced(flat)`."""
         inputs = tensors if inputs is None else inputs
         dtypes = {_dtype_name(t) for t in inputs} or {"uint8"}

@@ -608,7 +608,7 @@ class RankNode:
     def submit(self, *, seq: int, op: str, dtype: str, numel: int, inputs: tuple[bytes, ...], root: int,
                callback: Callable[[CollectiveDone], None], reduce_op: str = "sum", tag: int = 0) -> None:
         """Issue a collective (or a send or recv: protocols.messages.P2P_OPS); `callback(CollectiveDone)` runs
-        on the node's thread when it ends."""
+        on one of the node's completion threads (a pool beside the node's loop) when it ends."""
         if self._error is not None or self.loop is None or self._closed:
             raise RuntimeError(f"wccl: rank {self.node}'s node is not running"
                                + (f": {self._error}" if self._error else ""))
