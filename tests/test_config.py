@@ -320,3 +320,22 @@ def test_a_camera_of_the_exact_room_reads_through_a_pinhole_and_every_other_as_t
     assert webcam.lens_of("alice") == webcam.lens_of("bob") == "fit"
     pinned = make_config(room={"profile": "webcam"}, camera={"lens": "pinhole"})
     assert {pinned.lens_of(n.name) for n in pinned.room.nodes} == {"pinhole"}
+
+
+def test_the_command_line_overrides_values_zero_included_and_checks_them(tmp_path):
+    """wccl.node's options go through wccl.config.with_values: `--seed 0` is a value (not "not given"), and a
+    value the config refuses is an error naming the key."""
+    from wccl.node import _override, build_parser
+
+    room = tmp_path / "room.toml"
+    text = (ROOT / "config.toml").read_text()
+    assert "\nseed = 0                 #" in text
+    room.write_text(text.replace("\nseed = 0                 #", "\nseed = 3                 #", 1))
+    cfg = load_config(room)
+    assert cfg.training.seed == 3
+    args = build_parser().parse_args(["--config", str(room), "--seed", "0", "--steps", "2", "--clock", "virtual"])
+    got = _override(cfg, args)
+    assert (got.training.seed, got.training.steps, got.room.clock) == (0, 2, "virtual")
+    assert _override(cfg, build_parser().parse_args(["--config", str(room)])) == cfg
+    with pytest.raises(ConfigError, match="--steps"):
+        _override(cfg, build_parser().parse_args(["--config", str(room), "--steps", "0"]))

@@ -219,8 +219,8 @@ def _override(cfg: WcclConfig, args: argparse.Namespace) -> WcclConfig:
     if args.steps is not None and args.steps < 1:
         raise ConfigError("--steps: must be >= 1")
 
-    def given(**values):
-        return {k: v for k, v in values.items() if v not in (None, False)}
+    def given(**values):  # the options given (None: not given; a flag not set is False; 0 is a value)
+        return {k: v for k, v in values.items() if v is not None and v is not False}
 
     return with_values(cfg, "the command line", room=given(clock=args.clock),
                        training=given(steps=args.steps, seed=args.seed), recovery=given(resume=args.resume),
