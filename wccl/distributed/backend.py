@@ -225,8 +225,9 @@ class WcclProcessGroup(dist.ProcessGroup):
                root: int = 0, inputs: list[torch.Tensor] | None = None, reduce_op=None,
                finish_reduced: Callable[[torch.Tensor], list[torch.Tensor]] | None = None) -> dist.Work:
         """Send `inputs` (default `tensors`) as this rank's part; `finish(parts per rank)` writes the outputs
-        (called on a completion thread of the node: RankNode.submit) and returns the future's value; for a reducing op (`reduce_op`, a
-        torch ReduceOp) an algorithm may instead hand back the reduced tensor: `finish_reduced(flat)`."""
+        (called on a completion thread of the node: RankNode.submit) and returns the future's value; for a
+        reducing op (`reduce_op`, a torch ReduceOp) an algorithm may instead hand back the reduced tensor:
+        `finish_reduced(flat)`."""
         inputs = tensors if inputs is None else inputs
         dtypes = {_dtype_name(t) for t in inputs} or {"uint8"}
         if len(dtypes) > 1:

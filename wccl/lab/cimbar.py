@@ -93,14 +93,14 @@ def main(argv=None):
 
     # 2. the room
     base = load_config(args.config)
-    room = {"profile": args.profile, **({"seed": args.seed} if args.seed is not None else {})}
+    values = {"profile": args.profile, **({"seed": args.seed} if args.seed is not None else {})}
     if args.profile == "exact":  # (the exact profile takes no channel parameters)
-        room["nodes"] = [dict(n.model_dump(), channel={}) for n in base.room.nodes]
-    room["channel"] = {} if args.profile == "exact" else dict(base.room.channel)
+        values["nodes"] = [dict(n.model_dump(), channel={}) for n in base.room.nodes]
+    values["channel"] = {} if args.profile == "exact" else dict(base.room.channel)
     for kv in args.channel:
         key, _, v = kv.partition("=")
-        room["channel"][key] = json.loads(v)
-    cfg = with_values(base, args.config, room=room)
+        values["channel"][key] = json.loads(v)
+    cfg = with_values(base, args.config, room=values)
     room = SimulatedRoom.from_config(cfg)
     rx, tx = cfg.room.nodes[0].name, cfg.room.nodes[1].name
     W, H = cfg.screen.width, cfg.screen.height

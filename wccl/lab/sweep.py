@@ -166,8 +166,7 @@ def _init_worker() -> None:
 
 def run_point(cfg_data: dict, point: Point) -> dict:
     """Run one point (in a worker process); never raises: a layout that cannot run reports `error`."""
-    from wccl.config import ConfigError, parse_config
-    from wccl.config import with_values
+    from wccl.config import ConfigError, parse_config, with_values
     from wccl.lab.bench import run_bench
 
     rec: dict[str, Any] = dict(asdict(point))

@@ -38,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     from wccl.room import SimulatedRoom
 
     try:
-        cfg = with_values(load_config(args.config), f"{args.config} (--profile {args.profile})",
-                          room=args.profile and {"profile": args.profile})
+        cfg = with_values(load_config(args.config), f"{args.config} (--profile {args.profile})" if args.profile
+                          else args.config, room=args.profile and {"profile": args.profile})
         room = SimulatedRoom.from_config(cfg)
     except (ConfigError, ValueError) as e:
         print(f"wccl.room.views: config error: {e}", file=sys.stderr)
