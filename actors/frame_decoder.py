@@ -526,21 +526,21 @@ class FrameDecoder(Actor):
         names = self.node_names
         lay = self.ladder[k].layout
         # how many layouts of the ladder each rank measured (discovery stops where the rest could not
-        # change the choice), and whether it took a second round
+        # change the choice), and how many rounds of measurement it took
         measured = {names[r_]: st.layouts - st.rows[r_].unmeasured for r_ in range(len(names))
                     if st.rows[r_].stage == 0}
-        second = any(row.full for row in st.rows)
+        rounds = 1 + max(row.round for row in st.rows)
         adopted = st.adopted > 0  # this rank started again: it took the room's table
         absent = self._absent(st)
         self.log.info("sight_known", edges={f"{names[r_]}<-{names[s_]}": round(q, 2) for r_, s_, q in edges},
                       layout=k, rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
                       **({"ladder": [{f"{names[r_]}<-{names[s_]}": round(q, 2) for (r_, s_), q in
                                       sorted(st.graph(j).items())} for j in range(len(self.ladder))],
-                          "measured": measured, "second_round": second}
+                          "measured": measured, "rounds": rounds}
                          if len(self.ladder) > 1 else {}), **({"adopted": True} if adopted else {}),
                       **({"started_without": [names[r_] for r_ in absent]} if absent else {}),
                       **({"joined": True} if st.rows[st.rank].admitted else {}))
-        self.ctx.results["discovery"] = dict(layout=k, measured=measured, second_round=second, adopted=adopted,
+        self.ctx.results["discovery"] = dict(layout=k, measured=measured, rounds=rounds, adopted=adopted,
                                              edges={f"{names[r_]}<-{names[s_]}": round(q, 2)
                                                     for r_, s_, q in edges},
                                              captures=self.stats["captures"])

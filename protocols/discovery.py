@@ -39,10 +39,15 @@ When every row is FINAL, every rank builds the same `Sight` graph
 (`choose_layout`: of those whose graph of edges read at least `min_ok` of
 the time carries the collectives, the one where they cost least). A row
 frozen early was frozen on what the others had measured then; if the FINAL
-rows of this first round do not decide after all, every rank sees it from
-the same rows and starts a second round (FULL): every row measures the
-whole ladder and is frozen again, and the choice is made from those rows. A
-rank sets COMPLETE in its row once its handshake is complete, and keeps
+rows of this first round do not decide after all, or the layout they choose
+does not carry the collectives (some direction read too few frames in every
+layout), every rank sees it from the same rows and starts another round
+(`Row.round`): every row measures the whole ladder and is frozen again,
+from the third round on only after watching the ladder again as long as it
+first took, so each round's qualities rest on more frames than the last.
+The choice is made from the first round's rows that carry, or from the last
+round's (ROUNDS) whatever they carry: a room no layout reads then gives up,
+naming each direction. A rank sets COMPLETE in its row once its handshake is complete, and keeps
 greeting (showing status frames) until every row is COMPLETE, so the
 others' rows and echoes still pass through it.
 
@@ -115,7 +120,7 @@ QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # time (protocols.transfer.status_message).
 # (What a row reads is not sent: a rank reads another exactly when its quality in some layout is at least
 # MIN_QUALITY, and the receiver works it out from the qualities.)
-ROW_HEAD = struct.Struct(">HBHH")  # version, flags, watched and trusts (a bit a rank)
+ROW_HEAD = struct.Struct(">HBBHH")  # version, flags, round, watched and trusts (a bit a rank)
 
 
 def row_bytes(layouts: int, ranks: int = MAX_RANKS) -> int:
@@ -127,12 +132,15 @@ def table_bytes(layouts: int) -> int:
     return MAX_RANKS * row_bytes(layouts)
 
 
-# Flags: FINAL (frozen), COMPLETE (handshake complete), FULL (second round: every layout measured), in
-# bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout), and in
+# Flags: FINAL (frozen), COMPLETE (handshake complete), in bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout), and in
 # bits 6-7 the rank's stage (Row.stage): in the room from the start (0), ABSENT (the lead's row for a rank
 # the room started without), JOINING (the row of such a rank, which now runs and asks to join) or ADMITTED
 # (the lead's answer: the row of a rank that joined after the room started, and every later row of it).
-FINAL, COMPLETE, FULL = 0x01, 0x02, 0x04
+FINAL, COMPLETE = 0x01, 0x02
+# The rounds of measurement a room takes at most (Row.round): the first, which may freeze a row on part of the
+# ladder, then rounds that measure all of it, each longer than the last, while the rows do not carry the
+# collectives; the last round's rows are the room's choice whatever they carry.
+ROUNDS = 4
 STAGE_SHIFT, STAGE_MASK = 6, 0xC0
 ABSENT, JOINING, ADMITTED = 1 << STAGE_SHIFT, 2 << STAGE_SHIFT, 3 << STAGE_SHIFT
 ABSENT_VERSION = 0x4000  # an ABSENT row's version: newer than any a rank makes in its first hours
@@ -195,6 +203,7 @@ class Row:
     # the ranks whose columns this row has measured and keeps (set once the row is FINAL; a rank that joins
     # later is added once this rank has watched its screen)
     watched: int = 0
+    round: int = 0  # the round of measurement (0: the first; see SightTable.update)
 
     def share(self, shown: int, layout: int = 0) -> float:
         return self.quality[shown][layout] / QUALITY_LEVELS
@@ -209,8 +218,8 @@ class Row:
 
     @property
     def full(self) -> bool:
-        """Of the second round: measured over the whole ladder."""
-        return bool(self.flags & FULL)
+        """Of a round after the first: measured over the whole ladder."""
+        return self.round > 0
 
     @property
     def stage(self) -> int:
@@ -273,7 +282,7 @@ def pack_rows(rows: tuple[Row, ...], layouts: int, ranks: int = MAX_RANKS) -> by
     if not 1 <= layouts <= MAX_LAYOUTS or not len(rows) <= ranks <= MAX_RANKS:
         raise ValueError(f"a page of a table of up to {MAX_RANKS} ranks measures 1 to {MAX_LAYOUTS} layouts and has "
                          f"a row per rank at most, not {layouts} layouts and {len(rows)} rows of {ranks} ranks")
-    return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.watched, r.trusts)
+    return b"".join(ROW_HEAD.pack(r.version & 0xFFFF, r.flags, r.round, r.watched, r.trusts)
                     + _pack_quality(r.quality, layouts, ranks) for r in rows)
 
 
@@ -303,9 +312,9 @@ def unpack_rows(data: bytes, layouts: int, first: int, count: int, ranks: int = 
                          f"is {len(data)} bytes")
     out = [EMPTY] * MAX_RANKS
     for i in range(count):
-        v, flags, watched, trusts = ROW_HEAD.unpack_from(data, i * n)
+        v, flags, rnd, watched, trusts = ROW_HEAD.unpack_from(data, i * n)
         quality = _unpack_quality(data[i * n + ROW_HEAD.size:(i + 1) * n], layouts, ranks)
-        out[first + i] = Row(v, flags, reads_of(quality), trusts, quality, watched)
+        out[first + i] = Row(v, flags, reads_of(quality), trusts, quality, watched, rnd)
     return tuple(out)
 
 
@@ -444,6 +453,7 @@ class SightTable:
     _asked_at: dict[int, float] = field(default_factory=dict)  # joining rank -> when its JOINING row reached this rank
     _now: float = 0.0  # the time of the latest update
     _room: tuple[int, float] | None = None  # the room's layout and the least share of its graph's edges: once `known`
+    _round_at: float = 0.0  # when this rank's row began its round
 
     def __post_init__(self) -> None:
         if not self.rows:
@@ -620,12 +630,15 @@ class SightTable:
         for r in range(self.world):
             if self._alive >> r & 1:
                 self._alive_at.setdefault(r, now)
-        flags = me.flags
-        if not me.full and (any(r.full for r in self.rows) or (me.final and self._undecided())):
-            # a second round: the first round's frozen rows do not decide (here, or as a row of the second
+        flags, rnd = me.flags, me.round
+        later = max(r.round for r in self.rows)
+        if me.final and self._spent():
+            later = me.round + 1
+        if later > rnd:
+            # a new round: the frozen rows of this one do not make the choice (here, or as a row of the new
             # round shows, on another rank)
-            flags = (flags | FULL) & ~FINAL
-            self._since = None
+            flags, rnd = flags & ~FINAL, later
+            self._since, self._round_at = None, now
         if flags & FINAL:
             reads, quality, unmeasured = me.reads, me.quality, me.unmeasured
         else:
@@ -652,14 +665,16 @@ class SightTable:
             self._first = now
         if not flags & FINAL and self._alive & members == members and (reads or members == 1 << self.rank):
             if unmeasured == 0:
-                final = now - self._since >= self.settle_s
+                # (from the third round on, each round watches the ladder again, for as long as measuring it
+                # first took: the qualities then rest on twice, three times as many frames)
+                final = now - self._since >= self.settle_s and (rnd < 2 or now - self._round_at >= self.watch_s)
             else:
-                final = not flags & FULL and self._decides(Row(me.version + 1, flags, reads, trusts, quality))
+                final = rnd == 0 and self._decides(Row(me.version + 1, flags, reads, trusts, quality))
             if final:
                 flags |= FINAL
         flags = flags | COMPLETE if complete else flags & ~COMPLETE
         watched = members & ~(1 << self.rank) if flags & FINAL else 0
-        return self._set_row(Row(me.version, flags, reads, trusts, quality, watched))
+        return self._set_row(Row(me.version, flags, reads, trusts, quality, watched, rnd))
 
     def _set_row(self, new: Row) -> bool:
         """This rank's row says `new` (its version aside): True if that is news (a new version)."""
@@ -813,12 +828,12 @@ class SightTable:
                     self.alive(1 << r)
                 continue
             if not mine.version or _newer(theirs.version, mine.version):
-                if mine.full and not theirs.full:
-                    continue  # a row of the first round never replaces one of the second
-                if mine.final and not (theirs.full and not mine.full) and (
+                if theirs.round < mine.round:
+                    continue  # a row of an earlier round never replaces one of a later round
+                if mine.final and theirs.round == mine.round and (
                         theirs.watched & mine.watched != mine.watched
                         or _kept(theirs, mine.watched) != _kept(mine, mine.watched)):
-                    continue  # a FINAL row never changes a column it watched (but for a second round)
+                    continue  # a FINAL row never changes a column it watched (but in a new round)
                 self.rows[r] = theirs
                 changed = True
                 self.alive(1 << r)
@@ -943,15 +958,18 @@ class SightTable:
         rows[self.rank] = mine
         return self.decide(rows) is not None
 
-    def _undecided(self) -> bool:
-        """Every row is frozen in the first round and they do not decide: a second round is due."""
-        return (all(r.final and not r.full for r in self.rows if not r.absent)
-                and self.decide() is None)
+    def _spent(self) -> bool:
+        """Every row is frozen in this rank's round and they do not make the choice (`known_rows`): the next
+        round is due (there is none after the last: ROUNDS)."""
+        me = self.rows[self.rank]
+        rows = [LEFT_OUT if r.stage >= 2 else r for r in self.rows]
+        return (me.round + 1 < ROUNDS and all(r.final and r.round == me.round for r in rows if not r.absent)
+                and not self.known_rows(self.rows))
 
     @property
     def known(self) -> bool:
-        """Every rank's row is FINAL, of the same round, and they decide: the sight graph and the layout are
-        the same on every rank. Once known, always (those rows never change what they say), so the room's
+        """Every rank's row is FINAL, of the same round, and they decide a layout that carries the collectives
+        (or it is the last round): the sight graph and the layout are the same on every rank. Once known, always (those rows never change what they say), so the room's
         choice is kept then (`_room`) and not worked out again on every frame."""
         if self._room is None and self.known_rows(self.rows):
             k, _, least = self._decide_or_last(self.cost)
@@ -961,11 +979,14 @@ class SightTable:
     def known_rows(self, rows: list[Row] | tuple[Row, ...]) -> bool:
         """Would these rows (one per rank) make the table `known`?"""
         rows = [LEFT_OUT if r.stage >= 2 else r for r in rows]  # (the ranks in the room from the start decide)
-        if not all(r.final for r in rows):
+        rounds = {r.round for r in rows if not r.absent}
+        if not all(r.final for r in rows) or len(rounds) != 1:
             return False
-        if all(r.full for r in rows if not r.absent):
-            return True
-        return not any(r.full for r in rows) and self.decide(rows) is not None
+        chosen = self._decide(rows, self.cost)
+        if chosen is None:
+            return False
+        k, graph, _ = chosen
+        return rounds.pop() == ROUNDS - 1 or self._carried(k, graph, rows)
 
     @property
     def all_complete(self) -> bool:
@@ -1020,7 +1041,12 @@ class SightTable:
         """Does the layout every rank chose (`choose_layout`) carry the collectives on its graph? False when no
         layout of the ladder did and the choice fell back to the last one (its graph lacks a direction)."""
         k, graph = self.choose_layout(cost)
-        return self._cost(cost or self.cost or (lambda j, edges, ranks: float(j)), k, graph, self.rows) is not None
+        return self._carried(k, graph, self.rows, cost)
+
+    def _carried(self, k: int, graph: dict, rows, cost: Cost | None = None) -> bool:
+        """Do the collectives run in layout k on `graph` (by `cost`, or the table's; without either, on any
+        graph with an edge)?"""
+        return self._cost(cost or self.cost or (lambda j, edges, ranks: float(j)), k, graph, rows) is not None
 
     def _decide_or_last(self, cost: Cost | None) -> tuple[int, dict, float]:
         chosen = self._decide(None, cost)

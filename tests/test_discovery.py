@@ -256,7 +256,7 @@ def test_a_table_crosses_whole_or_a_page_at_a_time_and_says_how_many_layouts_it_
     rows = tuple(discovery.Row(3 + r, discovery.FINAL, discovery.reads_of(q), 0b10, q, 0b101)
                  for r in range(discovery.MAX_RANKS))
     packed = discovery.pack_table(rows[:2], layouts)
-    assert len(packed) == discovery.table_bytes(layouts) == 16 * (7 + 8 * layouts)
+    assert len(packed) == discovery.table_bytes(layouts) == 16 * (8 + 8 * layouts)
     assert discovery.unpack_table(packed)[:2] == rows[:2]
     msg = transfer.status_message(session=7, sender=0, acks=(), message_bytes=MESSAGE, rows=rows, layouts=layouts,
                                   key=KEY)
@@ -688,6 +688,29 @@ def test_a_camera_that_stops_reading_after_the_others_froze_their_rows_leads_to_
     assert second_rounds >= 1
 
 
+@pytest.mark.parametrize("seed", [0, 3, 4])
+def test_rows_that_do_not_carry_the_collectives_are_measured_again_for_longer(seed, monkeypatch):
+    """Three ranks; for the first 10 s every camera reads alice's screen only a tenth of the time (a camera
+    still finding its exposure), then well. The first two rounds freeze on what they read before: no layout
+    carries the collectives (nobody reads alice). Had start-up stopped there (two rounds, as it once did), the
+    room would give up on a room that reads; the third round watches the ladder again for as long as it first
+    took, and its rows, on the frames of both times, carry: every rank picks the same layout."""
+    world = 3
+    cost = _cost(world, "auto", nominal=(3.0, 1.0, 0.3))
+
+    def share(r, s, k, t):
+        return 1.0 if s != 0 or t >= 10.0 or t % 1.0 < 0.1 else 0.0
+
+    nodes, done = simulate_probe(share, world, cost=cost, seed=seed, seconds=90)
+    assert len(done) == world
+    picks = [n.hs.sight.choose_layout(cost) for n in nodes]
+    assert all(p == picks[0] for p in picks) and nodes[0].hs.sight.carries()
+    assert [n.hs.sight.rows[n.rank].round for n in nodes] == [2] * world and min(done.values()) > 10.0
+    monkeypatch.setattr(discovery, "ROUNDS", 2)
+    nodes, done = simulate_probe(share, world, cost=cost, seed=seed, seconds=90)
+    assert len(done) == world and not nodes[0].hs.sight.carries()
+
+
 def _row(version: int, flags: int, unmeasured: int, reads: int, quality: dict[int, int]) -> discovery.Row:
     q = tuple(tuple(quality.get(r, 0) if k == 0 else 0 for k in range(discovery.MAX_LAYOUTS))
               for r in range(discovery.MAX_RANKS))
@@ -873,13 +896,13 @@ def test_a_classroom_tries_the_default_ladders_layouts_its_frames_fit_and_says_w
 
 
 def test_a_small_groups_status_frame_carries_its_ranks_qualities_only():
-    """Two ranks measuring seven layouts: a row on the frame holds the two ranks' fourteen qualities (14
-    bytes a row, not 63), the status header has no transfer's fields, and the table crosses whole."""
+    """Two ranks measuring seven layouts: a row on the frame holds the two ranks' fourteen qualities (15
+    bytes a row, not 64), the status header has no transfer's fields, and the table crosses whole."""
     q = tuple(tuple((r + 2 * k + 1) % 16 for k in range(7)) if r < 2 else (0,) * 7 for r in range(discovery.MAX_RANKS))
     rows = tuple(discovery.Row(5 + r, discovery.FINAL, 0b11, 0b11, q) for r in range(2))
-    assert discovery.row_bytes(7, 2) == 14 and discovery.row_bytes(7, 16) == 63
+    assert discovery.row_bytes(7, 2) == 15 and discovery.row_bytes(7, 16) == 64
     size = transfer.header_bytes(2, status=True) + transfer.CHECK_BYTES + transfer.status_packet(7, 2, 2)
-    assert size == 49 + 2 * 12 + 8 + 2 * 8 + 2 * 14
+    assert size == 49 + 2 * 12 + 8 + 2 * 8 + 2 * 15
     msg = transfer.status_message(session=7, sender=1, acks=(), message_bytes=size, rows=rows, layouts=7,
                                   echo=(11, 12), key=KEY)
     got = transfer.parse_message(msg, KEY)
@@ -965,15 +988,16 @@ def test_a_rank_that_asks_to_join_and_goes_away_is_greeted_for_a_while_then_not(
 
 def test_a_choice_that_fell_back_to_a_layout_read_one_way_does_not_carry_the_collectives():
     # Both rows FINAL over a two-layout ladder: alice reads bob in both layouts, bob reads alice in neither
-    # at a quarter of her frames. No layout carries the collectives, the choice falls back to the last one,
-    # and `carries` says so (start-up then gives up, naming the directions, instead of starting a run that
-    # can never sync). With bob reading alice in the last layout, it carries.
+    # at a quarter of her frames. No layout carries the collectives: rows of any round but the last are not
+    # the room's choice (another round measures longer); in the last round the choice falls back to the
+    # last layout, and `carries` says so (start-up then gives up, naming the directions, instead of starting
+    # a run that can never sync). With bob reading alice in the last layout, the first round's rows carry.
     from wccl.distributed.runtime import layout_cost
 
     def cost(k, edges, ranks):
         return layout_cost(ranks, edges, "auto", 10_000.0, 0.2)
 
-    def table(bob_reads_alice: int) -> discovery.SightTable:
+    def table(bob_reads_alice: int, rnd: int = 0) -> discovery.SightTable:
         t = discovery.SightTable(0, 2, (0.05, 0.1), cost=cost)
         q0 = [[0] * discovery.MAX_LAYOUTS for _ in range(discovery.MAX_RANKS)]
         q0[1][:2] = [13, 13]
@@ -982,8 +1006,11 @@ def test_a_choice_that_fell_back_to_a_layout_read_one_way_does_not_carry_the_col
         for r, q in ((0, q0), (1, q1)):
             quality = tuple(tuple(x) for x in q)
             t.rows[r] = discovery.Row(5, discovery.FINAL | discovery.COMPLETE, discovery.reads_of(quality), 3,
-                                      quality, 2 >> r)
+                                      quality, 2 >> r, rnd)
         return t
 
-    assert table(2).known and table(2).choose_layout()[0] == 1 and not table(2).carries()
+    for rnd in range(discovery.ROUNDS - 1):
+        assert not table(2, rnd).known and table(2, rnd)._spent()
+    last = table(2, discovery.ROUNDS - 1)
+    assert last.known and last.choose_layout()[0] == 1 and not last.carries() and not last._spent()
     assert table(6).known and table(6).carries()

@@ -72,7 +72,7 @@ def test_collectives_pick_the_layout_both_cameras_read(tmp_path):
         assert (e["layout"], e["cell_px"]) == (5, 22)
         assert all(g == {} for g in e["ladder"][:3])  # the 10 to 12 px layouts: no edge at this distance
         assert all(set(g) == {"alice<-bob", "bob<-alice"} for g in e["ladder"][4:]), e["ladder"]
-        assert e["measured"] == {"alice": 7, "bob": 7} and not e["second_round"]
+        assert e["measured"] == {"alice": 7, "bob": 7} and e["rounds"] == 1
         assert set(e["edges"]) == {"alice<-bob", "bob<-alice"}
     used = [json.loads(x) for x in proc.stderr.splitlines() if '"event": "layout_used"' in x]
     assert sorted((e["node"], e["cell_px"]) for e in used) == [("alice", 22), ("bob", 22)]

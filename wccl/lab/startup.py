@@ -7,7 +7,7 @@ more), `--repeat` times. Each rank reports the wall seconds and the room's
 simulated seconds its init_process_group took; the layout discovery chose
 and its edges (the share of frames each camera read); how many layouts of
 the start-up ladder each rank measured (discovery stops where the rest
-could not change the choice) and whether it took a second round; and where
+could not change the choice) and how many rounds of measurement it took; and where
 the wall time went: the camera captures its node decoded until the layout
 was known, the status frames its screen showed, and the CPU seconds its own
 process and the room process (which renders every capture) used meanwhile.
@@ -85,7 +85,7 @@ def _rank_program() -> None:
         "rank": dist.get_rank(), "node": os.environ.get("WCCL_NODE"), "init_wall_s": round(wall, 2),
         "init_sim_s": round(sim, 3), "layout": k, "chosen": chosen,
         "ladder_layouts": len(ladder), "edges": found.get("edges"), "measured": found.get("measured"),
-        "second_round": found.get("second_round"),
+        "rounds": found.get("rounds"),
         "captures": found.get("captures"), "cpu_s": round(cpu, 2), "room_cpu_s": room_cpu,
         "status_frames_shown": res.get("screen", {}).get("status_frames"),
     }), flush=True)
