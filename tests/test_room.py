@@ -329,3 +329,110 @@ def test_file_camera_loops_or_waits_at_the_end(tmp_path):
         return ts
 
     assert run_virtual(go) == pytest.approx([1.0, 1.1, 1.2, 1.3])
+
+
+# ---- changes while the run goes -------------------------------------------------------------------------
+
+def _mean_screen(r: SimulatedRoom, viewer: str, shown: str, t: float, k: int) -> float:
+    """The mean of `viewer`'s capture k at `t` over where it sees `shown`'s screen."""
+    x0, y0, x1, y1 = _screen_rows(r, viewer, shown)
+    return float(r.capture_at(viewer, t, k)[y0:y1, x0:x1].mean())
+
+
+def test_a_lamp_switched_on_mid_run_brightens_the_room_then_auto_exposure_darkens_the_screen():
+    """A lamp over bob's camera at 1 s (room light and glare up): captures before it are as in a room
+    without it, byte for byte; at the change the frame jumps brighter, then auto exposure turns the gain
+    down and alice's screen comes out darker than before the lamp. The change is logged as it begins."""
+    import structlog
+
+    plain, lit = room("webcam"), room("webcam")
+    lit.change("bob", 1.0, {"ambient": 0.6, "glare": 0.08})
+    for r in (plain, lit):
+        r.camera_started(0.0)
+        r.show_at("alice", np.full((H, W, 3), 200, np.uint8), 0.0)
+    assert np.array_equal(plain.capture_at("bob", 0.9, 27), lit.capture_at("bob", 0.9, 27))
+    before = _mean_screen(lit, "bob", "alice", 0.9, 27)
+    with structlog.testing.capture_logs() as logs:
+        frame_at_once = float(lit.capture_at("bob", 1.02, 30).mean())
+    assert [(e["event"], e["node"], e["at_s"]) for e in logs] == [("room_changed", "bob", 1.0)]
+    assert frame_at_once > float(plain.capture_at("bob", 1.02, 30).mean()) + 10
+    assert _mean_screen(lit, "bob", "alice", 4.0, 120) < _mean_screen(plain, "bob", "alice", 4.0, 120) - 10
+    assert _mean_screen(lit, "bob", "alice", 4.0, 120) < before - 10
+    assert lit.exposures["bob"].gain(4.0) < plain.exposures["bob"].gain(4.0) / 1.5
+    assert lit.params["bob"].ambient == 0.6 and lit.params["alice"] == plain.params["alice"]
+
+
+def test_a_nudge_glides_over_its_ramp_and_a_screen_turned_out_of_view_comes_back():
+    """Bob's lid turned from 13 to 93 degrees over 1 s from 1 s, then back at 3 s: the yaw moves in steps
+    (RAMP_STEP_S) and ends where asked; alice's screen leaves bob's view (logged) and comes back (logged).
+    """
+    import structlog
+
+    r = room("webcam", channel=QUIET)
+    r.change("bob", 1.0, {"yaw_deg": 93.0}, ramp_s=1.0)
+    r.change("bob", 3.0, {"yaw_deg": 13.0})
+    r.camera_started(0.0)
+    r.show_at("alice", pattern(1), 0.0)
+    yaws = []
+    with structlog.testing.capture_logs() as logs:
+        for k, t in enumerate((0.5, 1.1, 1.3, 1.6, 2.5, 3.1)):
+            r.capture_at("bob", t, k)
+            yaws.append(r.params["bob"].yaw_deg)
+    assert yaws == [13.0, 13.0, 33.0, 53.0, 93.0, 13.0]
+    events = [(e["event"], e["camera"], e["screen"]) for e in logs if e["event"] != "room_changed"]
+    # (bob's screen turned with his lid: alice's camera loses it and finds it again too)
+    assert sorted(events) == sorted([("room_screen_not_visible", "bob", "alice"), ("room_screen_not_visible", "alice", "bob"),
+                                     ("room_screen_visible", "bob", "alice"), ("room_screen_visible", "alice", "bob")])
+    assert "alice" in r.visible_from("bob")
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"at_s": 5.0, "channel": {"camera_width": 640}}, "camera_width cannot change while the run goes"),
+    ({"at_s": 5.0, "channel": {"ambientt": 0.5}}, "ambientt"),
+    ({"at_s": -1.0, "channel": {"ambient": 0.5}}, "at_s"),
+    ({"at_s": 5.0, "channel": {}}, "at least one channel parameter"),
+])
+def test_a_bad_change_in_a_room_file_names_itself(change, match):
+    from wccl.config import ConfigError
+
+    nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"], "changes": [change]}]
+    with pytest.raises(ConfigError, match=match):
+        make_config(room={"profile": "webcam", "nodes": nodes})
+    with pytest.raises(ConfigError, match="the 'exact' profile has no channel to change"):
+        make_config(room={"profile": "exact", "nodes": [
+            nodes[0], {**nodes[1], "changes": [{"at_s": 5.0, "channel": {"ambient": 0.5}}]}]})
+
+
+def test_changes_in_a_room_file_reach_the_room():
+    cfg = make_config(room={"profile": "webcam", "nodes": [
+        {"name": "alice", "roles": ["server", "worker"]},
+        {"name": "bob", "roles": ["worker"], "changes": [{"at_s": 2.0, "ramp_s": 1.0, "channel": {"screen_brightness": 0.4}}]}]})
+    r = SimulatedRoom.from_config(cfg)
+    r.camera_started(0.0)
+    r.capture_at("alice", 1.0, 0)
+    assert r.params["bob"].screen_brightness == 1.0
+    r.capture_at("alice", 3.5, 1)
+    assert r.params["bob"].screen_brightness == pytest.approx(0.4)
+
+
+def test_a_camera_slowed_to_15_fps_mid_run_captures_at_its_new_rate_and_back():
+    """Bob's camera at 15 frames a second from 1 s to 3 s (a busy laptop), then 30 again: the captures it
+    delivers are 1/30 s apart before, 1/15 s apart during, 1/30 s after."""
+    async def go():
+        r = room("webcam", channel={"jitter_ms": 0.0, "drop_prob": 0.0, "stall_rate_hz": 0.0})
+        r.change("bob", 1.0, {"fps": 15.0})
+        r.change("bob", 3.0, {"fps": 30.0})
+        r.show_at("alice", pattern(1), 0.0)
+        cam = r.camera("bob", NodeClock())
+        loop = asyncio.get_running_loop()
+        times = []
+        while loop.time() < 4.5:
+            await cam.recv()
+            times.append(loop.time())
+        return np.array(times)
+
+    t = run_virtual(go)
+    gaps = np.diff(t)
+    assert np.allclose(gaps[(t[1:] > 0.3) & (t[1:] < 0.9)], 1 / 30, atol=1e-6)
+    assert np.allclose(gaps[(t[1:] > 1.4) & (t[1:] < 2.9)], 1 / 15, atol=1e-6)
+    assert np.allclose(gaps[(t[1:] > 3.4)], 1 / 30, atol=1e-6)

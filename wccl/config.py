@@ -162,6 +162,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class ChannelChange(_Strict):
+    """Simulated room only: a change of a node's channel while the run goes, e.g. a lamp switched on at 20 s,
+    `{at_s = 20.0, channel = {ambient = 0.5, glare = 0.05}}`, or a lid nudged over 1 s, `{at_s = 30.0,
+    ramp_s = 1.0, channel = {yaw_deg = 21.0}}` (wccl.room.room.SimulatedRoom.change)."""
+
+    at_s: float = Field(ge=0, le=86400)  # room seconds after the cameras started
+    ramp_s: float = Field(default=0.0, ge=0, le=3600)  # 0: at once; else linearly over this long
+    channel: ChannelTable  # the new values (the names of a node's `channel` table)
+
+    @field_validator("channel")
+    @classmethod
+    def _changeable(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from wccl.room.room import FIXED_KEYS
+
+        fixed = sorted(set(v) & FIXED_KEYS)
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot change while the run goes (the camera's and the stream's "
+                             f"make-up: {', '.join(sorted(FIXED_KEYS))}); a change is light, pose, brightness, optics")
+        if not v:
+            raise ValueError("a change names at least one channel parameter")
+        return v
+
+
 class WebcamOptions(_Strict):
     """A real webcam (camera = "webcam", wccl/media/webcam.py): `webcam = {device = 0, ...}` on a node."""
 
@@ -220,6 +243,9 @@ class NodeSpec(_Strict):
     # Simulated room only: a hand over this camera from start to end (room seconds after the cameras
     # started), e.g. [[20.0, 26.0]]: its captures are black then.
     covered_s: list[tuple[float, float]] = Field(default_factory=list)
+    # Simulated room only: changes of this node's channel while the run goes (a lamp, a nudge, a dimmed
+    # screen), each logged as it begins (`room_changed`).
+    changes: list[ChannelChange] = Field(default_factory=list)
     webcam: WebcamOptions | None = None  # camera "webcam": device, resolution, fps, MJPEG, locks
     window: WindowOptions | None = None  # screen "window": fullscreen or placed
 
@@ -248,6 +274,9 @@ class NodeSpec(_Strict):
                                  f"got [{start}, {end}]")
         if self.covered_s and self.camera != "room":
             raise ValueError(f"node {self.name!r}: covered_s covers a simulated room camera (camera is {self.camera!r})")
+        if self.changes and (self.camera != "room" or self.screen != "room"):
+            raise ValueError(f"node {self.name!r}: changes change a simulated room's laptop (camera and screen "
+                             f"'room'; they are {self.camera!r} and {self.screen!r})")
         if self.webcam is not None and self.camera != "webcam":
             raise ValueError(f"node {self.name!r}: webcam options need camera = 'webcam' (it is {self.camera!r})")
         if self.window is not None and self.screen != "window":
@@ -290,6 +319,9 @@ class RoomConfig(_Strict):
                 if set(n.channel) - POSE_KEYS:  # where a laptop stands may stay: the perfect camera ignores it
                     raise user_error(f"the 'exact' profile takes no channel parameters but a pose "
                                      f"({', '.join(sorted(POSE_KEYS))})", "nodes", i, "channel")
+                if n.changes:
+                    raise user_error("the 'exact' profile has no channel to change (choose profile 'ideal', "
+                                     "'webcam' or 'harsh')", "nodes", i, "changes")
         names = [n.name for n in self.nodes]
         for i, n in enumerate(self.nodes):
             aim = n.channel.get("aim")

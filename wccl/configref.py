@@ -19,7 +19,8 @@ from pydantic import BaseModel
 from wccl import config as C
 
 SECTIONS: list[tuple[str, type[BaseModel]]] = [
-    ("room", C.RoomConfig), ("room.nodes[]", C.NodeSpec), ("room.nodes[].webcam", C.WebcamOptions),
+    ("room", C.RoomConfig), ("room.nodes[]", C.NodeSpec), ("room.nodes[].changes[]", C.ChannelChange),
+    ("room.nodes[].webcam", C.WebcamOptions),
     ("room.nodes[].window", C.WindowOptions), ("room.desktop", C.DesktopOptions), ("screen", C.ScreenConfig),
     ("camera", C.CameraConfig), ("link", C.LinkConfig), ("link.ladder[]", C.LadderStep),
     ("schedule", C.ScheduleConfig), ("schedule.phases[]", C.Phase), ("sync", C.SyncConfig),

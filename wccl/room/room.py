@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -30,6 +31,24 @@ from wccl.timebase import NodeClock
 
 
 POSE_KEYS = frozenset({"distance_m", "position_m", "yaw_deg", "pitch_deg", "roll_deg", "camera_offset_m", "aim"})
+# Parameters that stay as the run started: the camera's resolution, the stream's codec, the stage switches
+# (a change is the room's light, a laptop's pose, a screen's brightness, the camera's rate or optics).
+FIXED_KEYS = frozenset({"camera_width", "camera_height", "codec", "h264_preset", "disable"})
+RAMP_STEP_S = 0.25  # a ramp moves in steps this long (the room is rebuilt at each)
+
+
+def _between(a, b, f: float):
+    """`a` moved a share `f` of the way to `b`: numbers and tuples of numbers glide, the rest switch at once."""
+    if f >= 1.0:
+        return b
+    if isinstance(b, bool) or a is None or b is None:
+        return b
+    if isinstance(b, (int, float)) and isinstance(a, (int, float)):
+        v = a + (b - a) * f
+        return round(v) if isinstance(b, int) else v
+    if isinstance(b, tuple) and isinstance(a, tuple) and len(a) == len(b):
+        return tuple(_between(x, y, f) for x, y in zip(a, b))
+    return b
 
 
 class SimulatedRoom:
@@ -82,23 +101,13 @@ class SimulatedRoom:
 
     def _build(self, channel: dict, node_channels: list[dict]) -> None:
         self._seed_seq = [self.seed & 0xFFFFFFFF, (self.seed >> 32) & 0xFFFFFFFF, 0x3CC1]
+        self._channel, self._node_channels = channel, node_channels
         self.params: dict[str, ChannelParams] = {}
         for i, (n, table) in enumerate(zip(self.nodes, node_channels)):
             self.params[n] = resolve(self.profile, channel, table, f"room.nodes[{i}].channel")
+        self._place()
         plist = [self.params[n] for n in self.nodes]
-        bodies = geometry.layout(plist, self.screen_w, self.screen_h, self.nodes)
-        planes = [geometry.screen_of(b, p, self.screen_w, self.screen_h) for b, p in zip(bodies, plist)]
-        self.bodies = dict(zip(self.nodes, bodies))
-        self.planes = dict(zip(self.nodes, planes))
-        self.screens = {n: ScreenModel(n, i, p, pl, self._seed_seq)
-                        for i, (n, p, pl) in enumerate(zip(self.nodes, plist, planes))}
-        self.cams: dict[str, CameraModel] = {}
-        self.exposures: dict[str, Exposure] = {}
-        self.views: dict[tuple[str, str], geometry.ScreenView] = {}
-        log = structlog.get_logger("wccl.room")
         circle = len(self.nodes) >= 3 and all(p.position_m is None and p.aim is None for p in plist)
-        # Every laptop's lid is an opaque rectangle: it hides what lies behind it from the other cameras.
-        self.lids = {n: geometry.lid_of(n, self.planes[n], self.params[n].bezel_m) for n in self.nodes}
         for i, n in enumerate(self.nodes):
             p = self.params[n]
             if circle and "hfov_deg" not in channel and "hfov_deg" not in node_channels[i]:
@@ -106,8 +115,39 @@ class SimulatedRoom:
                 # wide enough: the default layout promises every camera every screen, so widen the lens.
                 need = self._needed_hfov(n)
                 if need > p.hfov_deg:
-                    log.info("room_camera_widened", node=n, hfov_deg=round(need, 1), profile_hfov_deg=p.hfov_deg)
-                    p = self.params[n] = dataclasses.replace(p, hfov_deg=need)
+                    structlog.get_logger("wccl.room").info("room_camera_widened", node=n, hfov_deg=round(need, 1),
+                                                           profile_hfov_deg=p.hfov_deg)
+                    self.params[n] = dataclasses.replace(p, hfov_deg=need)
+        self._base = dict(self.params)  # each node's parameters before any change (SimulatedRoom.change)
+        self._changes: dict[str, list[tuple[float, float, dict]]] = {n: [] for n in self.nodes}
+        self._begun: set[tuple[str, int]] = set()  # the changes logged as begun
+        self._changed_to = -math.inf  # the latest room time (after the first camera started) the room was at
+        self.cams: dict[str, CameraModel] = {}
+        self.exposures: dict[str, Exposure] = {}
+        self.views: dict[tuple[str, str], geometry.ScreenView] = {}
+        self._models(None)
+        self._streams: dict[str, object] = {}
+
+    def _place(self) -> None:
+        """Where each laptop stands and where its screen is, from the nodes' parameters."""
+        plist = [self.params[n] for n in self.nodes]
+        bodies = geometry.layout(plist, self.screen_w, self.screen_h, self.nodes)
+        planes = [geometry.screen_of(b, p, self.screen_w, self.screen_h) for b, p in zip(bodies, plist)]
+        self.bodies = dict(zip(self.nodes, bodies))
+        self.planes = dict(zip(self.nodes, planes))
+
+    def _models(self, t: float | None) -> None:
+        """The screens, lids, cameras and views from the nodes' parameters and places: at the start (`t`
+        None), or again at true time `t` after a change (each camera's auto exposure goes on from where it
+        was, towards what it now meters; a screen newly in or out of a camera's view is logged)."""
+        log = structlog.get_logger("wccl.room")
+        self.screens = {n: ScreenModel(n, i, self.params[n], self.planes[n], self._seed_seq)
+                        for i, n in enumerate(self.nodes)}
+        # Every laptop's lid is an opaque rectangle: it hides what lies behind it from the other cameras.
+        self.lids = {n: geometry.lid_of(n, self.planes[n], self.params[n].bezel_m) for n in self.nodes}
+        before = dict(self.views)
+        for i, n in enumerate(self.nodes):
+            p = self.params[n]
             cam = geometry.camera_of(self.bodies[n], p, self.planes[n])
             seen = []
             for m in self.nodes:
@@ -126,12 +166,25 @@ class SimulatedRoom:
             # it reads); a camera that sees no screen at all is a room that cannot work.
             lone = len(hidden) == len(seen) or len(self.nodes) == 2
             for m, why in hidden:
-                (log.warning if lone else log.info)("room_screen_not_visible", camera=n, screen=m, reason=why)
+                if t is None or before[(n, m)].visible:
+                    (log.warning if lone else log.info)("room_screen_not_visible", camera=n, screen=m, reason=why)
+            if t is not None:
+                for s, v in seen:
+                    if v.visible and not before[(n, s.name)].visible:
+                        log.info("room_screen_visible", camera=n, screen=s.name)
+            old = self.cams.get(n)
             cm = CameraModel(n, i, p, cam, seen, self._seed_seq,
                              occluders=[self.lids[k] for k in self.nodes if k != n])
+            if old is not None:
+                cm.stats = old.stats
             self.cams[n] = cm
-            self.exposures[n] = Exposure(p, cm.ae_weights, cm.ae_room, self._seed_seq, i)
-        self._streams: dict[str, object] = {}
+            if t is None:
+                self.exposures[n] = Exposure(p, cm.ae_weights, cm.ae_room, self._seed_seq, i)
+            else:
+                ex = self.exposures[n]
+                ex.relit(t, p, cm.ae_weights, cm.ae_room)
+                for m in cm.ae_weights:  # (a screen's brightness may have changed what its image gives)
+                    ex.screen_changed(m, t, self.screens[m].luminance(self._images[m][-1]))
 
     def _needed_hfov(self, node: str, margin_deg: float = 3.0) -> float:
         """The horizontal field of view `node`'s camera needs to see every other screen whole (degrees)."""
@@ -163,7 +216,67 @@ class SimulatedRoom:
         for n in config.room.nodes:
             for start, end in n.covered_s:
                 room.cover(n.name, start, end)
+            for c in n.changes:
+                room.change(n.name, c.at_s, dict(c.channel), c.ramp_s)
         return room
+
+    # ---- changes while the run goes ------------------------------------------------------------
+
+    def change(self, node: str, at_s: float, values: dict, ramp_s: float = 0.0) -> None:
+        """Change channel parameters of `node` (wccl/room/params.py names) `at_s` room seconds after the first
+        camera started: at once, or linearly over `ramp_s` (numbers and triples glide; other values switch
+        at the start). A lamp switched on: `ambient`, `glare`; a lid nudged: `yaw_deg`, `pitch_deg`,
+        `position_m`; a screen dimmed: `screen_brightness`; a busy laptop's camera: `fps`. Each change is logged as it begins
+        (`room_changed`). ValueError names a bad key or value, or a parameter that cannot change while
+        the run goes."""
+        self._check(node)
+        if self.exact:
+            raise ValueError("room changes: the 'exact' profile has no channel to change (choose profile "
+                             "'ideal', 'webcam' or 'harsh')")
+        if not at_s >= 0 or not ramp_s >= 0:
+            raise ValueError(f"a change of {node}'s channel needs at_s >= 0 and ramp_s >= 0, got {at_s}, {ramp_s}")
+        where = f"room.nodes[{self.nodes.index(node)}].changes"
+        fixed = sorted(set(values) & FIXED_KEYS)
+        if fixed:
+            raise ValueError(f"{where}: {', '.join(fixed)} cannot change while the run goes (they are the camera's "
+                             f"and the stream's make-up); changeable: what a lamp, a nudge, a dimmed screen or "
+                             f"another light does")
+        table = {**self._node_channels[self.nodes.index(node)], **values}
+        full = resolve(self.profile, self._channel, table, where + ".channel")
+        target = {k: getattr(full, k) for k in values}
+        self._changes[node].append((float(at_s), float(ramp_s), target))
+        self._changes[node].sort(key=lambda c: c[0])
+
+    def _params_at(self, node: str, rel: float) -> ChannelParams:
+        """`node`'s parameters `rel` room seconds after the first camera started (ramps in RAMP_STEP_S steps)."""
+        p = self._base[node]
+        for at, ramp, target in self._changes[node]:
+            if rel < at:
+                break
+            f = 1.0 if ramp <= 0 else min(1.0, math.floor((rel - at) / RAMP_STEP_S) * RAMP_STEP_S / ramp)
+            p = dataclasses.replace(p, **{k: _between(getattr(p, k), v, f) for k, v in target.items()})
+        return p
+
+    def _follow_changes(self, t: float) -> None:
+        """Bring the room up to the changes due by true time `t` (rebuilt only when a parameter moved)."""
+        if self._t0 is None or not any(self._changes.values()):
+            return
+        # (the room only moves forward: a capture rendered after another camera's later one sees the room as
+        # that one did, so the room is not rebuilt back and forth around a change)
+        rel = self._changed_to = max(t - self._t0, self._changed_to)
+        for n in self.nodes:
+            for i, (at, ramp, target) in enumerate(self._changes[n]):
+                if at <= rel and (n, i) not in self._begun:
+                    self._begun.add((n, i))
+                    structlog.get_logger("wccl.room").info(
+                        "room_changed", node=n, at_s=at, ramp_s=ramp,
+                        channel={k: list(v) if isinstance(v, tuple) else v for k, v in target.items()})
+        now = {n: self._params_at(n, rel) if self._changes[n] else self.params[n] for n in self.nodes}
+        if now == self.params:
+            return
+        self.params = now
+        self._place()
+        self._models(t)
 
     def cover(self, node: str, start_s: float, end_s: float) -> None:
         """Put a hand over `node`'s camera from `start_s` to `end_s` room seconds after the first camera
@@ -350,6 +463,7 @@ class SimulatedRoom:
         return np.concatenate(shown, axis=1)
 
     def _render(self, node: str, t: float, rng: np.random.Generator, stream: bool) -> np.ndarray:
+        self._follow_changes(t)
         cm = self.cams[node]
         if self.covered(node, t):
             self.captures += 1
@@ -458,10 +572,8 @@ class RoomCamera:
         wait = sched.deliver_delay()
         while True:
             now = self._room.now()
-            late = int((now - wait - self._start) / self._period) - self._k
-            if late > 0:
-                self.missed += late
-                self._k += late
+            self._k, late = sched.slot(self._k, now, self._room)
+            self.missed += late
             k = self._k
             self._k += 1
             t, delivered, rng = sched.draw(k)

@@ -98,10 +98,8 @@ class _Camera:
         sched = self.schedule
         wait = sched.deliver_delay()
         while True:
-            late = int((now - wait - self.start) / self.period) - self.k
-            if late > 0:
-                self.missed += late
-                self.k += late
+            self.k, late = sched.slot(self.k, now, self.room)
+            self.missed += late
             k = self.k
             self.k += 1
             t, delivered, rng = sched.draw(k)

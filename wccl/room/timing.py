@@ -39,6 +39,26 @@ class CaptureSchedule:
     def nominal(self, k: int) -> float:
         return self.start + k * self.period
 
+    def retime(self, k: int, fps: float) -> None:
+        """From capture k on, `fps` captures a second (a busy laptop's camera slows down): capture k stays
+        where it was due, the ones after it follow at the new period."""
+        t = self.nominal(k)
+        self.period = 1.0 / fps
+        self.start = t - k * self.period
+
+    def slot(self, k: int, now: float, room) -> tuple[int, int]:
+        """The capture to take next for a camera asked at true time `now` that would take capture k: past
+        the slots gone by while nobody asked (their count: missed), at the camera's rate as the room's
+        changes have it by then (`room`: SimulatedRoom). Returns (k, missed)."""
+        room._follow_changes(now)
+        node = room.nodes[self.node_index]
+        self.p = room.params[node]
+        fps = room.camera_fps(node)
+        if abs(fps * self.period - 1.0) > 1e-9:
+            self.retime(k, fps)
+        late = int((now - self.deliver_delay() - self.start) / self.period) - k
+        return (k + late, late) if late > 0 else (k, 0)
+
     def draw(self, k: int) -> tuple[float, bool, np.random.Generator]:
         """(start time of capture k, whether it is delivered, its generator positioned for rendering)."""
         rng = capture_rng(self.seed_seq, self.node_index, k)
@@ -130,6 +150,19 @@ class Exposure:
             self._events.append(ev)
         if len(self._events) > 256:  # older events only matter to captures long gone
             del self._events[1:129]
+
+    def relit(self, t: float, params: ChannelParams, weights: dict[str, float], room: float) -> None:
+        """The camera's parameters or what it meters changed at true time `t` (a lamp, a nudge): from the gain
+        it has then, it heads for the gain the new scene wants, with its usual lag (its reference, the level it
+        exposes for, stays: a brighter room darkens the screens in its captures)."""
+        g = self._log_gain(t)
+        self.p, self.weights, self.room = params, weights, room
+        self.lum = {name: self.lum.get(name, 0.0) for name in weights}
+        ev = (t, g, self._target())
+        if self._events[-1][0] >= t:
+            self._events[-1] = ev
+        else:
+            self._events.append(ev)
 
     def gain(self, t: float) -> float:
         g = math.exp(self._log_gain(t))
