@@ -63,6 +63,9 @@ REPORT_S = 1.0  # the link's figures are logged every this many seconds (node cl
 COMBINE_S = 0.1  # two uncorrectable reads of a screen at most this far apart may be combined (_decode)
 CAPTURES_FOR_PERIOD = 16  # the camera's capture period: over this many latest captures, by the camera's count
 BLIND_WARN_S = 10.0  # a camera that read no frame this long after its first capture says what it sees (once)
+# Once the run goes: a screen this camera read whose frames have not been read for this long is named, with
+# what to do (`screen_lost`: no code where it was; `screen_unread`: found there, but nothing reads).
+LOST_S = 3.0
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
            "unknown_op", "unknown_dtype", "bad_length", "unknown_sender")
@@ -145,6 +148,65 @@ class CameraView:
                 "closer or face the screens")
 
 
+@dataclasses.dataclass
+class ScreenWatch:
+    """The screens one camera reads, while the run goes: per sender, where its frames were read (centre and
+    size in camera pixels), when its last frame was read, and when a code was last found at that place (any,
+    and one that read as an idle screen: in view and well). A sender whose frames stopped for LOST_S is
+    named once (until one is read again): `lost` when no code was found where it was (the screen left the
+    view, or something covers it), `unread` when codes are found there but neither a frame nor an idle
+    screen reads (the light, a dimmed screen, a turn)."""
+
+    place: dict[int, tuple[np.ndarray, int]] = dataclasses.field(default_factory=dict)
+    frame_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    seen_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    idle_at: dict[int, float] = dataclasses.field(default_factory=dict)
+    named: dict[int, float] = dataclasses.field(default_factory=dict)  # sender -> when its last frame was read
+
+    def read(self, sender: int, centre: np.ndarray, size: int, t: float) -> float | None:
+        """A frame of `sender` read at `centre` at time `t`; how long it was gone if it had been named lost
+        or unread (else None)."""
+        self.place[sender] = (centre, size)
+        self.frame_at[sender] = t
+        gone = self.named.pop(sender, None)
+        return None if gone is None else t - gone
+
+    def code_at(self, centre: np.ndarray, t: float, idle: bool) -> None:
+        """A code found at `centre` at time `t` (read as an idle screen, or not)."""
+        for sender, (c, size) in self.place.items():
+            if np.abs(c - centre).max() < size / 2:
+                self.seen_at[sender] = t
+                if idle:
+                    self.idle_at[sender] = t
+
+    def check(self, now: float, image: tuple[int, int], names: list[str], me: str) -> list[tuple[int, str, str]]:
+        """The senders to name now: (sender, "lost" or "unread", what happened and what to do, in words)."""
+        out = []
+        for sender, last in self.frame_at.items():
+            if sender in self.named or now - last < LOST_S:
+                continue
+            peer = names[sender]
+            gone = round(now - last, 1)
+            if now - max(last, self.seen_at.get(sender, last)) >= LOST_S:
+                (x, y), w = self.place[sender][0], max(1, image[0])
+                h = max(1, image[1])
+                edge = ("left" if x < 0.2 * w else "right" if x > 0.8 * w else
+                        "top" if y < 0.2 * h else "bottom" if y > 0.8 * h else None)
+                where = f"at the {edge} edge of its view" if edge else "in its view"
+                out.append((sender, "lost", f"{me}'s camera has not found {peer}'s screen for {gone} s (it was "
+                            f"{where}): the screen left the camera's view or something covers one of them; turn "
+                            f"{me}'s laptop and {peer}'s back toward each other (python -m wccl.aim shows what "
+                            "each camera sees)"))
+            elif now - max(last, self.idle_at.get(sender, last)) >= LOST_S:
+                out.append((sender, "unread", f"{me}'s camera still finds {peer}'s screen but has read none of "
+                            f"its frames for {gone} s: a lamp or glare on the screen or the camera, a dimmed "
+                            f"screen, or a screen turned further away; python -m wccl.aim shows what it sees"))
+            else:
+                continue
+            self.named[sender] = last
+        return out
+
+
 class FrameDecoder(Actor):
     consumes = (Capture,)
     mailbox = (8, Overflow.DROP_OLDEST)  # camera frames: stale ones are worthless
@@ -206,6 +268,11 @@ class FrameDecoder(Actor):
         self.receiver = TransferReceiver(rank, len(node_names), session, key, handshake, transfers)
         self._layout_sent = False
         self._members_sent = 0  # the room's members in the SightKnown sent last (0: none sent)
+        # Per sender whose frames this camera read: where in the image (centre, size), when its last frame was
+        # read, when a code was last found there, when one read there as an idle screen; and the senders
+        # named lost or unread (ScreenWatch).
+        self.watch = ScreenWatch()
+        self._at: tuple[np.ndarray, int, float] | None = None  # the code being read: centre, size, capture time
 
     async def handle(self, msg: Capture) -> None:
         self.stats["captures"] += 1
@@ -255,6 +322,7 @@ class FrameDecoder(Actor):
             else:
                 order = list(self._order)
             done = self._idle = False
+            self._at = (quad.corners.mean(axis=0), max(quad.bbox[2:]), msg.time)
             for k in order:
                 self._use(k)
                 self._vote = self._place_vote = None
@@ -273,6 +341,7 @@ class FrameDecoder(Actor):
                 self.stats["idle_screens"] += 1
                 done = True
             centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
+            self.watch.code_at(centre, msg.time, idle=done and self._idle)
             if done:
                 view.read_code(centre, max(w, h))
             else:
@@ -289,6 +358,10 @@ class FrameDecoder(Actor):
                                      if k.startswith(("frames_rejected_", "captures_mixed"))})
             problem = self.ctx.results["camera_problem"] = view.problem()
             self.ctx.results["camera_seen"] = view.seen(self.node_names)
+            if sight is None or sight.known:
+                for sender, kind, problem in self.watch.check(msg.time, view.image, self.node_names, self.ctx.node):
+                    self.log.warning(f"screen_{kind}", direction=f"{self.node_names[sender]} -> {self.ctx.node}",
+                                     problem=problem)
             if not self._warned_blind and msg.time - self._first_at >= BLIND_WARN_S:
                 self._warned_blind = True
                 if problem is not None:
@@ -300,6 +373,11 @@ class FrameDecoder(Actor):
         rest waits for the next report), so that a rank that has heard of a peer never says its camera read
         no frame of it."""
         view = self.view
+        if self._at is not None:
+            found = self.watch.read(sender, *self._at)
+            if found is not None:
+                self.log.info("screen_found_again", direction=f"{self.node_names[sender]} -> {self.ctx.node}",
+                              after_s=round(found, 1))
         if sender not in view.read_from:
             view.read_from.add(sender)
             self.ctx.results["camera_problem"] = None
@@ -389,6 +467,7 @@ class FrameDecoder(Actor):
                 # (fine cells averaged into big ones, under blur); idle only if no layout reads it.
                 self._idle = True
                 return False
+            self._idle = True
             self.stats["idle_screens"] += 1
             return True
         centre = quad.corners.mean(axis=0)

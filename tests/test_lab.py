@@ -306,3 +306,42 @@ def test_the_report_reads_a_run_from_its_log_and_says_why_when_there_is_no_figur
     row = report.Row(("x",), "python -c raise(SystemExit(3))", report._latency)
     [(name, figure)] = report.measure(row, 60)
     assert name == "x" and figure.startswith("no figure: exit 3")
+
+
+def test_each_change_scenario_is_a_valid_room_and_moves_what_it_says():
+    """`wccl.lab changes` on the shipped room: every scenario's room file parses, and its room changes the
+    named node's channel at the given time (the nudge: 8 degrees from the node's own yaw)."""
+    import tomllib
+
+    from wccl.config import parse_config
+    from wccl.lab.changes import _step_s, scenarios
+    from wccl.room import SimulatedRoom
+
+    data = tomllib.loads((ROOT / "config.toml").read_text())
+    got = scenarios(data, 20.0)
+    assert set(got) == {"none", "lamp", "nudge", "hand", "dimmed", "slow camera", "turned away"}
+    for name, (node, extra, over) in got.items():
+        d = json.loads(json.dumps(data))
+        next(n for n in d["room"]["nodes"] if n["name"] == node).update(extra)
+        room = SimulatedRoom.from_config(parse_config(d, name, ROOT))
+        room.camera_started(0.0)
+        before = room.params[node]
+        room._follow_changes(21.0)
+        mid = room.params[node], room.camera_fps(node), room.visible_from(node)
+        room._follow_changes(over + 0.1)
+        if name == "nudge":
+            assert room.params[node].yaw_deg == pytest.approx(before.yaw_deg - 8.0)
+        if name in ("lamp", "nudge"):
+            assert room.params[node] != before
+        if name == "turned away":
+            assert mid[0].yaw_deg == pytest.approx(before.yaw_deg + 60.0) and "alice" not in mid[2]
+            assert room.params[node] == before and "alice" in room.visible_from(node)
+        if name in ("dimmed", "none"):  # (over and back again: as before)
+            assert room.params[node] == before
+        if name == "dimmed":
+            assert mid[0].screen_brightness == 0.4
+        if name == "slow camera":
+            assert mid[1] == 15.0 and room.camera_fps(node) == 30.0
+        if name == "hand":
+            assert room.covered(node, 21.0) and not room.covered(node, 23.5)
+    assert _step_s([1.0, 1.5, 2.0, 2.4, 9.0], 1.0, 3.0) == (0.5, 4) and _step_s([1.0], 0.0, 3.0) == (None, 1)

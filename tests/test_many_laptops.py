@@ -171,17 +171,25 @@ def test_the_built_in_run_on_the_collectives_is_bit_exact_with_its_reference(alg
 # The same intermittent as the test above (fixed 2026-12-03): one rerun while CI has not yet shown it gone.
 @pytest.mark.flaky(reruns=1)
 def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_fails_them_all(_quiet_logs):
-    """Carol's camera is covered in the middle of the run. For 2 s (less than the timeout): every rank waits
-    for her and the run ends with the reference's bits, later. For longer than the timeout: the step fails,
-    the run fails saying why, and no rank applied that step (the agreement of actors/collectives.py)."""
+    """Carol's camera is covered in the middle of the run. For 4 s (less than the timeout): every rank waits
+    for her and the run ends with the reference's bits, later; carol's node names each screen her camera
+    lost (`screen_lost`, with what to do) and says when it found it again. For longer than the timeout: the
+    step fails, the run fails saying why, and no rank applied that step (the agreement of
+    actors/collectives.py)."""
     from test_node import _reference_sha
     from wccl.supervisor import NodeFailed
 
     cfg = _ranks_config()
-    covered = _run(cfg, cover_s=2.0)
+    covered = _run(cfg, cover_s=4.0)
     assert covered["replicas_identical"] and covered["applied"] == 6
     assert {r["worker"]["params_sha256"] for r in covered["nodes"].values()} == {_reference_sha(cfg)}
     events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines() if line.startswith("{")]
+    lost = [e for e in events if e["event"].startswith("screen_") and e["event"] != "screen_found_again"]
+    assert sorted((e["event"], e["direction"]) for e in lost) == [("screen_lost", "alice -> carol"),
+                                                                  ("screen_lost", "bob -> carol")], lost
+    assert all("turn carol's laptop" in e["problem"] and "python -m wccl.aim" in e["problem"] for e in lost)
+    again = sorted(e["direction"] for e in events if e["event"] == "screen_found_again")
+    assert again == ["alice -> carol", "bob -> carol"]
     for node in ("alice", "bob", "carol"):  # every rank waited: one step took the cover's time more than the rest
         at = sorted(e["t"] for e in events if e["event"] == "step_applied" and e["node"] == node)
         gaps = sorted(b - a for a, b in zip(at, at[1:]))

@@ -9,6 +9,8 @@ size through the wccl backend, per collective algorithm);
 `python -m wccl.lab placement [--config FILE] [--json]` (camera pixels per cell by screen, lens and distance);
 `python -m wccl.lab rooms --count N --laptops 2|LOW-HIGH --seed S --out DIR` (rooms drawn at random: whether each
 that some layout reads starts and runs its steps, and why not);
+`python -m wccl.lab changes [--config FILE] [--at S] [--only lamp,...]` (the built-in run through a lamp, a nudge,
+a hand, a dimmed screen, a slower camera: steps applied, step time before and after);
 `python -m wccl.lab report [--slow] [--write BENCHMARKS.md]` (the headline figures, measured, as one table)."""
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             ("startup", "time init_process_group on every rank of a room (wall and simulated s)"),
             ("rooms", "rooms drawn at random: whether each that some layout reads starts and runs its steps, and "
                       "why not"),
+            ("changes", "the built-in run through changes of the simulated room while it goes (a lamp, a nudge, a "
+                        "hand, a dimmed screen, a slower camera): steps applied, step time before and after"),
             ("placement", "camera pixels per cell and the furthest distance each layout reads at, by screen, lens "
                           "and distance (no camera needed)"),
             ("report", "measure the headline figures; print their table or write it into BENCHMARKS.md")):

@@ -244,8 +244,13 @@ def run_room(data: dict[str, Any]) -> dict[str, Any]:
     try:
         with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
             res = runner.run(go())
-        out.update(started=True, applied=res["applied"],
-                   replicas_identical=res["replicas_identical"], room_s=res["sim_seconds"], why=None)
+        out.update(started=True, applied=res["applied"], replicas_identical=res["replicas_identical"],
+                   observer_identical=res["observer_identical"], test_accuracy=res["test_accuracy"],
+                   room_s=res["sim_seconds"], why=None)
+        # when the server's replica took each update, in room seconds after the first camera started
+        t0 = getattr(runs[0].medium, "cameras_started_at", None) or 0.0
+        server = res["nodes"].get(cfg.room.server, {}).get("worker", {})
+        out["applied_at"] = [round(t - t0, 3) for t in server.get("applied_at", [])]
     except BaseExceptionGroup as eg:
         failed = [str(e) for e in eg.subgroup(NodeFailed).exceptions] if eg.subgroup(NodeFailed) else [repr(eg)]
         out.update(started=False, applied=0, why=" | ".join(failed))
