@@ -249,6 +249,10 @@ class FrameDecoder(Actor):
         # Per sender strip: its last read that could not be corrected, its layout and when (see _decode).
         self._failed: dict[int | None, tuple[reader.ReadCode, int, float]] = {}
         self.stats: Counter = Counter()
+        # Per (sender, layout, outcome): frames whose error correction held ("decoded": before any check of
+        # the room key) and those lost ("uncorrectable", "mixed": filmed while the screen changed), by the
+        # sender its marks name (wccl doctor's replay prints them)
+        self.tally: Counter = Counter()
         # What this camera saw; while it reads nothing, why, in words, for the error of a rank that cannot
         # start (`camera_problem` in the node's results, refreshed with every `link_report`)
         self.view = view if view is not None else CameraView()
@@ -478,6 +482,7 @@ class FrameDecoder(Actor):
                for c, lk, v in previous):
             self.stats["frames_repeated"] += 1
             self.previous.append((centre, k, sampled[0]))
+            self._idle = True  # (a screen that holds its frame is in view and reads, as an idle one: ScreenWatch)
             return True
         if self.current is None and not reader.marks_agree(sampled[0], self.grid):
             # A layout on trial whose marks disagree before any colour fit: read_quad would call the read
@@ -543,7 +548,9 @@ class FrameDecoder(Actor):
         except fec.UncorrectableFrame:
             # (a mixed capture that does not correct is already counted as mixed)
             self.stats["captures_mixed_uncorrectable" if code.mixed else "frames_rejected_uncorrectable"] += 1
+            self.tally[(code.sender, self._layout, "mixed" if code.mixed else "uncorrectable")] += 1
             return False
+        self.tally[(code.sender, self._layout, "decoded")] += 1
         arrived = await self._accept_transfer(message, code, corrected, captured)
         if isinstance(arrived, TransferArrived) and arrived.op in streams.STREAMS:
             return self._tensor(arrived)

@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("wccl.launch", "run a PyTorch script on every laptop of a room (the 'wccl' backend)"),
     "lab": ("wccl.lab.__main__", "measure the link, collectives, training: bench, sweep, sync, collectives, train"),
     "devices": ("wccl.devices", "list this laptop's cameras and displays"),
+    "doctor": ("wccl.doctor", "record what this laptop's camera sees into one file for a bug report, or read one"),
     "aim": ("wccl.aim", "aim the laptops: each screen shows its code and what its camera sees, until both directions read"),
     "keys": ("wccl.keys", "make a room key, or fingerprint one (new, fingerprint)"),
     "seeds": ("wccl.training.seeds", "the seed study of the built-in model"),

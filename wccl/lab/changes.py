@@ -8,7 +8,8 @@ out of his camera's view), a hand over bob's camera for 3 s, alice's screen dimm
 at 15 frames a second for 30 s, bob's lid turned 60 degrees away (his screen and camera out of each
 other's view) and back 20 s later. The run lasts long enough for the change and 20 s after it. Printed per
 scenario, and with --json as one object: the steps applied of those scheduled, whether the replicas and the
-observers ended identical, the test accuracy, and the step time (the median time between the server's
+observers ended identical, the test accuracy, what the nodes said of screens they stopped reading
+(`screen_lost`, `screen_unread`) and found again, and the step time (the median time between the server's
 updates) in the 10 s before the change, in the 5 s from the change, and in the last 10 s; a step time of
 None means no update in that window (the run skipped those steps), with the count of updates there.
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tomllib
 from pathlib import Path
@@ -58,10 +58,13 @@ def _step_s(times: list[float], lo: float, hi: float) -> tuple[float | None, int
 
 def one(config: str, name: str, at: float, step_s: float) -> dict[str, Any]:
     """Run scenario `name` on the room file `config`."""
+    import io
+
     from wccl.lab.rooms import run_room
     from wccl.logs import configure_logging
 
-    configure_logging("json", "error", stream=open(os.devnull, "w"))
+    logs = io.StringIO()
+    configure_logging("json", "info", stream=logs)
     data = tomllib.loads(Path(config).read_text())
     node, extra, over = scenarios(data, at)[name]
     for n in data["room"]["nodes"]:
@@ -69,8 +72,12 @@ def one(config: str, name: str, at: float, step_s: float) -> dict[str, Any]:
             n.update(extra)
     steps = int((over + AFTER_S) / step_s) + 1
     data.setdefault("training", {})["steps"] = steps
-    data.setdefault("logging", {})["level"] = "error"
+    data.setdefault("logging", {})["level"] = "info"
     res = run_room(data)
+    # what the nodes said of the screens they stopped reading, and found again: (event, direction) in order
+    said = [json.loads(line) for line in logs.getvalue().splitlines() if '"screen_' in line]
+    screens = [f"{e['event']} {e['direction']} at {e.get('t', 0):.1f} s" for e in said
+               if e.get("event") in ("screen_lost", "screen_unread", "screen_found_again")]
     times = res.pop("applied_at", [])
     before, n_before = _step_s(times, at - 10.0, at)
     soon, n_soon = _step_s(times, at, at + 5.0)
@@ -78,7 +85,7 @@ def one(config: str, name: str, at: float, step_s: float) -> dict[str, Any]:
     last, n_last = _step_s(times, max(over, end - 10.0), end + 1e-9)
     return dict(scenario=name, node=node, change=extra, steps=steps, step_s_before=before, step_s_first_5s=soon,
                 updates_first_5s=n_soon, step_s_last_10s=last, updates_last_10s=n_last,
-                updates_after=sum(1 for t in times if t >= at), **res)
+                updates_after=sum(1 for t in times if t >= at), screens=screens, **res)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -126,4 +133,6 @@ def run(args: argparse.Namespace) -> int:
               f"{str(r.get('replicas_identical')):>9s} {str(r.get('observer_identical')):>9s} "
               f"{r.get('test_accuracy', float('nan')):6.3f} {s(r['step_s_before']):>11s} "
               f"{s(r['step_s_first_5s'], r['updates_first_5s']):>16s} {s(r['step_s_last_10s'], r['updates_last_10s']):>16s}")
+        for line in r["screens"]:
+            print(f"{'':12s} {line}")
     return 0

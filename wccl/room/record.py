@@ -142,10 +142,11 @@ class RecordingCamera:
 
 def read_recording(path: str | Path) -> list[tuple[np.ndarray, float]]:
     """All (image, time) pairs of a recording, in order (for tests and tools; FileCamera streams)."""
-    return list(_frames(Path(path)))
+    return list(iter_recording(path))
 
 
-def _frames(path: Path):
+def iter_recording(path: str | Path):
+    """The (image, time) pairs of a recording, one at a time (a long recording does not fit in memory)."""
     import av
 
     with av.open(str(path)) as container:
@@ -183,7 +184,7 @@ class FileCamera:
 
     def _next(self):
         if self._iter is None:
-            self._iter = _frames(self.path)
+            self._iter = iter_recording(self.path)
         try:
             return next(self._iter)
         except StopIteration:
