@@ -13,6 +13,7 @@ from conftest import ROOT
 from wccl import doctor
 
 
+@pytest.mark.slow
 def test_a_bundle_made_in_the_simulated_room_replays_and_says_what_the_camera_read(tmp_path):
     """Bob's camera for 3 room seconds of start-up in a two-laptop exact room: the bundle holds the room file
     as given, the recording, the log and the versions, never a key; replayed, it says how many frames of
