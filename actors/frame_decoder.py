@@ -31,7 +31,12 @@ not an H x W x 3 uint8 image is a counted loss. A camera that has read no
 frame `BLIND_WARN_S` after its first capture says what it saw
 (`camera_reads_nothing`: no code, or codes too small to read), and keeps
 that sentence in the node's results (`camera_problem`) for the error of a
-rank that cannot start. Frames from another session or run, from this node itself or from an
+rank that cannot start. Once the run goes, a screen whose frames it read and
+then stopped reading for `LOST_S` is named with what to do (`screen_lost`: no
+code where it was; `screen_unread`: found there but nothing reads;
+`ScreenWatch`), and `screen_found_again` says when it reads again. Per
+sender, layout and outcome it tallies the frames decoded and lost (`tally`,
+wccl doctor's replay). Frames from another session or run, from this node itself or from an
 unknown sender are ignored and counted; frames that fail are counted by
 reason, never delivered; at the end the node logs its link figures
 (`link_totals`) and `frames_refused` (a warning if any frame that read
