@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -155,11 +156,12 @@ def test_bad_codec_or_parameter_is_a_clear_error(name, params, match):
     ({"codec": "sign_ef", "codec_block": 12}, "codec_block"),
     ({"split": "by_colour"}, "training.split"),
     ({"model": "resnet"}, "training.model"),
+    ({"overlap": True, "drift_correction": True}, "training.overlap: drift_correction needs each round's average"),
 ])
 def test_bad_training_codec_keys_name_the_key(tmp_path, training, key):
     lines = [ROOM + "[training]"]
     for k, v in training.items():
-        lines.append(f"{k} = {v!r}".replace("'", '"'))
+        lines.append(f"{k} = {json.dumps(v)}")
     f = tmp_path / "room.toml"
     f.write_text("\n".join(lines) + "\n")
     with pytest.raises(ConfigError) as e:

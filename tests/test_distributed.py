@@ -373,6 +373,13 @@ def _check_compressed(lines: list[dict], world: int) -> None:
     assert len({d["local"]["sha"] for d in lines} | {d["local"]["global_sha"] for d in lines}) == 1
     assert len({d["local"]["averaged_sha"] for d in lines}) == 1
     assert lines[0]["local"]["bytes"] == lines[0]["local"]["expected_bytes"] > 0
+    # overlapped local steps: every replica ends the same after finish(); the first sync applies nothing,
+    # each later one the round before's exchange (its extras: that round's last step), finish() the rest
+    ov = lines[0]["overlap"]
+    assert len({d["overlap"]["sha"] for d in lines} | {d["overlap"]["global_sha"] for d in lines}) == 1
+    syncs = [r for r in ov["results"] if r is not None]
+    assert ov["results"][1] is None and syncs == [float(s) for s in range(1, len(ov["results"]) - 3, 2)], ov
+    assert ov["syncs"] == len(syncs) + 2 and ov["sha"] != lines[0]["local"]["sha"]
 
 
 @pytest.mark.slow
@@ -385,17 +392,24 @@ def test_codec_hooks_and_local_steps_over_light_frame_exactly_the_codec_bytes(tm
     proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--codecs", "int8,topk_ef")
     assert proc.returncode == 0, proc.stderr[-4000:]
     _check_compressed(lines, 2)
+    # the same bits as under gloo: the hooks' models, the local steps' and the overlapped local steps'
+    gloo = torchrun(SCRIPTS / "compressed.py", 2, "--codecs", "int8,topk_ef")[0]
     d = lines[0]
-    # what the node framed = DDP's constructor collectives + the codec bytes + the start check (32 B)
+    assert {k: h["sha"] for k, h in d["hooks"].items()} == {k: h["sha"] for k, h in gloo["hooks"].items()}
+    assert (d["local"]["sha"], d["overlap"]["sha"]) == (gloo["local"]["sha"], gloo["overlap"]["sha"])
+    # what the node framed = DDP's constructor collectives + the codec bytes + the start checks (32 B each)
     # + the local-steps extras (8 B a sync); the constructor's share is the same for both runs below
-    codec_bytes = sum(h["bytes"] for h in d["hooks"].values()) + d["local"]["bytes"] + 32 + 8 * d["local"]["syncs"]
+    def codec_bytes_of(d):
+        return (sum(h["bytes"] for h in d["hooks"].values()) + sum(d[k]["bytes"] + 32 + 8 * d[k]["syncs"]
+                                                                   for k in ("local", "overlap")))
+
+    codec_bytes = codec_bytes_of(d)
     assert d["bytes_posted"] > codec_bytes
     proc2, lines2 = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--codecs", "int8,topk_ef",
                            "--steps", "5")
     assert proc2.returncode == 0, proc2.stderr[-4000:]
     d2 = lines2[0]
-    codec_bytes2 = sum(h["bytes"] for h in d2["hooks"].values()) + d2["local"]["bytes"] + 32 + 8 * d2["local"]["syncs"]
-    assert d2["bytes_posted"] - d["bytes_posted"] == codec_bytes2 - codec_bytes
+    assert d2["bytes_posted"] - d["bytes_posted"] == codec_bytes_of(d2) - codec_bytes
 
 
 @pytest.mark.slow

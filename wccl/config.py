@@ -627,6 +627,9 @@ class TrainingConfig(_Strict):
     ema: float = Field(default=0.0, ge=0, lt=1)  # the result is an exponential average of the synced models
     augment: int = Field(default=0, ge=0, le=8)  # move each training image by up to N pixels (wccl.lab train)
     drift_correction: bool = False  # each local step also follows the ranks' mean direction (non-IID data)
+    # each sync's exchange travels while the next round's local steps compute; its outer step is applied one
+    # round late (LocalSteps overlap; not with drift_correction)
+    overlap: bool = False
     budget_s: float = Field(default=240.0, gt=0)  # wccl.lab train: simulated seconds to train for
     eval_every_s: float = Field(default=10.0, gt=0)  # wccl.lab train: evaluate every N simulated seconds
 
@@ -643,6 +646,9 @@ class TrainingConfig(_Strict):
         except CodecError as e:
             keys = ", ".join(CODEC_KEYS[p] for p in REGISTRY.get("codec", self.codec).params if p in CODEC_KEYS) or "codec"
             raise user_error(str(e), keys) from None
+        if self.overlap and self.drift_correction:
+            raise user_error("drift_correction needs each round's average before the next round: not with overlap",
+                             "overlap")
         return self
 
     def codec_params(self) -> dict[str, Any]:

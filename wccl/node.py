@@ -304,7 +304,7 @@ def builtin_run_check(cfg: WcclConfig) -> None:
     other keys of wccl.lab train run through wccl.distributed: say so instead of ignoring them."""
     tr = cfg.training
     odd = [f"{k} = {getattr(tr, k)!r}" for k, default in (("sync_every", 1), ("drift_correction", False),
-                                                          ("ema", 0.0), ("augment", 0))
+                                                          ("overlap", False), ("ema", 0.0), ("augment", 0))
            if getattr(tr, k) != default]
     if cfg.exchange == "collectives":
         from wccl.training.nodes import check

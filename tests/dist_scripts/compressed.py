@@ -80,6 +80,23 @@ def main() -> None:
                     "averaged_sha": hashlib.sha256(sync.averaged.numpy().tobytes()).hexdigest(),
                     "bytes": sync.bytes_sent, "syncs": sync.syncs,
                     "expected_bytes": sync.codec.encoded_size(670) * sync.syncs}
+    # the same with each round's exchange overlapping the next round's steps (one round late), and a tail of
+    # one step after the last sync that finish() syncs: every replica ends the same
+    model = build_model("hackathon_cnn", "dirac_zero_head", 0)
+    sync = LocalSteps(model, "topk_ef", sync_every=2, outer_lr=0.7, outer_momentum=0.9, ema=0.5, overlap=True,
+                      ratio=0.1)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
+    results = []
+    for step in range(2 * args.steps + 1):
+        xb, yb = batch_for_step(x, y, 256, 0, step, rank)
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        r = sync.step(extras=[float(step)])
+        results.append(None if r is None else r.extras[0][0])
+    sync.finish(extras=[-1.0])
+    out["overlap"] = {"sha": sha(model), "global_sha": hashlib.sha256(sync.global_params.numpy().tobytes()).hexdigest(),
+                      "syncs": sync.syncs, "bytes": sync.bytes_sent, "results": results}
     if args.backend == "wccl":
         import wccl.distributed as wd
 

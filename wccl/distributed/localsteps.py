@@ -16,6 +16,17 @@ every sync. The inner optimizer's state stays local, as in DiLoCo.
 
 Any extra float64 values a rank passes to `sync(extras=...)` travel with its
 bytes (e.g. its clock, so that all ranks take the same decision to stop).
+
+With `overlap=True` a round's exchange travels while the next round's inner
+steps compute (Streaming DiLoCo's overlap, a whole round long): at the end of
+round r a rank sends its change over round r and does not wait for it; it
+waits instead for round r-1's exchange, sent a round ago, applies that outer
+step to the global parameters (one round late), and goes on from them plus
+its own change over round r (not averaged yet). The global parameters and
+the outer momentum are still the same bits on every rank; each rank's local
+parameters differ by its own latest round until `finish()`, which applies
+the exchange in flight and syncs what is left, so that every replica ends
+the same. A sync's result (extras included) is then the previous round's.
 """
 
 from __future__ import annotations
@@ -42,9 +53,12 @@ class SyncResult:
 class LocalSteps:
     def __init__(self, model: torch.nn.Module, codec: str | Codec = "bf16", sync_every: int = 1,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True,
-                 group=None, drift_correction: bool = False, ema: float = 0.0, **codec_params: object) -> None:
+                 group=None, drift_correction: bool = False, ema: float = 0.0, overlap: bool = False,
+                 **codec_params: object) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
+        if overlap and drift_correction:
+            raise ValueError("drift_correction needs each round's average before the next round: not with overlap")
         self.model, self.group = model, group
         self.codec = get_codec(codec, **codec_params) if isinstance(codec, str) else codec
         self.sync_every, self.outer_lr, self.momentum, self.nesterov = sync_every, outer_lr, outer_momentum, nesterov
@@ -61,6 +75,9 @@ class LocalSteps:
         self.steps = 0
         self.syncs = 0
         self.bytes_sent = 0
+        self.overlap = overlap
+        self._anchor = self.global_params.clone()  # where this rank's current round started (overlap)
+        self._pending: tuple | None = None  # (future, data bytes, extras bytes) of the exchange in flight
         if dist.is_available() and dist.is_initialized():
             self._check_same_start()
 
@@ -101,17 +118,53 @@ class LocalSteps:
             return None
         return self.sync(extras)
 
-    def sync(self, extras: list[float] | None = None) -> SyncResult:
-        extras = list(extras or [])
-        outer_grad = self.global_params - self._flat()
-        data, own = self.feedback.encode(outer_grad)
-        tail = np.asarray(extras, dtype="<f8").tobytes()
-        parts = exchange(data + tail, self.group).wait()
+    def sync(self, extras: list[float] | None = None) -> SyncResult | None:
+        """Exchange this round's change and apply the outer step (with `overlap`, the previous round's:
+        None at the first sync)."""
+        if self.overlap:
+            return self._sync_overlapped(extras)
+        return self._sync(extras)
+
+    def finish(self, extras: list[float] | None = None) -> SyncResult | None:
+        """Bring every replica to the same parameters: with `overlap`, apply the exchange in flight, then
+        sync the inner steps made since it was sent (if any); without, sync the inner steps since the last
+        sync (if any). Returns the last sync's result (None: nothing to do)."""
+        if not self.overlap:
+            return self._sync(extras) if self.steps % self.sync_every else None
+        last = None
+        if self._pending is not None:
+            last, self._pending = self._apply(*self._pending), None
+        if self.steps % self.sync_every:  # (the same count on every rank: the same collectives)
+            last = self._sync(extras, start=self._anchor)
+        self._load(self.global_params)
+        self._anchor = self.global_params.clone()
+        return last
+
+    def _send(self, start: torch.Tensor, extras: list[float] | None) -> tuple:
+        """Encode this rank's change since `start` and start its exchange: (future, data bytes, extras
+        bytes, the change as sent)."""
+        data, own = self.feedback.encode(start - self._flat())
+        tail = np.asarray(list(extras or []), dtype="<f8").tobytes()
+        return exchange(data + tail, self.group), len(data), len(tail), own
+
+    def _sync_overlapped(self, extras: list[float] | None) -> SyncResult | None:
+        fut, n_data, n_tail, _ = self._send(self._anchor, extras)
+        change = self._anchor - self._flat()  # this rank's own change over the round, as it made it
+        result = self._apply(*self._pending) if self._pending is not None else None
+        self._pending = (fut, n_data, n_tail)
+        local = self.global_params - change
+        self._load(local)
+        self._anchor = local
+        return result
+
+    def _apply(self, fut, n_data: int, n_tail: int, own: torch.Tensor | None = None) -> SyncResult:
+        """Wait for an exchange and apply its outer step to the global parameters."""
+        parts = fut.wait()
         n = self.global_params.numel()
-        if any(len(p) != len(data) + len(tail) for p in parts):
+        if any(len(p) != n_data + n_tail for p in parts):
             raise RuntimeError("LocalSteps: ranks sent syncs of different sizes (different models, codecs or extras)")
-        avg = average_decoded(self.codec, [p[:len(data)] for p in parts], n)
-        if self.drift_correction:
+        avg = average_decoded(self.codec, [p[:n_data] for p in parts], n)
+        if self.drift_correction and own is not None:
             # SCAFFOLD-like, in the update space and without extra bytes: each inner step of the next round
             # also moves by (the ranks' mean move per step - this rank's own), so a rank whose data pulls
             # elsewhere (e.g. other classes) follows the common direction. Local only: the global
@@ -126,8 +179,14 @@ class LocalSteps:
         update = avg + self.momentum * self.velocity if self.nesterov else self.velocity
         self.global_params.sub_(self.outer_lr * update)
         self.averaged.mul_(self.ema).add_((1.0 - self.ema) * self.global_params)
-        self._load(self.global_params)
         self.syncs += 1
-        self.bytes_sent += len(data)
-        got = [np.frombuffer(p[len(data):], dtype="<f8").tolist() for p in parts]
-        return SyncResult(self.syncs, len(data), got)
+        self.bytes_sent += n_data
+        got = [np.frombuffer(p[n_data:], dtype="<f8").tolist() for p in parts]
+        return SyncResult(self.syncs, n_data, got)
+
+    def _sync(self, extras: list[float] | None, start: torch.Tensor | None = None) -> SyncResult:
+        """One exchange, waited for; every rank then takes the global parameters."""
+        fut, n_data, n_tail, own = self._send(self.global_params if start is None else start, extras)
+        result = self._apply(fut, n_data, n_tail, own)
+        self._load(self.global_params)
+        return result

@@ -88,6 +88,8 @@ def rank_args(tr: TrainingConfig) -> list[str]:
         a += ["--augment", str(tr.augment)]
     if tr.drift_correction:
         a.append("--drift-correction")
+    if tr.overlap:
+        a.append("--overlap")
     if tr.test_size is not None:
         a += ["--test-size", str(tr.test_size)]
     return a

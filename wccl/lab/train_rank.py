@@ -99,6 +99,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--outer-momentum", type=float, default=0.9)
     p.add_argument("--ema", type=float, default=0.0, help="evaluate an exponential average of the synced models")
     p.add_argument("--drift-correction", action="store_true", help="correct each rank's drift (LocalSteps)")
+    p.add_argument("--overlap", action="store_true", help="each sync's exchange overlaps the next round (LocalSteps)")
     p.add_argument("--lr", type=float, default=0.002, help="inner learning rate")
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="the inner optimizer")
     p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, or Adam's beta1")
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         from wccl.distributed.localsteps import LocalSteps
 
         sync = LocalSteps(model, args.codec, args.sync_every, args.outer_lr, args.outer_momentum,
-                          drift_correction=args.drift_correction, ema=args.ema, **json.loads(args.codec_params))
+                          drift_correction=args.drift_correction, ema=args.ema, overlap=args.overlap,
+                          **json.loads(args.codec_params))
     if args.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(args.momentum, 0.999), foreach=False)
     else:
@@ -183,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 next_eval += args.eval_every_s
         if done:
             break
+    if sync is not None:
+        sync.finish()  # (the same on every rank: the exchange in flight, the steps since the last sync)
     if sync is not None and args.ema:
         sync.load_averaged(model)  # the averaged model is the result
     with uncharged():
