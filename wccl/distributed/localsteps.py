@@ -99,6 +99,10 @@ class LocalSteps:
         """Put the averaged parameters (`ema`) into `model` (a copy of the trained model, e.g. to evaluate)."""
         self._load(self.averaged, [p for p in model.parameters() if p.requires_grad])
 
+    def load_global(self, model: torch.nn.Module) -> None:
+        """Put the global parameters (the same on every rank) into `model` (a copy, e.g. to evaluate)."""
+        self._load(self.global_params, [p for p in model.parameters() if p.requires_grad])
+
     def _load(self, flat: torch.Tensor, params: list[torch.Tensor] | None = None) -> None:
         i = 0
         with torch.no_grad():

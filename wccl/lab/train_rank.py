@@ -63,12 +63,18 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def eval_model(model: torch.nn.Module, sync, args: argparse.Namespace) -> torch.nn.Module:
-    if sync is None or not args.ema:
+    """What is evaluated during the run: the rank's model; with `ema`, the averaged parameters; with
+    `overlap`, the global parameters (every rank's, one round behind: a rank's own model also holds its
+    latest round, not averaged yet)."""
+    if sync is None or not (args.ema or args.overlap):
         return model
     import copy
 
     shadow = copy.deepcopy(model)
-    sync.load_averaged(shadow)
+    if args.ema:
+        sync.load_averaged(shadow)
+    else:
+        sync.load_global(shadow)
     return shadow
 
 
