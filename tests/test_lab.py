@@ -345,3 +345,15 @@ def test_each_change_scenario_is_a_valid_room_and_moves_what_it_says():
         if name == "hand":
             assert room.covered(node, 21.0) and not room.covered(node, 23.5)
     assert _step_s([1.0, 1.5, 2.0, 2.4, 9.0], 1.0, 3.0) == (0.5, 4) and _step_s([1.0], 0.0, 3.0) == (None, 1)
+
+
+def test_the_reports_fashion_row_compares_with_one_laptop_that_has_all_the_data():
+    """The headline row reads the lab's JSON: the two laptops' times against the reference with all the data
+    (the references are named half, all and hackathon)."""
+    from wccl.lab.report import _fashion
+
+    out = json.dumps({"time_to": {"0.900": 61.5, "0.910": None}, "test_accuracy": 0.9144,
+                      "references": {"half": {"time_to": {"0.900": 80.0}, "test_accuracy": 0.906},
+                                     "all": {"time_to": {"0.900": 60.0, "0.910": 100.0}, "test_accuracy": 0.9106}}})
+    assert _fashion(out, "") == ["**0.90 after 62 s** (two laptops) against 60 s for one laptop with all the data; "
+                                 "0.91 after not reached against 100 s; final 0.914 against 0.911"]

@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
             refs[kind] = next(x["summary"] for x in o if "summary" in x)
     s0 = summaries[0]
     result = dict(backend=args.backend, model=tr.model, params=s0["params"], dataset=tr.dataset, split=tr.split, codec=s0["codec"],
-                  sync_every=tr.sync_every, test_accuracy=s0["test_accuracy"], sim_seconds=s0["sim_seconds"],
+                  sync_every=tr.sync_every, overlap=tr.overlap, test_accuracy=s0["test_accuracy"],
+                  sim_seconds=s0["sim_seconds"],
                   bytes_per_sync=s0["bytes_per_sync"], bits_per_value=s0["bits_per_value"],
                   bf16_ratio=round(16 / s0["bits_per_value"], 2) if s0["bits_per_value"] else None,
                   syncs=s0["syncs"], steps=s0["steps"], compute_charged=all(s.get("compute_charged") for s in summaries),
@@ -196,8 +197,8 @@ def plot(path: Path, curves: dict[str, list[dict]], result: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    label = (f"WCCL, {result['world']} laptops over light: {result['codec']}, sync every {result['sync_every']} "
-             f"({result['bytes_per_sync']} B/sync)")
+    label = (f"WCCL, {result['world']} laptops over light: {result['codec']}, sync every {result['sync_every']}"
+             f"{' (overlapped)' if result.get('overlap') else ''} ({result['bytes_per_sync']} B/sync)")
     styles = {"wccl": dict(color="C0", lw=2.2, label=label)}
     styles.update({k: dict(color=c, lw=1.3, ls="--",
                            label=REFERENCES[k] + (" (its measured step time)" if k == "hackathon" else " (CPU time)"))

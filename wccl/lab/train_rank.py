@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                    test_accuracy=round(final, 4), params_sha256=params_sha256(model), split=args.split,
                    dataset=args.dataset, alone=args.alone, diverging=watch.reason)
     if sync is not None:
-        summary.update(codec=sync.codec.describe(), sync_every=args.sync_every, syncs=sync.syncs,
+        summary.update(codec=sync.codec.describe(), sync_every=args.sync_every, overlap=args.overlap, syncs=sync.syncs,
                        bytes_per_sync=sync.bytes_sent // max(1, sync.syncs),
                        bits_per_value=round(sync.codec.bits_per_value(n), 4))
         if args.backend == "wccl":
