@@ -2,7 +2,7 @@
 the `wccl` backend, through tests/torch_suite/runner.py: each test spawns its ranks as torch's
 `TestDistBackend` does, in a simulated `exact` room of its own.
 
-The normal run takes a sample that covers broadcast, all-reduce and send/recv
+The slow tier (`--slow`, as CI runs it) takes a sample that covers broadcast, all-reduce and send/recv
 (one pytest process for all of them, about 20 s of wall time per test on two cores).
 
     WCCL_TORCH_SUITE=all python -m pytest tests/test_torch_suite.py --slow -k suite_on_wccl
@@ -36,6 +36,7 @@ needs_expecttest = pytest.mark.skipif(importlib.util.find_spec("expecttest") is 
                                       reason="expecttest not installed (pip install -e '.[test]')")
 
 
+@pytest.mark.slow  # (about 50 s: each of torch's tests spawns its ranks and a room)
 @needs_expecttest
 def test_torch_distributed_tests_pass_on_wccl():
     """The sample in one pytest process: one test item, so that `-n 2` does not run the sample twice."""
