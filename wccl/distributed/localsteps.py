@@ -4,6 +4,7 @@
     for batch in data:
         loss(model, batch).backward(); inner_opt.step(); inner_opt.zero_grad()
         sync.step()        # every H-th call: exchange the change of the parameters, apply the outer step
+    sync.finish()          # after the last step: every replica the same (the steps since the last sync)
 
 The outer gradient of a rank is `global - local` (how far its H inner steps
 moved the parameters). Each rank encodes its own (with error feedback where
