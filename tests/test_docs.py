@@ -71,3 +71,25 @@ def test_a_doc_that_names_a_missing_event_flag_path_or_module_fails():
             "`sight_known`, `--config`, `docs/limits.md` and `wccl.training.nodes.node_class` are there.")
     assert stale(text, doc, words, flags) == ["name layout_chosen", "flag --old-flag", "path docs/gone.md",
                                               "module wccl.training.nodes.no_such_thing"]
+
+
+def test_the_config_overview_names_every_key_of_each_section_it_lists():
+    """docs/config-overview.md: each top-level section's row lists exactly the keys its model has (a key added or
+    renamed without the overview fails here)."""
+    import re
+
+    from wccl.configref import SECTIONS
+
+    models = {name.replace("[]", ""): model for name, model in SECTIONS}
+    text = (ROOT / "docs" / "config-overview.md").read_text()
+    rows = re.findall(r"^\| `\[\[?([a-z_.]+)\]\]?` \| ([^|]*) \|", text, re.M)
+    checked = 0
+    for section, keys in rows:
+        if section not in models:
+            continue
+        listed = set(re.findall(r"`([a-z_0-9]+)`", keys))
+        # (a table of its own row, such as [[room.nodes]], is not listed again as a key of its parent)
+        want = {k for k in models[section].model_fields if f"{section}.{k}" not in dict(rows)}
+        assert listed == want, (section, listed ^ want)
+        checked += 1
+    assert checked >= 10
