@@ -162,10 +162,7 @@ def replay(bundle: Path) -> dict[str, Any]:
     frames = range(captures)
     words = [f"{c.layout.rows}x{c.layout.cols} cells of {c.layout.cell_px} px, {c.layout.colours} colours"
              for c in ladder]
-    per: dict[str, dict[str, dict[str, int]]] = {}
-    for (sender, k, outcome), n in sorted(decoder.tally.items()):
-        who = names[sender] if 0 <= sender < len(names) else f"rank {sender}"
-        per.setdefault(who, {}).setdefault(words[k], Counter())[outcome] += n
+    per = by_sender(decoder.tally, names, words)
     view = decoder.view
     decoded = any(c.get("decoded") for lays in per.values() for c in lays.values())
     # (nothing decoded: why, in the words a node gives; else the per-layout counts say it)
@@ -173,6 +170,16 @@ def replay(bundle: Path) -> dict[str, Any]:
                 captures_without_code=len(frames) - view.with_code,
                 read={who: {lay: dict(c) for lay, c in lays.items()} for who, lays in per.items()},
                 seen=None if decoded else view.problem(), largest_code_px=list(view.largest))
+
+
+def by_sender(tally: Counter, names: list[str], words: list[str]) -> dict[str, dict[str, Counter]]:
+    """The decoder's tally, (sender, layout, outcome) -> frames, as sender name -> layout in words -> outcome
+    -> frames. A frame whose two sender strips disagree has no sender (None): "sender unread"."""
+    per: dict[str, dict[str, Counter]] = {}
+    for (sender, k, outcome), n in sorted(tally.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, *kv[0][1:])):
+        who = ("sender unread" if sender is None else names[sender] if 0 <= sender < len(names) else f"rank {sender}")
+        per.setdefault(who, {}).setdefault(words[k], Counter())[outcome] += n
+    return per
 
 
 def _print_replay(r: dict[str, Any]) -> None:
