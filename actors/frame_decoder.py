@@ -193,8 +193,7 @@ class ScreenWatch:
             peer = names[sender]
             gone = round(now - last, 1)
             if now - max(last, self.seen_at.get(sender, last)) >= LOST_S:
-                (x, y), w = self.place[sender][0], max(1, image[0])
-                h = max(1, image[1])
+                (x, y), (w, h) = self.place[sender][0], (max(1, image[0]), max(1, image[1]))
                 edge = ("left" if x < 0.2 * w else "right" if x > 0.8 * w else
                         "top" if y < 0.2 * h else "bottom" if y > 0.8 * h else None)
                 where = f"at the {edge} edge of its view" if edge else "in its view"

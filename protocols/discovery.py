@@ -47,9 +47,9 @@ from the third round on only after watching the ladder again as long as it
 first took, so each round's qualities rest on more frames than the last.
 The choice is made from the first round's rows that carry, or from the last
 round's (ROUNDS) whatever they carry: a room no layout reads then gives up,
-naming each direction. A rank sets COMPLETE in its row once its handshake is complete, and keeps
-greeting (showing status frames) until every row is COMPLETE, so the
-others' rows and echoes still pass through it.
+naming each direction. A rank sets COMPLETE in its row once its handshake
+is complete, and keeps greeting (showing status frames) until every row is
+COMPLETE, so the others' rows and echoes still pass through it.
 
 Rows are relayed only from senders this rank trusts (their frames proven to
 be of this run); a newer `version` replaces an older one.
@@ -132,8 +132,8 @@ def table_bytes(layouts: int) -> int:
     return MAX_RANKS * row_bytes(layouts)
 
 
-# Flags: FINAL (frozen), COMPLETE (handshake complete), in bits 3-5 how many layouts at the end of the ladder the row left out (0: it measured every layout), and in
-# bits 6-7 the rank's stage (Row.stage): in the room from the start (0), ABSENT (the lead's row for a rank
+# Flags: FINAL (frozen), COMPLETE (handshake complete), in bits 3-5 how many layouts at the end of the ladder
+# the row left out (0: it measured every layout), and in bits 6-7 the rank's stage (Row.stage): in the room from the start (0), ABSENT (the lead's row for a rank
 # the room started without), JOINING (the row of such a rank, which now runs and asks to join) or ADMITTED
 # (the lead's answer: the row of a rank that joined after the room started, and every later row of it).
 FINAL, COMPLETE = 0x01, 0x02
@@ -969,8 +969,8 @@ class SightTable:
     @property
     def known(self) -> bool:
         """Every rank's row is FINAL, of the same round, and they decide a layout that carries the collectives
-        (or it is the last round): the sight graph and the layout are the same on every rank. Once known, always (those rows never change what they say), so the room's
-        choice is kept then (`_room`) and not worked out again on every frame."""
+        (or it is the last round): the sight graph and the layout are the same on every rank. Once known,
+        always (those rows never change what they say), so the room's choice is kept then (`_room`) and not worked out again on every frame."""
         if self._room is None and self.known_rows(self.rows):
             k, _, least = self._decide_or_last(self.cost)
             self._room = (k, least)

@@ -326,9 +326,9 @@ def test_each_change_scenario_is_a_valid_room_and_moves_what_it_says():
         room = SimulatedRoom.from_config(parse_config(d, name, ROOT))
         room.camera_started(0.0)
         before = room.params[node]
-        room._follow_changes(21.0)
+        room.follow_changes(21.0)
         mid = room.params[node], room.camera_fps(node), room.visible_from(node)
-        room._follow_changes(over + 0.1)
+        room.follow_changes(over + 0.1)
         if name == "nudge":
             assert room.params[node].yaw_deg == pytest.approx(before.yaw_deg - 8.0)
         if name in ("lamp", "nudge"):

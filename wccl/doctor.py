@@ -143,31 +143,30 @@ def replay(bundle: Path) -> dict[str, Any]:
     names = [n.name for n in cfg.room.nodes]
     node = about["node"]
 
-    async def go(path: Path) -> tuple[FrameDecoder, int]:
+    async def go(path: Path) -> FrameDecoder:
         async def nowhere(msg):  # a listener answers nothing
             return None
 
         ctx = ActorContext(node, "frame_decoder", NodeClock(), Mailbox("replay", 8, "drop_oldest"), nowhere)
         decoder = FrameDecoder(ctx, ladder[0], cfg.room.session, names, transfer.TransferAssembler(),
                                ladder=ladder, lens=cfg.lens_of(node), listen=True)
-        seq = 0
-        for seq, (image, t) in enumerate(iter_recording(path), 1):
-            await decoder.handle(Capture(sender=node, time=t, image=image, seq=seq - 1))
-        return decoder, seq
+        for seq, (image, t) in enumerate(iter_recording(path)):
+            await decoder.handle(Capture(sender=node, time=t, image=image, seq=seq))
+        return decoder
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "camera.nut"
         path.write_bytes(video)
-        decoder, captures = asyncio.run(go(path))
-    frames = range(captures)
+        decoder = asyncio.run(go(path))
+    captures = decoder.stats["captures"]
     words = [f"{c.layout.rows}x{c.layout.cols} cells of {c.layout.cell_px} px, {c.layout.colours} colours"
              for c in ladder]
     per = by_sender(decoder.tally, names, words)
     view = decoder.view
     decoded = any(c.get("decoded") for lays in per.values() for c in lays.values())
     # (nothing decoded: why, in the words a node gives; else the per-layout counts say it)
-    return dict(node=node, about=about, captures=len(frames), captures_with_code=view.with_code,
-                captures_without_code=len(frames) - view.with_code,
+    return dict(node=node, about=about, captures=captures, captures_with_code=view.with_code,
+                captures_without_code=captures - view.with_code,
                 read={who: {lay: dict(c) for lay, c in lays.items()} for who, lays in per.items()},
                 seen=None if decoded else view.problem(), largest_code_px=list(view.largest))
 

@@ -122,6 +122,7 @@ class SimulatedRoom:
         self._changes: dict[str, list[tuple[float, float, dict]]] = {n: [] for n in self.nodes}
         self._begun: set[tuple[str, int]] = set()  # the changes logged as begun
         self._changed_to = -math.inf  # the latest room time (after the first camera started) the room was at
+        self._due = math.inf  # the next room time (after the first camera started) a change begins or a ramp steps
         self.cams: dict[str, CameraModel] = {}
         self.exposures: dict[str, Exposure] = {}
         self.views: dict[tuple[str, str], geometry.ScreenView] = {}
@@ -146,6 +147,8 @@ class SimulatedRoom:
         # Every laptop's lid is an opaque rectangle: it hides what lies behind it from the other cameras.
         self.lids = {n: geometry.lid_of(n, self.planes[n], self.params[n].bezel_m) for n in self.nodes}
         before = dict(self.views)
+        # (after a change: what each screen's image gives now; its brightness may have changed)
+        lum = {} if t is None else {m: self.screens[m].luminance(self._images[m][-1]) for m in self.nodes}
         for i, n in enumerate(self.nodes):
             p = self.params[n]
             cam = geometry.camera_of(self.bodies[n], p, self.planes[n])
@@ -181,10 +184,7 @@ class SimulatedRoom:
             if t is None:
                 self.exposures[n] = Exposure(p, cm.ae_weights, cm.ae_room, self._seed_seq, i)
             else:
-                ex = self.exposures[n]
-                ex.relit(t, p, cm.ae_weights, cm.ae_room)
-                for m in cm.ae_weights:  # (a screen's brightness may have changed what its image gives)
-                    ex.screen_changed(m, t, self.screens[m].luminance(self._images[m][-1]))
+                self.exposures[n].relit(t, p, cm.ae_weights, cm.ae_room, lum)
 
     def _needed_hfov(self, node: str, margin_deg: float = 3.0) -> float:
         """The horizontal field of view `node`'s camera needs to see every other screen whole (degrees)."""
@@ -226,8 +226,8 @@ class SimulatedRoom:
         """Change channel parameters of `node` (wccl/room/params.py names) `at_s` room seconds after the first
         camera started: at once, or linearly over `ramp_s` (numbers and triples glide; other values switch
         at the start). A lamp switched on: `ambient`, `glare`; a lid nudged: `yaw_deg`, `pitch_deg`,
-        `position_m`; a screen dimmed: `screen_brightness`; a busy laptop's camera: `fps`. Each change is logged as it begins
-        (`room_changed`). ValueError names a bad key or value, or a parameter that cannot change while
+        `position_m`; a screen dimmed: `screen_brightness`; a busy laptop's camera: `fps`. Each change is
+        logged as it begins (`room_changed`). ValueError names a bad key or value, or a parameter that cannot change while
         the run goes."""
         self._check(node)
         if self.exact:
@@ -246,20 +246,26 @@ class SimulatedRoom:
         target = {k: getattr(full, k) for k in values}
         self._changes[node].append((float(at_s), float(ramp_s), target))
         self._changes[node].sort(key=lambda c: c[0])
+        self._due = min(self._due, float(at_s))
 
-    def _params_at(self, node: str, rel: float) -> ChannelParams:
-        """`node`'s parameters `rel` room seconds after the first camera started (ramps in RAMP_STEP_S steps)."""
-        p = self._base[node]
+    def _params_at(self, node: str, rel: float) -> tuple[ChannelParams, float]:
+        """`node`'s parameters `rel` room seconds after the first camera started (ramps in RAMP_STEP_S steps),
+        and the next time after `rel` they can move (inf: never)."""
+        p, due = self._base[node], math.inf
         for at, ramp, target in self._changes[node]:
             if rel < at:
-                break
-            f = 1.0 if ramp <= 0 else min(1.0, math.floor((rel - at) / RAMP_STEP_S) * RAMP_STEP_S / ramp)
+                return p, min(due, at)
+            steps = math.floor((rel - at) / RAMP_STEP_S)
+            f = 1.0 if ramp <= 0 else min(1.0, steps * RAMP_STEP_S / ramp)
+            if f < 1.0:
+                due = min(due, at + (steps + 1) * RAMP_STEP_S)
             p = dataclasses.replace(p, **{k: _between(getattr(p, k), v, f) for k, v in target.items()})
-        return p
+        return p, due
 
-    def _follow_changes(self, t: float) -> None:
-        """Bring the room up to the changes due by true time `t` (rebuilt only when a parameter moved)."""
-        if self._t0 is None or not any(self._changes.values()):
+    def follow_changes(self, t: float) -> None:
+        """Bring the room up to the changes due by true time `t` (its cameras' captures call it: nothing to do
+        until the next time a change begins or a ramp steps, then rebuilt only if a parameter moved)."""
+        if self._t0 is None or t - self._t0 < self._due:
             return
         # (the room only moves forward: a capture rendered after another camera's later one sees the room as
         # that one did, so the room is not rebuilt back and forth around a change)
@@ -271,7 +277,9 @@ class SimulatedRoom:
                     structlog.get_logger("wccl.room").info(
                         "room_changed", node=n, at_s=at, ramp_s=ramp,
                         channel={k: list(v) if isinstance(v, tuple) else v for k, v in target.items()})
-        now = {n: self._params_at(n, rel) if self._changes[n] else self.params[n] for n in self.nodes}
+        at = {n: self._params_at(n, rel) for n in self.nodes if self._changes[n]}
+        self._due = min(due for _, due in at.values())
+        now = {n: at[n][0] if n in at else self.params[n] for n in self.nodes}
         if now == self.params:
             return
         self.params = now
@@ -463,7 +471,7 @@ class SimulatedRoom:
         return np.concatenate(shown, axis=1)
 
     def _render(self, node: str, t: float, rng: np.random.Generator, stream: bool) -> np.ndarray:
-        self._follow_changes(t)
+        self.follow_changes(t)
         cm = self.cams[node]
         if self.covered(node, t):
             self.captures += 1

@@ -50,7 +50,7 @@ class CaptureSchedule:
         """The capture to take next for a camera asked at true time `now` that would take capture k: past
         the slots gone by while nobody asked (their count: missed), at the camera's rate as the room's
         changes have it by then (`room`: SimulatedRoom). Returns (k, missed)."""
-        room._follow_changes(now)
+        room.follow_changes(now)
         node = room.nodes[self.node_index]
         self.p = room.params[node]
         fps = room.camera_fps(node)
@@ -151,15 +151,19 @@ class Exposure:
         if len(self._events) > 256:  # older events only matter to captures long gone
             del self._events[1:129]
 
-    def relit(self, t: float, params: ChannelParams, weights: dict[str, float], room: float) -> None:
-        """The camera's parameters or what it meters changed at true time `t` (a lamp, a nudge): from the gain
-        it has then, it heads for the gain the new scene wants, with its usual lag (its reference, the level it
-        exposes for, stays: a brighter room darkens the screens in its captures)."""
+    def relit(self, t: float, params: ChannelParams, weights: dict[str, float], room: float,
+              lum: dict[str, float]) -> None:
+        """The camera's parameters or what it meters changed at true time `t` (a lamp, a nudge, a screen's
+        brightness: `lum`, each screen's mean luminance now): from the gain it has then, it heads for the gain
+        the new scene wants, with its usual lag (its reference, the level it exposes for, stays: a brighter
+        room darkens the screens in its captures). A change is taken from the latest event on (a screen may
+        have changed since `t`, the capture's start), so the events stay in time order."""
+        t = max(t, self._events[-1][0])
         g = self._log_gain(t)
         self.p, self.weights, self.room = params, weights, room
-        self.lum = {name: self.lum.get(name, 0.0) for name in weights}
+        self.lum = {name: lum.get(name, self.lum.get(name, 0.0)) for name in weights}
         ev = (t, g, self._target())
-        if self._events[-1][0] >= t:
+        if self._events[-1][0] == t:
             self._events[-1] = ev
         else:
             self._events.append(ev)
