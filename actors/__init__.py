@@ -2,7 +2,7 @@
 (protocols.registry), and this package's import registers them all.
 
 Actors never import each other: they talk only through messages, wired by
-the supervisor (wccl.supervisor).
+the supervisor (wccl.runtime.supervisor).
 """
 
 from actors.camera_reader import CameraReader

@@ -14,7 +14,7 @@ each code found; only the latest matters (the mailbox keeps one).
 from __future__ import annotations
 
 from protocols.messages import Capture, CodeSeen
-from wccl.actor import Actor, ActorContext, Overflow
+from wccl.runtime.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 from wccl.media import Camera
 

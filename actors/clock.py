@@ -7,7 +7,7 @@ protocols.sync).
 Emits: `SendTensor` (an announcement or a hello), `ScheduleKnown` once the
 schedule is known, `Tick` at the absolute start of every phase of every step
 this node takes part in, `ScheduleDone` at the last step's deadline
-(wccl.schedule.DEADLINE_STEPS), then `Drain` (the node ends once its peers
+(wccl.runtime.schedule.DEADLINE_STEPS), then `Drain` (the node ends once its peers
 acknowledged what it sent).
 
 The parameter server's clock is the room's reference. Once the room has
@@ -18,7 +18,7 @@ acknowledged transfer; with the `auto` preset it sizes the phases from the
 tensors' frame counts in the layout discovery chose, the share of frames
 each camera reads of the server's screen and the server's of theirs, and
 how long a frame takes from screen to camera (the round trip it measures to
-each worker from the frames' timestamps, wccl.clocksync.FlightTimes), hop
+each worker from the frames' timestamps, wccl.runtime.clocksync.FlightTimes), hop
 by hop along each worker's way to the server on the sight graph (where the
 server and a worker do not read each other's screens, their tensors go
 through laptops that do: each hop's screen queues the tensors it passes
@@ -26,7 +26,7 @@ on), and step 0 comes `start_s` after the greeting for each hop of the
 longest way. Every other node says hello to the server when it has greeted
 (again when it joins after step 0, asking for a snapshot of the training
 state), estimates its clock against the server's from the frames'
-timestamps (wccl.clocksync: the server's frames it reads, and the server's
+timestamps (wccl.runtime.clocksync: the server's frames it reads, and the server's
 echoes of its own), sets its `SyncedClock`, and keeps re-estimating while
 training (every frame carries timestamps). A node whose camera and the
 server's do not read each other's screens syncs the same way against the
@@ -53,10 +53,10 @@ from protocols import sync
 from protocols.algorithms import Sight, chunks
 from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
-from wccl.actor import Actor, ActorContext, GiveUp, Overflow
+from wccl.runtime.actor import Actor, ActorContext, GiveUp, Overflow
 from protocols.registry import REGISTRY
-from wccl.clocksync import FlightTimes, OffsetEstimator
-from wccl.schedule import DEADLINE_STEPS, Schedule
+from wccl.runtime.clocksync import FlightTimes, OffsetEstimator
+from wccl.runtime.schedule import DEADLINE_STEPS, Schedule
 
 ROUND_HOLDS = 1  # the least a frame's flight (screen to camera, read) is booked at, in frame holds
 PUBLISH_S = 0.0005  # a node others sync against sends its estimate again once it moved this much

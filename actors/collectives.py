@@ -72,7 +72,7 @@ from protocols.algorithms import AlgorithmError, Plan, Sight, choose, chunks
 from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import (P2P_OPS, CollectiveDone, CollectiveRequest, Drain, HoldsKnown, PeerAcks,
                                 PostTransfer, SendTensor, SightKnown, TransferArrived, VoidCollectives)
-from wccl.actor import Actor, ActorContext, Overflow
+from wccl.runtime.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 
 # The reduce ops, by the name a request gives (`CollectiveRequest.reduce_op`), as torch's element-wise

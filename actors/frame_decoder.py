@@ -57,7 +57,7 @@ from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, Hol
                                 SightKnown, TensorReceived, TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
-from wccl.actor import Actor, ActorContext, Overflow
+from wccl.runtime.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 from wccl.imaging import reader
 from wccl.keys import new_run_nonce

@@ -34,7 +34,7 @@ from protocols import layout, transfer
 from protocols.link import LinkCodec
 from protocols.messages import Capture
 from protocols.security import REPLAY_WINDOW_S, RoomKey
-from wccl.actor import Actor, ActorContext, Overflow
+from wccl.runtime.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 from wccl.imaging import reader
 from wccl.media import Screen

@@ -44,7 +44,7 @@ import torch
 from protocols import snapshot as snap
 from protocols.messages import TensorReceived
 from wccl.compression import Codec, CodecError, get_codec
-from wccl.actor import Actor, ActorContext
+from wccl.runtime.actor import Actor, ActorContext
 from protocols.registry import REGISTRY
 
 KEEP_AVERAGES = 64  # averages kept while stalled, to catch up after a snapshot

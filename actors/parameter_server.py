@@ -11,7 +11,7 @@ the step was skipped; snapshots), `Snapshot` for the worker on this node.
 A step is reduced as soon as every worker's gradient for it arrived (of
 the workers in the room: one the room started without counts from the
 hello it says once it has joined), or at
-its deadline (the reduce tick wccl.schedule.DEADLINE_STEPS steps later; the
+its deadline (the reduce tick wccl.runtime.schedule.DEADLINE_STEPS steps later; the
 schedule ends at the last step's) with what arrived; steps are reduced in
 order. Only gradients computed on
 the server's current state (same epoch, `base` equal to its update count)
@@ -43,11 +43,11 @@ from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, S
                                 TensorReceived, Tick)
 from protocols.security import NO_KEY, RoomKey
 from wccl.compression import Codec, ErrorFeedback, get_codec
-from wccl.actor import Actor, ActorContext, Overflow
+from wccl.runtime.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
-from wccl.recovery import save_checkpoint
+from wccl.runtime.recovery import save_checkpoint
 from wccl.training.exchange import reduce
-from wccl.schedule import DEADLINE_STEPS, Schedule
+from wccl.runtime.schedule import DEADLINE_STEPS, Schedule
 
 
 class ParameterServer(Actor):

@@ -38,7 +38,7 @@ An observer then rebuilds the ranks' model bit for bit, or says what it
 missed.
 
 Checkpoints: every `checkpoint_every` applied steps each rank writes its
-training state to its own disk (wccl.recovery, tagged under the room key),
+training state to its own disk (wccl.runtime.recovery, tagged under the room key),
 keeping the one before too. A run started with `resume` (every rank at
 once, after the room stopped) first all-gathers which checkpoints each rank
 has (the step each continues from and its state's digest) as its
@@ -97,9 +97,9 @@ from wccl.compression import Codec, ErrorFeedback
 from protocols.messages import (CollectiveDone, CollectiveRequest, Drain, SendTensor, TensorReceived,
                                 VoidCollectives)
 from protocols.security import NO_KEY, RoomKey
-from wccl.actor import Actor, ActorContext, GiveUp, Overflow
+from wccl.runtime.actor import Actor, ActorContext, GiveUp, Overflow
 from protocols.registry import REGISTRY
-from wccl.recovery import CheckpointError, load_checkpoint, save_checkpoint
+from wccl.runtime.recovery import CheckpointError, load_checkpoint, save_checkpoint
 from wccl.training.divergence import HINT, DivergenceWatch
 from wccl.training.exchange import reduce
 

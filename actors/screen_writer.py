@@ -64,7 +64,7 @@ from protocols.messages import (AcksChanged, FrameTiming, HoldsKnown, LayoutChos
                                 VoidCollectives)
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey
-from wccl.actor import Actor, ActorContext, Overflow
+from wccl.runtime.actor import Actor, ActorContext, Overflow
 from protocols.registry import REGISTRY
 from wccl.media import Screen
 from wccl.keys import new_run_nonce

@@ -12,7 +12,7 @@ Each step, from its compute tick and once the server's word on the step
 before has arrived (an average, applied at once, or "skipped": the state
 stays), the worker computes its gradient (a word that came late, after
 later compute ticks, still has the next step computed, unless the server
-stopped waiting for it: wccl.schedule.DEADLINE_STEPS; the worker catches
+stopped waiting for it: wccl.runtime.schedule.DEADLINE_STEPS; the worker catches
 up step by step), encodes it with the run's codec
 through its own error feedback (`[training] codec`, wccl.training.exchange)
 and sends it; the compute is charged to the node's clock at the CPU time it
@@ -45,10 +45,10 @@ from protocols import snapshot as snap
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
                                 TensorReceived, Tick)
 from wccl.compression import Codec, CodecError, ErrorFeedback, get_codec
-from wccl.actor import Actor, ActorContext
+from wccl.runtime.actor import Actor, ActorContext
 from protocols.registry import REGISTRY
 from wccl.training.divergence import HINT, DivergenceWatch
-from wccl.schedule import DEADLINE_STEPS, Schedule
+from wccl.runtime.schedule import DEADLINE_STEPS, Schedule
 
 KEEP_AVERAGES = 256  # averages kept for catching up after a snapshot
 KEEP_DIGESTS = 64  # digests of own states kept, to check snapshots against

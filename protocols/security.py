@@ -14,7 +14,7 @@ separate subkeys:
   its node starts, transfer number: 4 bytes), so no nonce ever repeats
   under a key; the associated data binds the transfer's header (session,
   sender, transfer, collective, op, dtype, size, part).
-- `checkpoint`: a checkpoint file's tag (wccl.recovery).
+- `checkpoint`: a checkpoint file's tag (wccl.runtime.recovery).
 
 Freshness (`Handshake`): a frame filmed in one run and shown in another
 carries a valid MAC, so the MAC alone cannot refuse it. Each node draws a

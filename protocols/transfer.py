@@ -36,7 +36,7 @@ without a gap.
 
 Every frame carries the clock sync's timestamps: when the sender showed it
 (`shown_us`, its own clock) and an echo of one frame it read from a peer
-(that frame's `shown_us` and when the sender's camera caught it; wccl.clocksync).
+(that frame's `shown_us` and when the sender's camera caught it; wccl.runtime.clocksync).
 
 Every frame names the sender's run nonce (random, drawn when its node
 started) and the ranks whose nonces it trusts; its check is a MAC under the

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from wccl.config import WcclConfig, parse_config
-from wccl.timebase import VirtualTimeLoop
+from wccl.runtime.timebase import VirtualTimeLoop
 
 ROOT = Path(__file__).resolve().parent.parent
 # Set by .ci/run: there a tool the tests need (Xvfb, xdotool) that is missing fails its tests, never skips them.
@@ -72,7 +72,7 @@ def _quiet_logs():
     """Logs as JSON lines to a buffer, so tests can read them and output stays readable."""
     import io
 
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     buf = io.StringIO()
     configure_logging("json", "debug", stream=buf)

@@ -14,7 +14,7 @@ import pytest
 from conftest import make_config, run_virtual
 
 from protocols.messages import CollectiveRequest, Drain, VoidCollectives
-from wccl.distributed.runtime import CollectiveNode
+from wccl.distributed.rank_node import CollectiveNode
 from wccl.room import SimulatedRoom
 
 NAMES = ("alice", "bob", "carol")

@@ -216,7 +216,7 @@ def test_a_laptop_without_a_camera_says_so_before_its_window_opens():
     from wccl.config import parse_config
     from wccl.media.display import NoCamera
     from protocols.registry import REGISTRY
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     made = []
 

@@ -150,7 +150,7 @@ def test_only_the_built_in_run_keeps_a_progress_line_on_a_terminal():
 
     import structlog
 
-    from wccl.logs import configure_logging, end_progress
+    from wccl.runtime.logs import configure_logging, end_progress
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:

@@ -21,7 +21,7 @@ import pytest
 from wccl.config import ConfigError, parse_config
 from wccl.media.display import EXIT_NO_CAMERA, EXIT_NO_DISPLAY, NoCamera, NoDisplay, probe_display
 from wccl.media.window import draw_overlay, free_bands
-from wccl.timebase import NodeClock
+from wccl.runtime.timebase import NodeClock
 
 from conftest import IN_CI, ROOT, needs_tools, run_virtual, shipped_config_dict
 
@@ -289,7 +289,7 @@ WINDOW_PROBE = textwrap.dedent("""
     import numpy as np
     from wccl.media.window import WindowScreen
     from wccl.media.x11grab import HEADER
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     async def main():
         clock = NodeClock()

@@ -290,7 +290,7 @@ def test_a_screen_whose_frames_hold_part_of_the_table_shows_it_a_page_at_a_time(
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from protocols.messages import AcksChanged
-    from wccl.harness import ActorHarness
+    from wccl.runtime.harness import ActorHarness
 
     class Screen:
         def show(self, image) -> None:
@@ -333,7 +333,7 @@ def test_a_screen_pages_the_table_in_each_frame_size_on_its_own():
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from protocols.messages import AcksChanged
-    from wccl.harness import ActorHarness
+    from wccl.runtime.harness import ActorHarness
 
     class Screen:
         def show(self, image) -> None:
@@ -397,7 +397,7 @@ def test_news_of_the_handshake_takes_turns_with_transfers_on_the_screen():
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from protocols.messages import AcksChanged, PostTransfer
-    from wccl.harness import ActorHarness
+    from wccl.runtime.harness import ActorHarness
 
     class Screen:
         def show(self, image) -> None:
@@ -849,7 +849,7 @@ def test_a_ladder_of_big_cells_holds_a_rooms_frames_up_to_six_ranks_and_a_bigger
     do not, and a room file whose own ladder has that layout is refused saying why."""
     from conftest import make_config
     from wccl.config import DEFAULT_LADDER, ConfigError
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
 
     assert DEFAULT_LADDER[-1] == dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)
 
@@ -874,7 +874,7 @@ def test_a_classroom_tries_the_default_ladders_layouts_its_frames_fit_and_says_w
 
     from conftest import make_config
     from wccl.config import DEFAULT_LADDER, NODE_NAMES, ConfigError
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
 
     def room(n: int, **link):
         nodes = [{"name": NODE_NAMES[i], "roles": ["server", "worker"] if i == 0 else ["worker"]}
@@ -931,7 +931,7 @@ def test_a_joining_rank_says_what_its_admission_waits_for():
     """The error of a joining rank that is not let in names what is missing, from its own table."""
     from types import SimpleNamespace
 
-    from wccl.distributed.runtime import CollectiveNode
+    from wccl.distributed.rank_node import CollectiveNode
 
     st = discovery.SightTable(2, 3, LADDER_HOLDS)
     q = lambda *cols: tuple((15,) * 3 + (0,) * 4 if c in cols else (0,) * 7 for c in range(16))  # noqa: E731
@@ -992,7 +992,7 @@ def test_a_choice_that_fell_back_to_a_layout_read_one_way_does_not_carry_the_col
     # the room's choice (another round measures longer); in the last round the choice falls back to the
     # last layout, and `carries` says so (start-up then gives up, naming the directions, instead of starting
     # a run that can never sync). With bob reading alice in the last layout, the first round's rows carry.
-    from wccl.distributed.runtime import layout_cost
+    from wccl.distributed.rank_node import layout_cost
 
     def cost(k, edges, ranks):
         return layout_cost(ranks, edges, "auto", 10_000.0, 0.2)

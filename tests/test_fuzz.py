@@ -75,7 +75,7 @@ def test_what_the_fuzzer_found_stays_fixed(tmp_path):
     import struct
 
     from protocols import snapshot as snap
-    from wccl import recovery
+    from wccl.runtime import recovery
     from conftest import shipped_config_dict
     from wccl.config import ConfigError, load_config, parse_config
     from wccl.imaging import reader

@@ -1,4 +1,4 @@
-"""wccl.hostos: Ctrl-C on loops without add_signal_handler, and keeping the laptop awake on each OS (with fakes)."""
+"""wccl.runtime.hostos: Ctrl-C on loops without add_signal_handler, and keeping the laptop awake on each OS (with fakes)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from wccl.hostos import (
+from wccl.runtime.hostos import (
     ES_CONTINUOUS,
     ES_DISPLAY_REQUIRED,
     ES_SYSTEM_REQUIRED,
@@ -343,7 +343,7 @@ def test_a_child_started_to_end_with_its_parent_ends_when_the_parent_is_killed(t
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from wccl.hostos import end_with_parent\n"
+        "from wccl.runtime.hostos import end_with_parent\n"
         "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=end_with_parent)\n"
         f"open({str(pid_file)!r}, 'w').write(str(c.pid))\n"
         "time.sleep(60)\n")], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

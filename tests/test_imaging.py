@@ -13,7 +13,7 @@ from protocols.layout import GridLayout, render, render_idle
 from protocols.link import LinkCodec
 from protocols.messages import Capture, TensorReceived
 from protocols.security import Handshake
-from wccl.harness import ActorHarness
+from wccl.runtime.harness import ActorHarness
 from wccl.imaging import reader
 from wccl.config import with_values
 from wccl.lab.bench import run_bench

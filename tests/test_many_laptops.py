@@ -177,7 +177,7 @@ def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_f
     step fails, the run fails saying why, and no rank applied that step (the agreement of
     actors/collectives.py)."""
     from test_node import _reference_sha
-    from wccl.supervisor import NodeFailed
+    from wccl.runtime.supervisor import NodeFailed
 
     cfg = _ranks_config()
     covered = _run(cfg, cover_s=4.0)
@@ -217,7 +217,7 @@ def test_a_camera_covered_midway_through_the_built_in_run_delays_every_rank_or_f
 
 @pytest.mark.slow
 def test_a_rank_whose_training_fails_fails_its_node_and_is_not_restarted(monkeypatch, _quiet_logs):
-    from wccl.supervisor import NodeFailed
+    from wccl.runtime.supervisor import NodeFailed
     from wccl.training.replica import Replica
 
     calls = [0]

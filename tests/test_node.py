@@ -18,11 +18,11 @@ from actors.frame_decoder import FrameDecoder
 from protocols.layout import render
 from protocols.messages import Capture, TensorReceived
 from protocols.transfer import TransferAssembler
-from wccl.harness import ActorHarness
+from wccl.runtime.harness import ActorHarness
 from wccl.media.fake import FakeCamera
 from protocols.registry import REGISTRY
-from wccl.supervisor import NodeFailed
-from wccl.timebase import NodeClock
+from wccl.runtime.supervisor import NodeFailed
+from wccl.runtime.timebase import NodeClock
 from wccl.keys import new_run_nonce
 
 from conftest import ROOT, make_config, run_room, run_virtual

@@ -20,7 +20,7 @@ from protocols import snapshot as snap
 from wccl.compression import get_codec
 from protocols.messages import TensorReceived
 from wccl.config import ConfigError, parse_config
-from wccl.harness import ActorHarness
+from wccl.runtime.harness import ActorHarness
 from wccl.training.data import load_dataset
 from wccl.training.exchange import mean_of
 from wccl.training.replica import Replica

@@ -267,7 +267,7 @@ def test_the_screen_shows_again_what_only_an_earlier_incarnation_acknowledged():
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from protocols.messages import PeerAcks, PostTransfer
-    from wccl.harness import ActorHarness
+    from wccl.runtime.harness import ActorHarness
 
     class Screen:
         def __init__(self) -> None:
@@ -311,7 +311,7 @@ def test_a_rank_never_greeted_back_says_so():
     cameras do not read its screen)."""
     from types import SimpleNamespace
 
-    from wccl.distributed.runtime import CollectiveNode
+    from wccl.distributed.rank_node import CollectiveNode
 
     alice, bob = Node(0, 2), Node(1, 2)
     assert bob.rx.receive(alice.status(0.0)).refused == "unconfirmed_sender"
@@ -336,7 +336,7 @@ def _run_restart(names, profile, restart, down_s=3.0, late=None):
     starts so much later instead, and nothing restarts. Returns what each node saw."""
     import actors  # noqa: F401  (registers the actors)
     from protocols.messages import PostTransfer, TransferArrived
-    from wccl.distributed.runtime import CollectiveNode
+    from wccl.distributed.rank_node import CollectiveNode
     from wccl.room import SimulatedRoom
 
     class Rank(CollectiveNode):

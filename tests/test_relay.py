@@ -19,9 +19,9 @@ from actors.collectives import Collectives
 from protocols import streams, transfer
 from protocols.algorithms import Sight
 from protocols.messages import CollectiveRequest, Drain, PostTransfer, SendTensor, TensorReceived, TransferArrived
-from wccl.actor import ActorContext, Mailbox
-from wccl.timebase import NodeClock
-from wccl.distributed.runtime import CollectiveNode
+from wccl.runtime.actor import ActorContext, Mailbox
+from wccl.runtime.timebase import NodeClock
+from wccl.distributed.rank_node import CollectiveNode
 from wccl.room import SimulatedRoom
 
 NAMES = ("alice", "bob", "carol")

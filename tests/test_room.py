@@ -10,7 +10,7 @@ import pytest
 from conftest import make_config, run_virtual
 from wccl.room import SimulatedRoom
 from wccl.room.params import PROFILE_NAMES, resolve
-from wccl.timebase import NodeClock
+from wccl.runtime.timebase import NodeClock
 
 W, H = 320, 192  # small screens keep the tests fast; the camera stays 1280x720 unless a test says otherwise
 QUIET = {"disable": ["noise", "compression", "shading", "auto_exposure", "moire", "jitter", "drops", "stalls"]}

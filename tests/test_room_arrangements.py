@@ -106,7 +106,7 @@ def test_two_rows_each_camera_reads_across_and_diagonally_not_its_own_row(path):
     r, want = _rows(path)
     assert r.nodes == [f"{row}{k}" for k in range(len(r.nodes) // 2) for row in "ab"]  # rank order a0, b0, a1, ...
     cfg = load_config(path)
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
 
     # the ladder's 22 px cells, which start-up picks here (`python -m wccl.lab startup`)
     layout = next(c.layout for c, _ in collective_ladder(cfg) if c.layout.cell_px == 22)
@@ -183,7 +183,7 @@ def test_screens_far_apart_at_a_slant_read_in_the_ladders_biggest_cells_only():
     import cv2
 
     from protocols.layout import render
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
     from wccl.imaging import reader
 
     cv2.setNumThreads(1)

@@ -165,7 +165,7 @@ import pytest  # noqa: E402  (the node processes above need no pytest)
 from wccl.config import load_config  # noqa: E402
 from wccl.room import SimulatedRoom  # noqa: E402
 from wccl.room.remote import RoomClient, RoomClosedError, connect  # noqa: E402
-from wccl.timebase import VirtualTimeLoop  # noqa: E402
+from wccl.runtime.timebase import VirtualTimeLoop  # noqa: E402
 
 
 @pytest.fixture

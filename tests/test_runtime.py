@@ -10,10 +10,10 @@ import pytest
 from actors.clock import Clock
 from protocols import sync
 from protocols.messages import Capture, Drain, ScheduleDone, SendTensor, Tick
-from wccl.actor import Mailbox, MailboxClosed, Overflow
-from wccl.harness import ActorHarness
-from wccl.schedule import Schedule
-from wccl.timebase import NodeClock, VirtualTimeLoop, new_loop
+from wccl.runtime.actor import Mailbox, MailboxClosed, Overflow
+from wccl.runtime.harness import ActorHarness
+from wccl.runtime.schedule import Schedule
+from wccl.runtime.timebase import NodeClock, VirtualTimeLoop, new_loop
 
 from conftest import run_virtual
 
@@ -179,7 +179,7 @@ def test_a_terminal_gets_one_live_progress_line_under_the_log():
 
     import structlog
 
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -221,9 +221,9 @@ def test_the_schedule_sizes_a_way_of_several_hops_for_its_chunks_passed_on_as_th
     from actors.clock import Clock
     from protocols.algorithms import Sight
     from protocols.messages import SightKnown
-    from wccl.actor import ActorContext, Mailbox
+    from wccl.runtime.actor import ActorContext, Mailbox
     from wccl.config import SyncConfig
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
     from conftest import make_config
 
     # the eight-laptop table's layout (tests/test_many_laptops.py): a frame carries about 200 bytes

@@ -17,7 +17,7 @@ from protocols import snapshot as snap
 from protocols.security import Handshake, RoomKey
 from wccl.config import ConfigError, parse_config
 from wccl.keys import room_key
-from wccl.recovery import CheckpointError, load_checkpoint, save_checkpoint
+from wccl.runtime.recovery import CheckpointError, load_checkpoint, save_checkpoint
 from wccl.keys import new_run_nonce
 
 MSG = 1900
@@ -104,7 +104,7 @@ def test_the_built_in_run_uses_only_frames_of_this_run(_quiet_logs):
     from protocols.layout import GridLayout, render
     from protocols.link import LinkCodec
     from protocols.messages import AcksChanged, Capture, FrameTiming, TensorReceived
-    from wccl.harness import ActorHarness
+    from wccl.runtime.harness import ActorHarness
 
     codec = LinkCodec(GridLayout(40, 70, 8, 12), 0.8)
     hs = Handshake(1, 2, new_run_nonce(), window_s=4.0)

@@ -17,7 +17,7 @@ import pytest
 
 import actors  # noqa: F401  (registers the actors)
 from conftest import make_config, run_virtual
-from wccl.distributed.runtime import CollectiveNode, collective_ladder
+from wccl.distributed.rank_node import CollectiveNode, collective_ladder
 from wccl.room import SimulatedRoom
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def test_start_ups_watch_wakes_at_its_budget_once_and_always_later():
     # (a watch that compared times at its budget spun on a clock that read a hair short, freezing the room)
     import itertools
 
-    from wccl.distributed.runtime import WATCH_S, watch_times
+    from wccl.distributed.rank_node import WATCH_S, watch_times
 
     for start, budget in ((0.0, 10.0), (3.7, 10.0), (1.234567, 11.666666666666666)):
         times = list(itertools.islice(watch_times(start, budget), 40))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from actors.worker import Worker
 from protocols import snapshot as snap
 from protocols import sync
-from wccl.clocksync import FlightTimes, OffsetEstimator
+from wccl.runtime.clocksync import FlightTimes, OffsetEstimator
 from wccl.node import Fault, RoomRun
 from protocols.registry import REGISTRY
 

@@ -14,7 +14,7 @@ from conftest import make_config, run_virtual
 from protocols import frames, planner, transfer
 from protocols.messages import CollectiveRequest, Drain
 from protocols.planner import ScreenPlan
-from wccl.distributed.runtime import CollectiveNode
+from wccl.distributed.rank_node import CollectiveNode
 from wccl.room import SimulatedRoom
 
 MSG = 1900

@@ -21,7 +21,7 @@ from wccl.config import WebcamOptions
 from wccl.media import webcam
 from wccl.media.display import NoCamera
 from wccl.media.webcam import WebcamCamera
-from wccl.timebase import NodeClock
+from wccl.runtime.timebase import NodeClock
 
 LOCKS = {cv2.CAP_PROP_AUTO_EXPOSURE: "exposure", cv2.CAP_PROP_EXPOSURE: "exposure",
          cv2.CAP_PROP_AUTO_WB: "white balance", cv2.CAP_PROP_WB_TEMPERATURE: "white balance",
@@ -420,7 +420,7 @@ def test_the_decoder_tells_the_webcam_where_the_code_is():
     from protocols.layout import GridLayout
     from protocols.link import LinkCodec
     from protocols.messages import CodeSeen
-    from wccl.actor import ActorContext, Mailbox
+    from wccl.runtime.actor import ActorContext, Mailbox
 
     codec = LinkCodec(GridLayout(36, 70, 8, 16), 0.8)
     frame = codec.encode(b"x" * 100, count=1, session=1, sender=1, stream="sync", step=0)[0]

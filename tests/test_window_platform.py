@@ -171,7 +171,7 @@ def test_on_macos_a_window_is_only_ever_opened_on_the_main_thread(monkeypatch):
     FakeProcessWindow.made.clear()
     cfg = make_config()
     node = cfg.room.nodes[0].name
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     def from_worker():
         async def go():
@@ -376,7 +376,7 @@ def _solid(w, h, bgr):
 def test_process_window_from_a_worker_thread_shows_frames_and_hears_escape(monkeypatch, _quiet_logs):
     from wccl.media.display import read_pixels
     from wccl.media.xvfb import VirtualDisplay
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     cfg = make_config()
     node = cfg.room.nodes[0].name
@@ -442,7 +442,7 @@ def test_process_window_from_a_worker_thread_shows_frames_and_hears_escape(monke
 @needs_tools("Xvfb")
 def test_window_helper_ends_when_the_node_goes_and_the_node_hears_of_a_dead_helper(monkeypatch, _quiet_logs):
     from wccl.media.xvfb import VirtualDisplay
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     with VirtualDisplay(640, 480) as d:
         async def go():
@@ -465,7 +465,7 @@ def test_window_helper_ends_when_the_node_goes_and_the_node_hears_of_a_dead_help
 
 def test_process_window_reports_no_display_before_starting_a_helper():
     from wccl.media.display import NoDisplay
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     if not sys.platform.startswith("linux"):
         pytest.skip("the X display probe is for Linux")

@@ -7,9 +7,9 @@ import torch
 from conftest import run_virtual
 from wccl.compression import get_codec
 from protocols.messages import AveragedGradient, LocalGradient, ScheduleKnown, Tick
-from wccl.actor import ActorContext, Mailbox
-from wccl.schedule import Schedule
-from wccl.timebase import NodeClock
+from wccl.runtime.actor import ActorContext, Mailbox
+from wccl.runtime.schedule import Schedule
+from wccl.runtime.timebase import NodeClock
 from actors.worker import Worker
 
 PHASES = (("compute", 0.1), ("uplink", 0.3), ("reduce", 0.1), ("downlink", 0.3), ("apply", 0.2))  # 1 s steps

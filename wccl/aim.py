@@ -402,7 +402,7 @@ async def aim(cfg: WcclConfig, nodes: list[str] | None = None, peers: list[str] 
     node's outcome. Stops early on Esc in a window or when every node has lingered after `aim_ok`."""
     from wccl.keys import new_ephemeral, room_key
     from protocols.registry import REGISTRY
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     names = [n.name for n in cfg.room.nodes]
     run = nodes or names
@@ -466,7 +466,7 @@ def aim_first(cfg: WcclConfig, node: str | None, seconds: float) -> int | None:
     no display, no camera, a bad config), else None."""
     from wccl.media.capture import CameraLost
     from wccl.media.display import DeviceError
-    from wccl.timebase import new_loop
+    from wccl.runtime.timebase import new_loop
 
     log = structlog.get_logger("wccl")
     try:
@@ -492,11 +492,11 @@ def aim_first(cfg: WcclConfig, node: str | None, seconds: float) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from wccl.hostos import stop_on_signals
-    from wccl.logs import configure_logging
+    from wccl.runtime.hostos import stop_on_signals
+    from wccl.runtime.logs import configure_logging
     from wccl.media.display import DeviceError
     from protocols.registry import UnknownPart
-    from wccl.timebase import new_loop
+    from wccl.runtime.timebase import new_loop
 
     p = command_parser("wccl.aim",
                        description="Aim the laptops: each screen shows its code and what its camera sees, "

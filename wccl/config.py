@@ -467,7 +467,7 @@ class LinkConfig(_Strict):
 
     # "auto" (default): at start-up every node shows its status frames in the layouts of the ladder and
     # discovery picks the fastest whose well-read edges (`min_frames_ok`) carry the collectives
-    # (wccl.distributed.runtime). "pinned": the layout above (the default when the [link] table gives a
+    # (wccl.distributed.rank_node). "pinned": the layout above (the default when the [link] table gives a
     # layout but no `choose`).
     choose: Literal["pinned", "auto"] = "auto"
     ladder: list[LadderStep] | None = None  # auto: candidate layouts, densest first (default DEFAULT_LADDER)
@@ -539,7 +539,7 @@ class ScheduleConfig(_Strict):
     # auto: uplink and downlink hold the frames a tensor needs, divided by the share of frames the
     # slowest camera read at start-up, plus this many spare frames and a frame's measured flight; compute,
     # reduce and apply last `work_s`. None spare by default: a round that a dip in the reads makes late is
-    # caught up before its deadline (wccl.schedule.DEADLINE_STEPS), not lost.
+    # caught up before its deadline (wccl.runtime.schedule.DEADLINE_STEPS), not lost.
     margin_frames: int = Field(default=0, ge=0, le=100)
     work_s: float = Field(default=0.03, gt=0, le=60)  # auto: length of the compute, reduce and apply phases
 
@@ -563,7 +563,7 @@ class ScheduleConfig(_Strict):
 
 
 class SyncConfig(_Strict):
-    """Optical clock sync (wccl/clocksync.py, actors/clock.py)."""
+    """Optical clock sync (wccl/runtime/clocksync.py, actors/clock.py)."""
 
     min_samples: int = Field(default=6, ge=2, le=1000)  # samples each way before a node counts as synced
     window_s: float = Field(default=90.0, gt=1)  # samples older than this are forgotten (drift moves them)

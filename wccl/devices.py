@@ -248,7 +248,7 @@ async def _show_window(config_path: str, node: str | None, seconds: float | None
     from protocols import layout
     from wccl.config import load_config
     from wccl.media.window import WindowScreen
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     cfg = load_config(config_path)
     spec = cfg.room.node(node) if node else cfg.room.nodes[0]

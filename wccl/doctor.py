@@ -56,9 +56,9 @@ def make(config_path: Path, node: str, seconds: float, out: Path) -> dict[str, A
     """Run `node` (every node, in a simulated room) for `seconds`, recording its camera; write the bundle to
     `out`. Returns the bundle's about.json."""
     from wccl.keys import room_key
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
     from wccl.node import RoomRun
-    from wccl.timebase import new_loop
+    from wccl.runtime.timebase import new_loop
 
     text = config_path.read_text()
     cfg = load_config(config_path)
@@ -124,10 +124,10 @@ def replay(bundle: Path) -> dict[str, Any]:
     from actors.frame_decoder import FrameDecoder
     from protocols import transfer
     from protocols.messages import Capture
-    from wccl.actor import ActorContext, Mailbox
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.runtime.actor import ActorContext, Mailbox
+    from wccl.distributed.rank_node import collective_ladder
     from wccl.room.record import iter_recording
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     with zipfile.ZipFile(bundle) as z:
         missing = [f for f in BUNDLE_FILES if f not in z.namelist()]
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="--replay: print one JSON object")
     a = p.parse_args(argv)
     if a.replay:
-        from wccl.logs import configure_logging
+        from wccl.runtime.logs import configure_logging
 
         configure_logging("json", "error", stream=sys.stderr)
         try:

@@ -19,8 +19,8 @@ import sys
 import structlog
 
 from wccl.config import ConfigError, WcclConfig, load_config
-from wccl.hostos import stop_on_signals
-from wccl.supervisor import NodeSupervisor
+from wccl.runtime.hostos import stop_on_signals
+from wccl.runtime.supervisor import NodeSupervisor
 
 
 class IntruderNode(NodeSupervisor):
@@ -31,7 +31,7 @@ class IntruderNode(NodeSupervisor):
         return ["camera_reader", "intruder"]
 
     def build(self) -> None:
-        from wccl.distributed.runtime import collective_layout
+        from wccl.distributed.rank_node import collective_layout
 
         cfg = self.config
         screen = self._media()
@@ -56,7 +56,7 @@ async def _run(cfg: WcclConfig, node: str, medium) -> None:
 
 
 def main() -> int:
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
     from wccl.room import remote
 
     try:

@@ -680,7 +680,7 @@ def launch(args: argparse.Namespace) -> int:
     if cfg.room.medium == "hardware" and args.aim_seconds > 0:
         # Aim on this process's main thread (a window must open there on macOS), before the script starts.
         from wccl.aim import aim_first
-        from wccl.logs import configure_logging
+        from wccl.runtime.logs import configure_logging
 
         configure_logging(cfg.logging.format, args.log_level or cfg.logging.level)
         status = aim_first(cfg, args.node, args.aim_seconds)

@@ -23,11 +23,11 @@ import structlog
 
 from wccl.cli import command_parser
 from wccl.config import ConfigError, WcclConfig, load_config, with_values
-from wccl.hostos import stop_on_signals
-from wccl.logs import configure_logging, end_progress
+from wccl.runtime.hostos import stop_on_signals
+from wccl.runtime.logs import configure_logging, end_progress
 from wccl.media.display import DeviceError
 from protocols.registry import REGISTRY, UnknownPart
-from wccl.timebase import new_loop
+from wccl.runtime.timebase import new_loop
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -279,7 +279,7 @@ def summary_table(result: dict[str, Any]) -> str:
 
 
 async def _main_async(cfg: WcclConfig, only: str | None, summary: bool = False, faults: tuple[Fault, ...] = ()) -> int:
-    from wccl.supervisor import NodeFailed
+    from wccl.runtime.supervisor import NodeFailed
 
     loop = asyncio.get_running_loop()
     run = RoomRun(cfg, only, faults)

@@ -1,6 +1,6 @@
 """The dashboard's hub: what the page shows, gathered from the run's logs and messages.
 
-Consumes: every log event that passes the level filter (a tap in wccl.logs)
+Consumes: every log event that passes the level filter (a tap in wccl.runtime.logs)
 and every message a node's supervisor routes (`on_message`, a one-way tap:
 the hub never answers a node, so it is no channel between nodes).
 Emits: records for the page, kept in order for the whole run (`history`),

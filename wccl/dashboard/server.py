@@ -26,8 +26,8 @@ import structlog
 
 from wccl.config import ConfigError
 from wccl.dashboard.hub import Hub
-from wccl.logs import add_tap, remove_tap
-from wccl.timebase import VirtualTimeLoop
+from wccl.runtime.logs import add_tap, remove_tap
+from wccl.runtime.timebase import VirtualTimeLoop
 
 STATIC = Path(__file__).resolve().parent / "static"
 POLL_S = 0.05  # how often a wall-time wait looks at its condition

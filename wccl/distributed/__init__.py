@@ -23,7 +23,7 @@ room file's [logging]) and WCCL_STATUS_FD, a pipe on which the rank reports
 its start-up and its collectives' totals (wccl.distributed.status).
 
 Each rank runs its node (camera, screen, decoder, collectives) on a thread of
-its own process (wccl.distributed.runtime); the process group
+its own process (wccl.distributed.rank_node); the process group
 (wccl.distributed.backend) hands it every collective.
 """
 
@@ -135,7 +135,7 @@ def _env_rendezvous(url: str, timeout: timedelta = dist.default_pg_timeout, **kw
 def _create(opts, backend_options=None):
     """The backend's creator (torch's extended API): the world group first, then any subgroup of it."""
     from wccl.distributed.backend import WcclProcessGroup, WcclSubgroup
-    from wccl.distributed.runtime import RankNode
+    from wccl.distributed.rank_node import RankNode
 
     rank, world, timeout = opts.group_rank, opts.group_size, opts.timeout
     members = list(opts.global_ranks_in_group)
@@ -159,7 +159,7 @@ def _create(opts, backend_options=None):
             raise ConfigError(f"WCCL_CLOCK={clock}: expected 'virtual' or 'realtime'")
         cfg = with_values(cfg, "WCCL_CLOCK", room={"clock": clock})
     from wccl.distributed import status
-    from wccl.logs import add_tap, configure_logging
+    from wccl.runtime.logs import add_tap, configure_logging
 
     level = os.environ.get("WCCL_LOG_LEVEL") or cfg.logging.level
     fmt = os.environ.get("WCCL_LOG_FORMAT") or cfg.logging.format

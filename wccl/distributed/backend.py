@@ -6,7 +6,7 @@ the node's thread, with the output tensors once every part has arrived over
 the light (or fail with a clear error: a timeout, a mismatched call).
 
 Each call becomes one `CollectiveRequest` (numbered in call order: the
-group's sequence number) for the rank's node (wccl.distributed.runtime). The
+group's sequence number) for the rank's node (wccl.distributed.rank_node). The
 tensors travel as their raw bytes (little endian, C order); an algorithm of
 protocols.algorithms moves them (all_see_all: one transfer per rank, and
 every rank reduces the same parts in rank order; ring and star reduce on the
@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from actors.collectives import REDUCE_OPS
 from protocols.messages import CollectiveDone
-from wccl.distributed.runtime import RankNode
+from wccl.distributed.rank_node import RankNode
 from wccl.distributed.status import StatusChannel
 
 DTYPES: dict[torch.dtype, str] = {

@@ -18,7 +18,7 @@ then nothing here runs). One JSON object a line, `kind` first:
 The rank never waits for the launcher: the pipe does not block, and a line
 that does not fit is dropped (each collectives line carries totals).
 The rank's logging lets this tap see the node's info events whatever the
-log's level (`wccl.logs.configure_logging(taps_level="info")`).
+log's level (`wccl.runtime.logs.configure_logging(taps_level="info")`).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class StatusChannel:
                 self._close_locked()  # the launcher is gone
 
     def tap(self, event: dict[str, Any]) -> None:
-        """A structlog tap (wccl.logs.add_tap): the layout the node picked at start-up."""
+        """A structlog tap (wccl.runtime.logs.add_tap): the layout the node picked at start-up."""
         name = event.get("event")
         if name == "sight_known":
             prefix = f"{self.node}<-"

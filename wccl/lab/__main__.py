@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from wccl.config import with_values
     from wccl.lab.bench import HACKATHON_LINK, run_bench
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     configure_logging("json" if args.json else "auto", "warning", stream=sys.stderr)
 
@@ -175,7 +175,7 @@ def _run_ranks(room: Path, args: argparse.Namespace, ops: list[str]) -> tuple[in
     import subprocess
     import threading
 
-    from wccl.hostos import end_with_parent
+    from wccl.runtime.hostos import end_with_parent
     from wccl.lab import collectives_rank
     from wccl.launch import json_objects
 
@@ -232,7 +232,7 @@ def _collectives(args: argparse.Namespace) -> int:
     import tomllib
 
     from wccl.config import parse_config
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     configure_logging("json", "warning", stream=sys.stderr)
     room = Path(args.room)
@@ -315,7 +315,7 @@ def _sync(args: argparse.Namespace) -> int:
 
     from wccl.config import with_values
     from wccl.lab.syncbench import run_sync_bench
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     configure_logging("json", "warning", stream=sys.stderr)
     torch.set_num_threads(1)

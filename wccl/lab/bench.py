@@ -44,9 +44,9 @@ from protocols.security import TAG_BYTES
 from wccl.keys import new_run_nonce
 from protocols.transfer import TransferAssembler
 from wccl.config import WcclConfig, with_values
-from wccl.harness import ActorHarness
+from wccl.runtime.harness import ActorHarness
 from protocols.registry import REGISTRY
-from wccl.timebase import NodeClock, VirtualTimeLoop
+from wccl.runtime.timebase import NodeClock, VirtualTimeLoop
 
 HACKATHON_LINK = dict(rows=40, cols=70, colours=8, cell_px=16, hold_s=1.0, code_rate=1.0)
 
@@ -268,11 +268,11 @@ def spare_frames(source: int, lost: int, shown: int, miss: float = MISS) -> int:
 
 def choose_layout(cfg: WcclConfig, tensor_bytes: int, seed: int, sender: str | None,
                   receiver: str | None) -> tuple[WcclConfig, dict]:
-    """The config pinned to the layout its ranks choose (their own start-up: wccl.distributed.runtime's
+    """The config pinned to the layout its ranks choose (their own start-up: wccl.distributed.rank_node's
     discovery over the light, each layout judged by an all_reduce of `tensor_bytes`; a pinned [link] is kept
     as it is), and that layout's loss between this pair, measured over LOSS_TENSORS tensors (it sizes each
     tensor's repair frames)."""
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
 
     startup = None
     if cfg.link.choose == "auto":
@@ -302,7 +302,7 @@ def startup_choice(cfg: WcclConfig, layout_bytes: int, timeout_s: float = 120.0)
     all_reduce of `layout_bytes` (every rank's node in one simulated room, on virtual time, as
     init_process_group runs them), and what rank 0's discovery found (`sight_known`: the edges, the layouts
     measured) with the room seconds start-up took. A ValueError saying what start-up lacked if it fails."""
-    from wccl.distributed.runtime import CollectiveNode
+    from wccl.distributed.rank_node import CollectiveNode
 
     names = cfg.room.ranks
     if len(names) < 2:

@@ -61,7 +61,7 @@ def one(config: str, name: str, at: float, step_s: float) -> dict[str, Any]:
     import io
 
     from wccl.lab.rooms import run_room
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     logs = io.StringIO()
     configure_logging("json", "info", stream=logs)

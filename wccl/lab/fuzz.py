@@ -8,7 +8,7 @@ crash), and what it must never do:
 | transfer_frames   | protocols.receiver.TransferReceiver.receive (keyed)| nothing          | deliver a tensor that was not sent |
 | fec_symbols       | protocols.link.LinkCodec.decode_message            | UncorrectableFrame | - |
 | snapshots         | protocols.snapshot.decode_snapshot                 | SnapshotError    | - |
-| checkpoints       | wccl.recovery.load_checkpoint (keyed; and behind the tag, re-tagged with the key) | CheckpointError | load an altered file |
+| checkpoints       | wccl.runtime.recovery.load_checkpoint (keyed; and behind the tag, re-tagged with the key) | CheckpointError | load an altered file |
 | config            | wccl.config.load_config (TOML text)                | ConfigError      | - |
 | idx               | wccl.training.data.read_idx                        | DataError        | - |
 | camera_images     | actors.frame_decoder.FrameDecoder on a Capture     | nothing          | deliver a tensor that was not sent |
@@ -205,7 +205,7 @@ class Checkpoints(_Entry):
         super().__init__(rng, tmp)
         from protocols import snapshot as snap
         from protocols.security import RoomKey
-        from wccl import recovery
+        from wccl.runtime import recovery
 
         self.recovery = recovery
         self.allowed = (recovery.CheckpointError,)
@@ -300,8 +300,8 @@ class CameraImages(_Entry):
         from protocols.messages import Capture, TransferArrived
         from protocols.security import Handshake, RoomKey
         from wccl.config import load_config
-        from wccl.distributed.runtime import collective_ladder
-        from wccl.harness import ActorHarness
+        from wccl.distributed.rank_node import collective_ladder
+        from wccl.runtime.harness import ActorHarness
         from wccl.lab.attack import _Rank
         from wccl.room import SimulatedRoom
 

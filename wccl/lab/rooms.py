@@ -11,7 +11,7 @@ or too far to read.
 For each room the sweep finds out:
 
 - **readable**: whether some layout of the collectives' ladder
-  (wccl.distributed.runtime.collective_ladder) reads enough of the room for
+  (wccl.distributed.rank_node.collective_ladder) reads enough of the room for
   the collectives: every screen shows single-frame transfers in that layout
   at once and every camera decodes what it sees (the link bench's decoder,
   listening, wccl.lab.bench); a direction reads when at least
@@ -131,11 +131,11 @@ async def _probe(cfg, k: int, frames: int, seed: int) -> dict[tuple[int, int], f
     from protocols.messages import Capture, TensorReceived
     from wccl.keys import new_run_nonce
     from protocols.transfer import TransferAssembler
-    from wccl.distributed.runtime import collective_ladder
-    from wccl.harness import ActorHarness
+    from wccl.distributed.rank_node import collective_ladder
+    from wccl.runtime.harness import ActorHarness
     from wccl.keys import new_ephemeral, room_key
     from protocols.registry import REGISTRY
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     codec, hold = collective_ladder(cfg)[k]
     names = [n.name for n in cfg.room.nodes]
@@ -204,7 +204,7 @@ def _connected(n: int, both: set[tuple[int, int]]) -> bool:
 def judge(cfg, seed: int = 0, frames: int = PROBE_FRAMES) -> dict[str, Any]:
     """Whether some layout of the ladder reads enough of the room for the collectives (the module's
     docstring), trying the layouts from the end of the ladder; what each tried read."""
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
     from wccl.lab.bench import MIN_SHARE, _run
 
     names = [n.name for n in cfg.room.nodes]
@@ -228,8 +228,8 @@ def run_room(data: dict[str, Any]) -> dict[str, Any]:
     """Start-up and the built-in run's steps in this room, in this process (virtual time)."""
     from wccl.config import parse_config
     from wccl.node import RoomRun
-    from wccl.supervisor import NodeFailed
-    from wccl.timebase import VirtualTimeLoop
+    from wccl.runtime.supervisor import NodeFailed
+    from wccl.runtime.timebase import VirtualTimeLoop
 
     cfg = parse_config(data, "random room", Path.cwd())
     runs: list[RoomRun] = []
@@ -295,7 +295,7 @@ def run_backend(data: dict[str, Any], timeout_s: float = 900.0) -> dict[str, Any
 def one(seed: int, index: int, laptops: tuple[int, int], steps: int, backend: bool) -> dict[str, Any]:
     """Draw, judge and run room `index` of the draw `seed`."""
     from wccl.config import parse_config
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     configure_logging("json", "error", stream=open(os.devnull, "w"))
     data = draw_room(seed, index, laptops, steps)

@@ -58,7 +58,7 @@ def _rank_program() -> None:
 
     import wccl.distributed as wd
     from wccl.config import load_config
-    from wccl.distributed.runtime import collective_ladder
+    from wccl.distributed.rank_node import collective_ladder
 
     room0, cpu0, t0 = _room_cpu_s(), time.process_time(), time.perf_counter()
     dist.init_process_group("wccl")

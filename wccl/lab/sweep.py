@@ -159,7 +159,7 @@ def _one_thread() -> None:
 def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the workers
     _one_thread()
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     configure_logging("json", "error", stream=sys.stderr)
 

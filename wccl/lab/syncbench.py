@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from wccl.config import WcclConfig, with_values
-from wccl.timebase import new_loop
+from wccl.runtime.timebase import new_loop
 
 
 def run_sync_bench(cfg: WcclConfig, steps: int) -> dict[str, Any]:

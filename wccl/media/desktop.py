@@ -100,7 +100,7 @@ async def check(config, seconds: float = 2.0, payload_bytes: int = 400) -> dict:
     from protocols import fec, layout, streams
     from protocols.receiver import TransferReceiver
     from wccl.imaging import reader
-    from wccl.timebase import NodeClock
+    from wccl.runtime.timebase import NodeClock
 
     medium = DesktopMedium(config)
     clock = NodeClock()
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
 
     from wccl.config import load_config
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
     from wccl.media.display import DeviceError
 
     p = command_parser("wccl.media.desktop", main.__doc__)

@@ -11,7 +11,7 @@ import itertools
 
 import numpy as np
 
-from wccl.timebase import NodeClock
+from wccl.runtime.timebase import NodeClock
 
 
 class FakeCamera:

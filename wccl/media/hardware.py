@@ -19,7 +19,7 @@ closes them, on the thread that calls it, which must be the thread that made
 them (a rank of the `wccl` backend runs its node, windows included, on a
 thread of its own, and closes the medium there when the node ends).
 While it is open, the laptop neither sleeps nor blanks its screen
-(wccl.hostos.KeepAwake, started by the medium, ended by `close()` or when
+(wccl.runtime.hostos.KeepAwake, started by the medium, ended by `close()` or when
 the process ends).
 """
 
@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 
 from wccl.config import ConfigError
-from wccl.hostos import KeepAwake
+from wccl.runtime.hostos import KeepAwake
 from wccl.media.display import probe_display
 
 

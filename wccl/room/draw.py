@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from wccl.config import ConfigError, load_config
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
     from wccl.room import SimulatedRoom
 
     path = Path(args.room)

@@ -55,7 +55,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from wccl.timebase import NodeClock
+from wccl.runtime.timebase import NodeClock
 
 MAGIC = b"WCCLROOM1"
 VERSION = 1

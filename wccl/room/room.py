@@ -27,7 +27,7 @@ from wccl.room import geometry
 from wccl.room.channel import CameraModel, ScreenModel
 from wccl.room.params import PROFILE_NAMES, ChannelParams, check_overrides, resolve
 from wccl.room.timing import CaptureSchedule, Exposure, capture_rng
-from wccl.timebase import NodeClock
+from wccl.runtime.timebase import NodeClock
 
 
 POSE_KEYS = frozenset({"distance_m", "position_m", "yaw_deg", "pitch_deg", "roll_deg", "camera_offset_m", "aim"})

@@ -463,7 +463,7 @@ def _fail(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from wccl.config import ConfigError, load_config
-    from wccl.logs import configure_logging
+    from wccl.runtime.logs import configure_logging
 
     p = command_parser("wccl.room.serve",
                        description="Serve the simulated room to node processes on a Unix socket.")

@@ -1,6 +1,6 @@
 """Virtual time across processes: the event loop of a node process whose room runs elsewhere.
 
-`RoomTimeLoop` is `wccl.timebase.VirtualTimeLoop` with the decision to jump
+`RoomTimeLoop` is `wccl.runtime.timebase.VirtualTimeLoop` with the decision to jump
 moved to the room (wccl/room/serve.py): when the loop would block until its
 next timer, it tells the room `idle(deadline)` and waits for the room's
 `now T`. The room answers once every node process waits, with the earliest
@@ -26,7 +26,7 @@ from __future__ import annotations
 import selectors
 from typing import Callable, Protocol
 
-from wccl.timebase import CountsExecutorJobs, WrappedSelector
+from wccl.runtime.timebase import CountsExecutorJobs, WrappedSelector
 
 BUSY_POLL_S = 0.002  # while busy(): how long each real wait may block before busy() is asked again
 

@@ -2,7 +2,7 @@
 
 Every node that trains is a rank's node of wccl.distributed (CameraReader,
 FrameDecoder, ScreenWriter, Collectives: the run handshake, discovery at
-start-up, acknowledged transfers; wccl.distributed.runtime.CollectiveNode)
+start-up, acknowledged transfers; wccl.distributed.rank_node.CollectiveNode)
 with the run's own actors on top:
 
 - `ServerRunNode` (`[training] exchange = "server"`): a Clock, and the
@@ -29,8 +29,8 @@ import structlog
 
 from protocols.messages import Message
 from wccl.config import ConfigError, WcclConfig
-from wccl.distributed.runtime import CollectiveNode, collective_ladder
-from wccl.supervisor import NodeSupervisor
+from wccl.distributed.rank_node import CollectiveNode, collective_ladder
+from wccl.runtime.supervisor import NodeSupervisor
 
 MIN_GREET_S = 60.0  # a node gives up when the run handshake and discovery are not done in this long (room seconds)
 
@@ -127,7 +127,7 @@ class ServerRunNode(_TrainingNode):
         grad_codec = codec_from_config(tr)  # what gradients and averages travel as (wccl.training.exchange)
         resume, ckpt_path, server_replica = None, None, None
         if "server" in roles:
-            from wccl.recovery import CheckpointError, checkpoint_path, load_checkpoint
+            from wccl.runtime.recovery import CheckpointError, checkpoint_path, load_checkpoint
 
             ckpt_path = checkpoint_path(cfg.recovery.checkpoint_dir, room.session, self.node)
             if cfg.recovery.resume:
@@ -172,7 +172,7 @@ class TrainingRank(_TrainingNode):
         return [*super().actor_names(), "rank_worker"]
 
     def build(self) -> None:
-        from wccl.recovery import checkpoint_path
+        from wccl.runtime.recovery import checkpoint_path
         from wccl.training.exchange import codec_from_config
 
         super().build()

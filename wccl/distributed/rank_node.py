@@ -1,6 +1,6 @@
 """A rank's node: the actors that carry its collectives, on their own event-loop thread.
 
-`CollectiveNode` is a node supervisor (wccl.supervisor) with the actors of
+`CollectiveNode` is a node supervisor (wccl.runtime.supervisor) with the actors of
 a rank: CameraReader, FrameDecoder (transfer frames), ScreenWriter (the
 screen) and Collectives. It consumes `CollectiveRequest`s and hands every
 `CollectiveDone` to a callback. It runs on any loop and any medium; tests
@@ -34,10 +34,10 @@ import structlog
 
 from protocols import frames, transfer
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain, Message
-from wccl.actor import GiveUp
+from wccl.runtime.actor import GiveUp
 from wccl.config import ConfigError, WcclConfig
 from protocols.registry import REGISTRY
-from wccl.supervisor import NodeSupervisor
+from wccl.runtime.supervisor import NodeSupervisor
 
 
 def collective_layout(cfg: WcclConfig):

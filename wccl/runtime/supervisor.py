@@ -28,10 +28,10 @@ from typing import Any
 import structlog
 
 from protocols.messages import Message
-from wccl.actor import Actor, ActorContext, GiveUp, Mailbox, MailboxClosed
+from wccl.runtime.actor import Actor, ActorContext, GiveUp, Mailbox, MailboxClosed
 from wccl.config import WcclConfig
 from protocols.registry import REGISTRY
-from wccl.timebase import NodeClock, SyncedClock
+from wccl.runtime.timebase import NodeClock, SyncedClock
 
 
 class ActorFailed(Exception):

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import structlog
 
 from protocols.messages import Message
-from wccl.timebase import NodeClock
+from wccl.runtime.timebase import NodeClock
 
 
 class Overflow(enum.StrEnum):

@@ -15,8 +15,8 @@ import asyncio
 from typing import Any
 
 from protocols.messages import Message
-from wccl.actor import Actor, ActorContext, Mailbox, Overflow
-from wccl.timebase import NodeClock, SyncedClock
+from wccl.runtime.actor import Actor, ActorContext, Mailbox, Overflow
+from wccl.runtime.timebase import NodeClock, SyncedClock
 
 
 class ActorHarness:
