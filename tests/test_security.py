@@ -254,15 +254,26 @@ def test_checkpoints_are_refused_whole_when_truncated_altered_or_foreign(tmp_pat
 
 
 def _refused(stderr: str) -> dict[str, dict]:
+    """Each node's frames refused by reason, summed over its nodes (the pairing's, then the run's)."""
     from wccl.launch import json_objects
 
-    return {d["node"]: d for d in json_objects(stderr) if d.get("event") == "frames_refused"}
+    out: dict[str, dict] = {}
+    for d in json_objects(stderr):
+        if d.get("event") == "frames_refused":
+            total = out.setdefault(d["node"], {"losses": {}})
+            for k, v in d.items():
+                if isinstance(v, int) and not isinstance(v, bool):
+                    total[k] = total.get(k, 0) + v
+            total["losses"].update(d.get("losses") or {})
+    return out
 
 
 @pytest.mark.slow
 def test_an_intruder_changes_nothing(tmp_path):
-    """Random, forged, replayed (this run's and a filmed earlier run's) and bit-flipped frames from a laptop
-    without the key: every one refused by reason; the ranks end bit for bit as without the intruder (whose
+    """The ranks pair over the light (the room names no key) with the intruder's frames on view, then run.
+    Random, forged, replayed (this run's and a filmed earlier run's, its pairing included) and bit-flipped
+    frames from a laptop without the key: every one refused by reason; each run pairs, both ranks showing
+    the same code (and another code in the other run); the ranks end bit for bit as without the intruder (whose
     run ends as gloo's: the same data, the same collectives, the same result). The room's and the intruder's
     whole output goes to a log file (the launcher shows none of it once it stops them): the intruder's actors
     ran without a restart or failure, to the launcher's stop."""
@@ -273,7 +284,6 @@ def test_an_intruder_changes_nothing(tmp_path):
 
     rooms = tmp_path / "rooms"
     rooms.mkdir()
-    shutil.copy(ROOT / "rooms" / "demo-room.key", rooms)
     text = (ROOT / "rooms" / "intruder.toml").read_text().replace('level = "warning"',
                                                                  'level = "warning"\nformat = "json"')
     # A short replay window (the room's default is 20 s) so that a short run outlasts it.
@@ -292,6 +302,12 @@ def test_an_intruder_changes_nothing(tmp_path):
     for log in logs:
         events = [d.get("event") for d in json_objects(log.read_text()) if d.get("node") == "mallory"]
         assert not {"actor_restarted", "actor_failed", "node_failed"} & set(events), log.read_text()[-3000:]
+    codes = []
+    for proc in (proc1, proc2):
+        shown = {d["node"]: d["code"] for d in json_objects(proc.stderr) if d.get("event") == "pairing_code"}
+        assert set(shown) == {"alice", "bob"} and len(set(shown.values())) == 1, shown
+        codes.append(shown["alice"])
+    assert codes[0] != codes[1]  # (a one in a million chance that two runs' codes agree)
     reference = torchrun(EXAMPLES / "ddp_mnist.py", 2, *steps)
     shas = {d["params_sha256"] for d in first + second + reference}
     assert len(shas) == 1 and len(first) == len(second) == len(reference) == 2
@@ -299,7 +315,9 @@ def test_an_intruder_changes_nothing(tmp_path):
     assert set(refused) == {"alice", "bob"}
     for node, r in refused.items():
         assert r["check_mismatch"] > 30, r  # forged, random and bit-flipped frames
-        assert r.get("other_run", 0) > 0, r  # frames filmed in the first run
+        # frames filmed in the first run: its pairing's (unkeyed) refused as another run's, its keyed
+        # frames as made under another key (each run pairs a new key) among the check mismatches
+        assert r.get("other_run", 0) > 0, r
         assert r.get("replayed_old", 0) > 0, r  # this run's frames, shown again after the window
         # the run's own frames got through beside the intruder's (2 ranks, 20 steps: 98 in one CI run)
         assert r["frames_ok"] > 60 and not r["losses"].get("payload_not_authentic"), r

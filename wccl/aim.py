@@ -400,8 +400,9 @@ async def aim(cfg: WcclConfig, nodes: list[str] | None = None, peers: list[str] 
               seconds: float = 60.0) -> dict[str, Any]:
     """Aim the nodes named (default: all), each at `peers` (default: every other node); return each
     node's outcome. Stops early on Esc in a window or when every node has lingered after `aim_ok`."""
-    from wccl.keys import new_ephemeral, room_key
     from protocols.registry import REGISTRY
+    from protocols.security import NO_KEY
+    from wccl.keys import new_ephemeral, pairs, room_key
     from wccl.runtime.timebase import NodeClock
 
     names = [n.name for n in cfg.room.nodes]
@@ -411,7 +412,8 @@ async def aim(cfg: WcclConfig, nodes: list[str] | None = None, peers: list[str] 
             raise ConfigError(f"--node {n}: not a node of the room ({', '.join(names)})")
     aims = {n: targets(cfg, n, peers) for n in run}  # (bad names said before the room or a window opens)
     medium = REGISTRY.create("medium", cfg.room.medium, config=cfg)
-    key = room_key(cfg, ephemeral=new_ephemeral() if cfg.room.medium == "simulated" else None)
+    # (a room that pairs has no key while it aims: its aim frames carry no tensors)
+    key = NO_KEY if pairs(cfg) else room_key(cfg, ephemeral=new_ephemeral() if cfg.room.medium == "simulated" else None)
     stop = asyncio.Event()
     bind_stop = getattr(medium, "bind_stop", None)
     if bind_stop is not None:

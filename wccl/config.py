@@ -301,7 +301,10 @@ class RoomConfig(_Strict):
     # Start-up waits this long (room seconds, on the server-role node's clock) for every node; then the run
     # starts without the workers not started, if the rest make the quorum (they join when they start).
     wait_for_nodes_s: float = Field(default=60.0, gt=0, le=3600)
-    security: Literal["auto", "off"] = "auto"  # off: no key even in a simulated room (frames unauthenticated, e.g. to measure the cost)
+    # How the room gets its key when key_file and key_env name none: "auto" (a simulated room draws one for
+    # the run, as if copied to every laptop; real devices pair over the light), "pair" (pair over the light,
+    # the simulated room too), "none" (no key: frames unauthenticated, tensors in the clear; said loudly).
+    key: Literal["auto", "pair", "none"] = "auto"
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this
     nodes: list[NodeSpec] = Field(min_length=2, max_length=16)  # the laptops, in rank order (a frame names 1 of 16)
@@ -352,8 +355,8 @@ class RoomConfig(_Strict):
         if self.intruders and self.medium != "simulated":
             raise user_error(f"intruder node {self.intruders[0]!r}: intruders are a test of the simulated room",
                              "nodes", names.index(self.intruders[0]), "roles")
-        if self.security == "off" and (self.key_file is not None or self.key_env is not None):
-            raise user_error("security = \"off\" runs without a key: leave out key_file and key_env", "security")
+        if self.key != "auto" and (self.key_file is not None or self.key_env is not None):
+            raise user_error(f"key = {self.key!r} and a key_file or key_env: give the room's key one way", "key")
         if self.key_file is not None and self.key_env is not None:
             raise user_error("give the room key one way: key_file or key_env, not both", "key_env")
         if self.key_env is not None and not self.key_env.strip():
@@ -771,7 +774,7 @@ class WcclConfig(_Strict):
 
 # What a value of each enumerated key is, by key path without indices (OneOf fields name their own).
 NOUNS: dict[str, str] = {
-    "room.clock": "a clock", "room.security": "a security setting",
+    "room.clock": "a clock", "room.key": "a way to get the room key",
     "room.nodes.roles": "a role", "room.nodes.actors": "an actor", "room.nodes.webcam.backend": "a camera backend",
     "camera.lens": "a lens model", "link.colours": "a number of colours", "link.ladder.colours": "a number of colours",
     "link.choose": "a way to choose the layout", "schedule.preset": "a schedule preset",

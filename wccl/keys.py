@@ -8,11 +8,14 @@
 
 A room names its key with `[room] key_file = "room.key"` or `key_env =
 "WCCL_ROOM_KEY"` (a passphrase in that environment variable, stretched with
-scrypt). A simulated room that names neither gets a fresh random key for
-each run (`ephemeral`): the process that starts the run (wccl.node, or
+scrypt). A room of real devices that names neither pairs over the light at
+start (`pairs`: wccl.distributed.pairing, protocols.pairing): its ranks agree
+on a key for the run and the people at the table check the six digits every
+screen shows. A simulated room that names neither gets a fresh random key
+for each run (`ephemeral`): the process that starts the run (wccl.node, or
 wccl.launch for its ranks through WCCL_RUN_KEY) draws it, as if it had been
-copied to every laptop. A room of real devices that names neither runs
-unauthenticated, and says so loudly; so does any room with `security = "off"`.
+copied to every laptop; with `key = "pair"` it pairs as real devices do. A
+room with `key = "none"` runs unauthenticated, and says so loudly.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from wccl.config import ConfigError
 from wccl.cli import command_parser
 
 RUN_KEY_ENV = "WCCL_RUN_KEY"  # the ephemeral key of a simulated run, set by wccl.launch for its ranks
+# A simulated run that pairs: the folder where the people at the table note the code each screen shows
+# (wccl.distributed.pairing.TableFolder), set by wccl.launch for its ranks.
+PAIR_TABLE_ENV = "WCCL_PAIR_TABLE"
 
 
 def new_run_nonce() -> int:
@@ -60,8 +66,13 @@ def room_key(cfg, *, ephemeral: bytes | None = None) -> RoomKey:
     """The key a node of this room uses. `ephemeral`: the run's key if the room is simulated and names none
     (else WCCL_RUN_KEY from the environment); raises ConfigError for a key that cannot be had."""
     room = cfg.room
-    if room.security == "off":
+    if room.key == "none":
         return NO_KEY
+    if pairs(cfg):
+        raise ConfigError("room.key: this room gets its key by pairing over the light (a room of real devices "
+                          "that names no key does), which `wccl launch` does and the built-in run does not yet: "
+                          "give the room a key (python -m wccl.keys new rooms/room.key, then [room] key_file = "
+                          "\"room.key\" on every laptop), or run without one: [room] key = \"none\"")
     try:
         if room.key_file is not None:
             return RoomKey(read_key_file(room.key_file), f"file {room.key_file}")
@@ -87,6 +98,14 @@ def room_key(cfg, *, ephemeral: bytes | None = None) -> RoomKey:
     return NO_KEY
 
 
+def pairs(cfg) -> bool:
+    """Whether this room's ranks pair over the light for their key: `key = "pair"`, or real devices whose room
+    names no key (`key = "auto"`, no key_file or key_env)."""
+    room = cfg.room
+    return room.key == "pair" or (room.key == "auto" and room.medium != "simulated" and room.key_file is None
+                                  and room.key_env is None)
+
+
 def new_ephemeral() -> bytes:
     return os.urandom(KEY_BYTES)
 
@@ -99,7 +118,8 @@ def log_key(log, key: RoomKey) -> None:
     else:
         log.warning("frames_unauthenticated",
                     why="no room key: anything with a screen in view can inject frames and any camera can "
-                        "read the tensors; set [room] key_file (python -m wccl.keys new room.key) or key_env")
+                        "read the tensors; leave out [room] key = \"none\" to pair over the light, or set key_file "
+                        "(python -m wccl.keys new room.key) or key_env")
 
 
 def write_key(path: Path, force: bool = False) -> None:

@@ -69,7 +69,7 @@ from pathlib import Path
 
 from wccl.cli import command_parser
 from wccl.config import ConfigError, load_config
-from wccl.keys import RUN_KEY_ENV, new_ephemeral, room_key
+from wccl.keys import PAIR_TABLE_ENV, RUN_KEY_ENV, new_ephemeral, pairs, room_key
 
 EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 ROOM_START_S = 60.0  # how long the room process may take to open its socket
@@ -672,7 +672,8 @@ def launch(args: argparse.Namespace) -> int:
     if args.node is not None and args.node not in ranks:
         raise LaunchError(f"--node {args.node}: not a training node of the room ({', '.join(ranks)})")
     simulated = cfg.room.medium == "simulated"
-    room_key(cfg)  # a key file or passphrase that cannot be had: one line here, before anything starts
+    if not pairs(cfg):
+        room_key(cfg)  # a key file or passphrase that cannot be had: one line here, before anything starts
     if args.node is not None and simulated:
         raise LaunchError("--node runs one laptop's rank on real devices; the simulated room runs every rank "
                           "(leave out --node)")
@@ -720,9 +721,11 @@ def launch(args: argparse.Namespace) -> int:
             job.term.say(f"{config_path.name}: {len(ranks)} ranks ({', '.join(ranks)}); starting the simulated "
                          f"room ({cfg.room.profile} profile, {args.clock or cfg.room.clock} clock)")
             base["WCCL_ROOM_AUTHKEY"] = secrets.token_hex(16)
-            if (cfg.room.key_file is None and cfg.room.key_env is None and cfg.room.security == "auto"
+            if (cfg.room.key_file is None and cfg.room.key_env is None and cfg.room.key == "auto"
                     and not base.get(RUN_KEY_ENV)):
                 base[RUN_KEY_ENV] = new_ephemeral().hex()  # the run's room key (wccl.keys): every rank's
+            if pairs(cfg):  # the people at the table, who see every screen's pairing code
+                base[PAIR_TABLE_ENV] = tempfile.mkdtemp(prefix="wccl-pairing-")
             base["WCCL_ROOM"] = job.start_room(config_path, ranks + cfg.room.intruders, args.clock, base, log)
             # Intruders (a test of the room key): their own processes, without the run's key.
             bare = {k: v for k, v in base.items() if k != RUN_KEY_ENV}

@@ -173,9 +173,10 @@ class CollectiveNode(NodeSupervisor):
 
     def __init__(self, config: WcclConfig, node: str, medium: Any, *, timeout_s: float,
                  on_done: Callable[[CollectiveDone], None], stop: asyncio.Event | None = None,
-                 clock_origin: float = 0.0, key=None) -> None:
+                 clock_origin: float = 0.0, key=None, announce_key: bool = True) -> None:
         super().__init__(config, node, medium, stop, clock_origin)
         self.key = key  # the room key (protocols.security.RoomKey); None: the one the room names
+        self.announce_key = announce_key  # log which key it uses (a pairing's node, keyed by nothing yet, does not)
         self.ranks = config.room.ranks
         if node not in self.ranks:
             raise ConfigError(f"node {node!r} is an observer, not a rank ({', '.join(self.ranks)})")
@@ -200,7 +201,8 @@ class CollectiveNode(NodeSupervisor):
         from wccl.keys import log_key, new_run_nonce, room_key
 
         key = self.key if self.key is not None else room_key(cfg)
-        log_key(structlog.get_logger("wccl"), key)
+        if self.announce_key:
+            log_key(structlog.get_logger("wccl"), key)
         self.key_fingerprint = key.fingerprint
         # The run handshake: this rank's run nonce, and which of its peers' nonces it trusts.
         from protocols.algorithms import Sight
@@ -548,8 +550,16 @@ class RankNode:
         loop = asyncio.get_running_loop()
         structlog.contextvars.bind_contextvars(node=self.node)
         origin = 0.0 if self.config.room.clock == "virtual" else loop.time()
+        key = None  # the one the room names
+        from wccl.keys import pairs
+
+        if pairs(self.config):
+            from wccl.distributed.pairing import pair, people_for
+
+            people = people_for(self.config, self.config.room.ranks, asyncio.sleep)
+            key = await pair(self.config, self.node, medium, people, clock_origin=origin, timeout_s=self.timeout_s)
         self.sup = CollectiveNode(self.config, self.node, medium, timeout_s=self.timeout_s,
-                                  on_done=self._done, clock_origin=origin)
+                                  on_done=self._done, clock_origin=origin, key=key)
         bind_stop = getattr(medium, "bind_stop", None)  # a real window's Esc stops the node, as in wccl.node
         if bind_stop is not None:
             bind_stop(self.sup.stop.set)

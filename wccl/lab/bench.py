@@ -73,7 +73,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     codec = cfg.link.codec()
     hold = cfg.link.hold_s
     w, h = cfg.screen.width, cfg.screen.height
-    # The room key, as a run would have it (simulated rooms: a fresh one; `[room] security = "off"`: none):
+    # The room key, as a run would have it (simulated rooms: a fresh one; `[room] key = "none"`: none):
     # frames authenticated, tensors sealed.
     from wccl.keys import new_ephemeral, room_key
 

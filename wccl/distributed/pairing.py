@@ -1,0 +1,185 @@
+"""Pairing over the light at start: the ranks of a room with no key agree on one (protocols.pairing).
+
+`pair()` runs before a rank's node: a node of the ranks' own collectives (`CollectiveNode`), keyed by
+nothing yet, carries the pairing's three collectives (commitments, reveals, the leader's sealed key); every
+rank then shows the same six digits, and the key is used only once the people at the table confirm them
+(`confirm`). Then that node drains and stops, and the rank's node starts under the new key.
+
+Confirmations, by where the laptops are:
+- `ConsolePeople`: a real laptop asks its person on the console (the code on every screen the same?);
+- `TableFolder`: the simulated room's people, who see every screen: each rank writes the code its screen
+  shows into a folder of the run's (wccl.launch makes it: WCCL_PAIR_TABLE), and they confirm when every
+  rank's code is there and all are the same (a rank whose pairing failed writes why, and nobody confirms);
+- `Table`: the same in one process (tests, ranks in one loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+import structlog
+
+from protocols.messages import CollectiveDone, CollectiveRequest, Drain
+from protocols.pairing import LEADER, SALT_BYTES, SEALED_BYTES, Pairing, PairingError
+from protocols.security import KEY_BYTES, NO_KEY, RoomKey
+from wccl.config import WcclConfig
+
+POLL_S = 0.1  # how often (room seconds) the simulated people look at the screens again
+
+
+class People(Protocol):
+    async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
+        """Whether the people at the table confirm `code` on `node`'s laptop (None: its pairing failed,
+        `why`)."""
+
+
+class Table:
+    """The simulated people at a table of ranks in one process: they confirm once every rank shows its code,
+    if all show the same."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = list(names)
+        self.codes: dict[str, str | None] = {}
+        self._all = asyncio.Event()
+
+    async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
+        self.codes[node] = code
+        if set(self.codes) >= set(self.names):
+            self._all.set()
+        await self._all.wait()
+        return None not in self.codes.values() and len(set(self.codes.values())) == 1
+
+
+class TableFolder:
+    """The simulated people at a table of ranks in several processes (wccl.launch): each rank's code in a
+    file of `folder`; they confirm when all are there and the same."""
+
+    def __init__(self, folder: str, names: list[str], sleep) -> None:
+        self.folder, self.names, self.sleep = Path(folder), list(names), sleep
+
+    async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
+        tmp = self.folder / f".{node}.tmp"
+        tmp.write_text(code if code is not None else f"failed: {why}")
+        tmp.replace(self.folder / node)
+        while True:
+            seen = {n: (self.folder / n).read_text() for n in self.names if (self.folder / n).exists()}
+            if len(seen) == len(self.names):
+                return len(set(seen.values())) == 1 and code is not None
+            await self.sleep(POLL_S)
+
+
+class ConsolePeople:
+    """A real laptop's person: the code on the console, and a question answered with y or n."""
+
+    async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
+        if code is None:
+            return False
+        question = (f"\nwccl: pairing code on {node}: {code}\n"
+                    "      Does every laptop's screen and console show these same six digits? [y/N] ")
+
+        def ask() -> bool:
+            sys.stderr.write(question)
+            sys.stderr.flush()
+            answer = sys.stdin.readline()
+            return answer.strip().lower() in ("y", "yes")
+
+        return await asyncio.get_running_loop().run_in_executor(None, ask)
+
+
+def people_for(cfg: WcclConfig, names: list[str], sleep) -> People:
+    """Who confirms the code: in the simulated room, its people (TableFolder, from the launcher's folder);
+    on real laptops, the person at this one (ConsolePeople)."""
+    from wccl.keys import PAIR_TABLE_ENV
+
+    if cfg.room.medium == "simulated":
+        folder = os.environ.get(PAIR_TABLE_ENV)
+        if not folder:
+            raise PairingError(f"a simulated room pairs with its people's folder ({PAIR_TABLE_ENV}, set by "
+                               "python -m wccl.launch)")
+        return TableFolder(folder, names, sleep)
+    return ConsolePeople()
+
+
+async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock_origin: float = 0.0,
+               timeout_s: float = 300.0, random=os.urandom) -> RoomKey:
+    """This rank's side of the room's pairing: the key for the run, once the people confirm the code.
+    Raises PairingError with the reason (the codes differ, a reveal does not match, the sealed key does not
+    open, the collectives failed) on this rank; every rank's people are told (`confirm` with None)."""
+    # (imported here: rank_node imports this module's caller)
+    from wccl.distributed.rank_node import CollectiveNode
+
+    log = structlog.get_logger("wccl")
+    ranks = cfg.room.ranks
+    rank, world = ranks.index(node), len(ranks)
+    me = Pairing(rank, world, random(KEY_BYTES), random(SALT_BYTES),
+                 random(KEY_BYTES) if rank == LEADER else None, names=tuple(ranks))
+    done: dict[int, CollectiveDone] = {}
+    arrived = asyncio.Event()
+
+    def on_done(m: CollectiveDone) -> None:
+        done[m.seq] = m
+        arrived.set()
+
+    sup = CollectiveNode(cfg, node, medium, timeout_s=timeout_s, on_done=on_done, clock_origin=clock_origin,
+                         key=NO_KEY, announce_key=False)
+    sup.build()
+    started = sup.local_clock.now()
+    log.info("pairing_started", ranks=world, leader=ranks[LEADER])
+    task = asyncio.ensure_future(sup.run())
+
+    async def collective(seq: int, op: str, data: bytes) -> tuple[bytes, ...]:
+        await sup.submit(CollectiveRequest(sender=node, time=0.0, seq=seq, op=op, dtype="uint8", numel=len(data),
+                                           inputs=(data,), root=LEADER, ready_at=sup.local_clock.now(), handle=seq))
+        while seq not in done:
+            if task.done():
+                raise PairingError(f"pairing: start-up stopped: {sup.greeted.problem or _failure(task)}")
+            arrived.clear()
+            waiter = asyncio.ensure_future(arrived.wait())
+            await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+        m = done[seq]
+        if m.error is not None:
+            raise PairingError(f"pairing: {m.error}")
+        return tuple(p[0] for p in m.parts)
+
+    code, key, why = None, None, ""
+    try:
+        commitments = await collective(0, "allgather", me.commitment())
+        reveals = await collective(1, "allgather", me.reveal())
+        code = me.take(list(commitments), list(reveals))
+        log.warning("pairing_code", code=code, say=f"pairing code {code}: every laptop must show the same")
+        sealed = await collective(2, "broadcast", me.sealed() if rank == LEADER else bytes(SEALED_BYTES * (world - 1)))
+        key = me.open(sealed[LEADER])
+    except PairingError as e:
+        code, why = None, str(e)
+    finally:
+        await sup.submit(Drain(sender=node, time=0.0, timeout_s=cfg.collectives.drain_s))
+    confirmed = await people.confirm(node, code, why)
+    try:
+        await task
+    except Exception as e:  # noqa: BLE001 - the pairing's node failed after its collectives: said, not raised
+        log.warning("pairing_node_failed", error=str(e))
+    took = round(sup.local_clock.now() - started, 3)
+    if code is None:
+        log.error("pairing_failed", problem=why, took_s=took)
+        raise PairingError(why)
+    if not confirmed:
+        why = (f"pairing: the people at the table did not confirm the code {code}: the laptops' screens showed "
+               "different codes (another screen took part in the pairing), or someone answered no. No key: the "
+               "run does not start")
+        log.error("pairing_failed", problem=why, code=code, took_s=took)
+        raise PairingError(why)
+    room_key = RoomKey(key, f"paired over the light (code {code})")
+    log.info("paired", code=code, fingerprint=room_key.fingerprint, took_s=took)
+    return room_key
+
+
+def _failure(task: asyncio.Future) -> str:
+    if task.cancelled():
+        return "cancelled"
+    e = task.exception()
+    return str(e) if e is not None else "the node ended"
