@@ -69,15 +69,21 @@ def test_loopback_capture_decodes_both_ways():
 @pytest.mark.slow
 @REAL_WINDOWS_RERUN
 def test_two_processes_train_over_the_loopback(tmp_path):
+    """Two processes, a window each on one display: they pair over the light (the test, who sees both windows,
+    confirms the code both show: WCCL_PAIR_TABLE), then train under the key, bit-exact."""
+    from wccl.keys import PAIR_TABLE_ENV
+
     config = _room(tmp_path, steps=3)
     logs = {name: (tmp_path / f"{name}.log", tmp_path / f"{name}.err") for name in ("alice", "bob")}
+    (tmp_path / "people").mkdir()
     with _display() as d:
         procs = {}
         try:
             for name, (out, err) in logs.items():  # files, not pipes: a full pipe would stall a node
                 with open(out, "w") as fo, open(err, "w") as fe:
                     procs[name] = subprocess.Popen([sys.executable, "-m", "wccl.node", "--config", config, "--node",
-                                                    name, "--log-format", "json"], cwd=ROOT, env=d.env(),
+                                                    name, "--log-format", "json"], cwd=ROOT,
+                                                   env=dict(d.env(), **{PAIR_TABLE_ENV: str(tmp_path / "people")}),
                                                    stdout=fo, stderr=fe)
             for p in procs.values():
                 p.wait(timeout=240)
@@ -97,6 +103,11 @@ def test_two_processes_train_over_the_loopback(tmp_path):
     assert finished["alice"]["applied"] >= 1 and finished["bob"]["applied"] == finished["alice"]["applied"]
     # Bit-exact: both replicas end with the same parameters, bit for bit.
     assert finished["alice"]["params_sha256"] == finished["bob"]["params_sha256"]
+    # Paired: both showed one code and ran under one key, each with one window
+    codes = {e["code"] for evs in (alice, bob) for e in evs if e["event"] == "pairing_code"}
+    keys = {e["fingerprint"] for evs in (alice, bob) for e in evs if e["event"] == "room_key"}
+    assert len(codes) == 1 and len(keys) == 1 and "none" not in keys, (codes, keys)
+    assert [e["event"] for evs in (alice, bob) for e in evs].count("window_opened") == 2
     # Real captures were decoded both ways.
     for evs in (alice, bob):
         assert sum(e.get("frames_ok", 0) for e in evs if e["event"] == "link_report") > 0

@@ -98,8 +98,8 @@ def test_commitments_bind_key_and_salt():
 
 
 def test_a_real_room_that_names_no_key_pairs_and_never_runs_unkeyed(tmp_path):
-    """Real devices with no key: the launcher's ranks pair (`pairs`); the built-in run, which does not pair,
-    stops with a one-line error that says what to do; `key = "none"` is the one way to run unkeyed."""
+    """Real devices with no key pair (`pairs`): they have no key before their ranks pair; `key = "none"` is
+    the one way to run unkeyed."""
     from wccl.config import ConfigError, load_config
     from wccl.keys import pairs, room_key
     from protocols.security import NO_KEY
@@ -114,9 +114,89 @@ def test_a_real_room_that_names_no_key_pairs_and_never_runs_unkeyed(tmp_path):
 
     real = room("")
     assert pairs(real)
-    with pytest.raises(ConfigError, match='key = "none"'):
-        room_key(real)
+    with pytest.raises(ConfigError, match="pairing over the light"):
+        room_key(real)  # (no key before the ranks pair)
     assert room_key(room('key = "none"')) is NO_KEY and not pairs(room('key = "none"'))
     assert not pairs(room("", "simulated")) and pairs(room('key = "pair"', "simulated"))
     with pytest.raises(ConfigError, match="give the room's key one way"):
         room('key = "none"\nkey_file = "room.key"')
+    with pytest.raises(ConfigError, match="a paired key is not a passphrase"):
+        room('key = "pair"\nkey_env = "K"')
+    assert pairs(room('key = "pair"\nkey_file = "kept.key"'))  # (until a pairing keeps its key there)
+    (tmp_path / "kept.key").write_bytes(os.urandom(32))
+    assert not pairs(room('key = "pair"\nkey_file = "kept.key"'))
+
+
+TWO = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]
+
+
+@pytest.mark.slow
+def test_the_built_in_run_pairs_then_trains_under_the_paired_key(_quiet_logs, tmp_path):
+    """`key = "pair"` in the simulated room: the built-in run's two nodes pair over the light (the room's
+    people confirm the code both screens show), then run every step under that key, replicas identical.
+    With a key_file the paired key is kept there, and the next run reads it instead of pairing."""
+    import json
+
+    from conftest import make_config, run_room
+    from protocols.security import RoomKey
+
+    kept = tmp_path / "room.key"
+    cfg = make_config(room={"nodes": TWO, "key": "pair", "profile": "exact", "key_file": str(kept)},
+                      training={"steps": 3, "eval_every": 0})
+    result = run_room(cfg)
+    assert result["applied"] == 3 and result["replicas_identical"] is True, result
+    events = [json.loads(x) for x in _quiet_logs.getvalue().splitlines() if x.startswith("{")]
+    codes = {e["node"]: e["code"] for e in events if e["event"] == "pairing_code"}
+    paired = {e["node"]: e["fingerprint"] for e in events if e["event"] == "paired"}
+    used = [e for e in events if e["event"] == "room_key"]
+    assert set(codes) == {"alice", "bob"} and len(set(codes.values())) == 1, codes
+    assert set(paired) == {"alice", "bob"} and len(set(paired.values())) == 1, paired
+    assert len(used) == 2 and all(e["source"] == f"paired over the light (code {codes['alice']})"
+                                  and e["fingerprint"] == paired["alice"] for e in used), used
+    assert kept.stat().st_mode & 0o777 == 0o600 and RoomKey(kept.read_bytes()).fingerprint == paired["alice"]
+    _quiet_logs.seek(0)
+    _quiet_logs.truncate()
+    again = run_room(cfg.model_copy(update={"training": cfg.training.model_copy(update={"steps": 1})}))
+    assert again["applied"] == 1, again
+    events = [json.loads(x) for x in _quiet_logs.getvalue().splitlines() if x.startswith("{")]
+    assert not [e for e in events if e["event"].startswith("pairing")]
+    assert {(e["source"], e["fingerprint"]) for e in events if e["event"] == "room_key"} == {
+        (f"file {kept}", paired["alice"])}
+
+
+def test_a_room_with_an_observer_does_not_pair(tmp_path):
+    from conftest import make_config
+    from wccl.config import ConfigError
+    from wccl.node import RoomRun
+
+    cfg = make_config(room={"key": "pair"})  # the shipped room: carol observes
+
+    async def make():
+        RoomRun(cfg)
+
+    with pytest.raises(ConfigError, match="'carol' is an observer, which only listens and cannot pair"):
+        asyncio.run(make())
+
+
+@pytest.mark.parametrize("answer, confirmed", [("y\n", True), ("yes\n", True), ("n\n", False), ("\n", False),
+                                               ("", False)])
+def test_a_real_laptops_person_confirms_on_its_console(monkeypatch, capsys, answer, confirmed):
+    import io
+    import sys
+
+    from wccl.distributed.pairing import ConsolePeople
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(answer))
+    assert asyncio.run(ConsolePeople().confirm("alice", "482 913")) is confirmed
+    assert "482 913" in capsys.readouterr().err
+    assert asyncio.run(ConsolePeople().confirm("alice", None, "no key")) is False  # nothing to confirm
+
+
+def test_the_code_stands_large_on_the_screen():
+    from wccl.distributed.pairing import code_picture
+
+    img = code_picture("482 913", 1280, 720)
+    assert img.shape == (720, 1280, 3)
+    rows = (img.min(axis=2) < 128).any(axis=1).nonzero()[0]
+    assert rows.size and (img[rows.min():rows.min() + 100].min(axis=2) < 128).any(axis=0).sum() > 400  # wide digits
+    assert (code_picture(None, 320, 180).min(axis=2) < 128).any()

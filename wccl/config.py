@@ -303,7 +303,8 @@ class RoomConfig(_Strict):
     wait_for_nodes_s: float = Field(default=60.0, gt=0, le=3600)
     # How the room gets its key when key_file and key_env name none: "auto" (a simulated room draws one for
     # the run, as if copied to every laptop; real devices pair over the light), "pair" (pair over the light,
-    # the simulated room too), "none" (no key: frames unauthenticated, tensors in the clear; said loudly).
+    # the simulated room too; with key_file, the paired key is kept there and later runs read it instead),
+    # "none" (no key: frames unauthenticated, tensors in the clear; said loudly).
     key: Literal["auto", "pair", "none"] = "auto"
     clock_offset_max_s: float = Field(default=10.0, ge=0, le=86400)  # each simulated clock: offset within +-this
     clock_drift_max_ppm: float = Field(default=200.0, ge=0, le=10000)  # and drift within +-this
@@ -355,8 +356,11 @@ class RoomConfig(_Strict):
         if self.intruders and self.medium != "simulated":
             raise user_error(f"intruder node {self.intruders[0]!r}: intruders are a test of the simulated room",
                              "nodes", names.index(self.intruders[0]), "roles")
-        if self.key != "auto" and (self.key_file is not None or self.key_env is not None):
-            raise user_error(f"key = {self.key!r} and a key_file or key_env: give the room's key one way", "key")
+        if self.key == "none" and (self.key_file is not None or self.key_env is not None):
+            raise user_error("key = \"none\" and a key_file or key_env: give the room's key one way", "key")
+        if self.key == "pair" and self.key_env is not None:
+            raise user_error("key = \"pair\" and key_env: a paired key is not a passphrase (give key_file to "
+                             "keep the paired key for later runs)", "key")
         if self.key_file is not None and self.key_env is not None:
             raise user_error("give the room key one way: key_file or key_env, not both", "key_env")
         if self.key_env is not None and not self.key_env.strip():

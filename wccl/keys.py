@@ -14,8 +14,10 @@ on a key for the run and the people at the table check the six digits every
 screen shows. A simulated room that names neither gets a fresh random key
 for each run (`ephemeral`): the process that starts the run (wccl.node, or
 wccl.launch for its ranks through WCCL_RUN_KEY) draws it, as if it had been
-copied to every laptop; with `key = "pair"` it pairs as real devices do. A
-room with `key = "none"` runs unauthenticated, and says so loudly.
+copied to every laptop; with `key = "pair"` it pairs as real devices do.
+`key = "pair"` with a key_file keeps the paired key in that file, and later
+runs read it instead of pairing. A room with `key = "none"` runs
+unauthenticated, and says so loudly.
 """
 
 from __future__ import annotations
@@ -69,10 +71,8 @@ def room_key(cfg, *, ephemeral: bytes | None = None) -> RoomKey:
     if room.key == "none":
         return NO_KEY
     if pairs(cfg):
-        raise ConfigError("room.key: this room gets its key by pairing over the light (a room of real devices "
-                          "that names no key does), which `wccl launch` does and the built-in run does not yet: "
-                          "give the room a key (python -m wccl.keys new rooms/room.key, then [room] key_file = "
-                          "\"room.key\" on every laptop), or run without one: [room] key = \"none\"")
+        raise ConfigError("room.key: this room gets its key by pairing over the light when its ranks start "
+                          "(wccl.distributed.pairing), not before")
     try:
         if room.key_file is not None:
             return RoomKey(read_key_file(room.key_file), f"file {room.key_file}")
@@ -99,11 +99,30 @@ def room_key(cfg, *, ephemeral: bytes | None = None) -> RoomKey:
 
 
 def pairs(cfg) -> bool:
-    """Whether this room's ranks pair over the light for their key: `key = "pair"`, or real devices whose room
-    names no key (`key = "auto"`, no key_file or key_env)."""
+    """Whether this room's ranks pair over the light for their key: `key = "pair"` (unless its key_file
+    already holds a key paired earlier), or real devices whose room names no key (`key = "auto"`, no
+    key_file or key_env)."""
     room = cfg.room
-    return room.key == "pair" or (room.key == "auto" and room.medium != "simulated" and room.key_file is None
-                                  and room.key_env is None)
+    if room.key == "pair":
+        return room.key_file is None or not Path(room.key_file).exists()
+    return room.key == "auto" and room.medium != "simulated" and room.key_file is None and room.key_env is None
+
+
+def keep_paired_key(cfg, secret: bytes) -> str | None:
+    """With `key = "pair"` and a key_file: keep the paired key there for later runs (mode 0600; a file that
+    another rank of this machine wrote first is left as it is). Returns the path kept in, or None."""
+    path = cfg.room.key_file
+    if cfg.room.key != "pair" or path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if read_key_file(path) != secret:
+            raise KeyError_(f"{path} holds another key than the one just paired: remove it and pair again")
+        return str(path)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
+    return str(path)
 
 
 def new_ephemeral() -> bytes:

@@ -724,13 +724,13 @@ def launch(args: argparse.Namespace) -> int:
             if (cfg.room.key_file is None and cfg.room.key_env is None and cfg.room.key == "auto"
                     and not base.get(RUN_KEY_ENV)):
                 base[RUN_KEY_ENV] = new_ephemeral().hex()  # the run's room key (wccl.keys): every rank's
-            if pairs(cfg):  # the people at the table, who see every screen's pairing code
-                base[PAIR_TABLE_ENV] = tempfile.mkdtemp(prefix="wccl-pairing-")
             base["WCCL_ROOM"] = job.start_room(config_path, ranks + cfg.room.intruders, args.clock, base, log)
             # Intruders (a test of the room key): their own processes, without the run's key.
             bare = {k: v for k, v in base.items() if k != RUN_KEY_ENV}
             for n in cfg.room.intruders:
                 job.start_intruder(n, bare, log)
+        if pairs(cfg) and args.node is None:  # every rank here: the people see every screen's pairing code
+            base[PAIR_TABLE_ENV] = tempfile.mkdtemp(prefix="wccl-pairing-")
         for local, r in enumerate(job.ranks):
             env = dict(base, RANK=str(r.rank), LOCAL_RANK=str(local), WCCL_NODE=r.node)
             job.start_rank(r, [sys.executable, str(script), *args.args], env)

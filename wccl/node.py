@@ -49,7 +49,8 @@ class RoomRun:
     """Runs the nodes of a room in this process; `result` holds what they reported."""
 
     def __init__(self, config: WcclConfig, only: str | None = None, faults: tuple[Fault, ...] = ()) -> None:
-        from wccl.keys import new_ephemeral
+        from protocols.security import RoomKey
+        from wccl.keys import new_ephemeral, pairs, room_key
         from wccl.training.nodes import node_class
 
         self.config = config
@@ -62,26 +63,66 @@ class RoomRun:
         bind_stop = getattr(self.medium, "bind_stop", None)  # real windows: Esc stops the run
         if bind_stop is not None:
             bind_stop(self.stop.set)
-        origin = asyncio.get_running_loop().time()
+        self.origin = origin = asyncio.get_running_loop().time()
         # The dashboard's hub watches every node (a one-way tap: it never answers them).
         self.monitor = None
         if config.dashboard.enabled:
             from wccl.dashboard import Hub
 
             self.monitor = Hub(config)
-        # A simulated room that names no key gets a fresh one for this run (wccl.keys), as if copied to
-        # every laptop; each node gets its own copy of the config, as each laptop reads its own file.
-        self.run_key = new_ephemeral() if config.room.medium == "simulated" else None
         # Each node's assembly by its roles and the run's exchange (wccl.training.nodes).
         self.node_class = {n: node_class(config, n) for n in self.names}
-        self.supervisors = [self.node_class[n](config.model_copy(deep=True), n, self.medium, self.stop, origin,
-                                               monitor=self.monitor, run_key=self.run_key)
-                            for n in self.names]
+        # The room key: the one the room names; a simulated room that names none gets a fresh one for this run
+        # (wccl.keys), as if copied to every laptop; a room that pairs gets it over the light when it runs
+        # (`_pair`: then the nodes are made). Each node gets its own copy of the config, as each laptop reads
+        # its own file.
+        self.pairing = pairs(config)
+        self.keys: dict[str, Any] = {}
+        self.supervisors: list[Any] = []
+        if self.pairing:
+            watchers = [n for n in self.names if n not in config.room.ranks]
+            if watchers:
+                raise ConfigError(f"room.key: {watchers[0]!r} is an observer, which only listens and cannot pair "
+                                  "over the light: give the room a key (key_file or key_env)")
+        else:
+            key = room_key(config, ephemeral=new_ephemeral() if config.room.medium == "simulated" else None)
+            self._make_nodes({n: RoomKey(key.secret, key.source) for n in self.names})  # (a key each: no shared state)
         self.result: dict[str, Any] = {}
         self.faults = {f.node: f for f in faults}
         for f in faults:
             if f.node not in self.names:
                 raise ConfigError(f"fault: {f.node!r} is not a node of this run")
+
+    def _make_nodes(self, keys: dict[str, Any], media: dict[str, tuple] | None = None) -> None:
+        """Each node, with its key (and the camera and screen its pairing used)."""
+        self.keys = keys
+        self.supervisors = [self.node_class[n](self.config.model_copy(deep=True), n, self.medium, self.stop,
+                                               self.origin, monitor=self.monitor, key=keys[n],
+                                               **({"media": media[n]} if media else {})) for n in self.names]
+
+    async def _pair(self) -> bool:
+        """The ranks here pair over the light (wccl.distributed.pairing), then their nodes are made with the key;
+        False if the run was stopped meanwhile (Esc in a window, Ctrl-C). The people who confirm the code:
+        this process's table when every rank runs here (they see every screen), else the person at this
+        laptop."""
+        from wccl.distributed.pairing import Table, pair, people_for
+        from wccl.runtime.supervisor import NodeFailed
+
+        ranks = self.config.room.ranks
+        people = (Table(self.names) if set(ranks) <= set(self.names)
+                  else people_for(self.config, ranks, asyncio.sleep))
+        paired = await asyncio.gather(*(pair(self.config, n, self.medium, people, clock_origin=self.origin,
+                                             stop=self.stop) for n in self.names), return_exceptions=True)
+        done = [p for p in paired if not isinstance(p, BaseException)]
+        if self.stop.is_set() or len(done) < len(paired):
+            for _, (camera, _screen) in done:
+                if hasattr(camera, "close"):
+                    camera.close()
+            if self.stop.is_set():
+                return False
+            raise NodeFailed(f"no room key: {next(p for p in paired if isinstance(p, BaseException))}")
+        self._make_nodes({n: k for n, (k, _) in zip(self.names, paired)}, {n: m for n, (_, m) in zip(self.names, paired)})
+        return True
 
     async def _node(self, sup: Any) -> Any:
         """Run one node; with a fault planned for it, kill it and start a fresh one as planned."""
@@ -106,7 +147,7 @@ class RoomRun:
             # (the parameter server alone goes on from its checkpoint; a rank of the collectives rejoins)
             cfg = with_values(cfg, recovery={"resume": True})
         fresh = self.node_class[sup.node](cfg, sup.node, self.medium, self.stop, sup.clock_origin, monitor=self.monitor,
-                                run_key=self.run_key)
+                                          key=self.keys[sup.node])
         self.supervisors[self.supervisors.index(sup)] = fresh
         log.warning("node_restarted", node=sup.node, down_s=fault.down_s)
         fresh.build()
@@ -122,9 +163,9 @@ class RoomRun:
             await dashboard.start()
             if dash.wait_for_page_s > 0:
                 await dashboard.wait_for_page(self.stop, dash.wait_for_page_s)
-                origin = asyncio.get_running_loop().time()  # the room starts now, not before the wait
+                self.origin = asyncio.get_running_loop().time()  # the room starts now, not before the wait
                 for sup in self.supervisors:
-                    sup.clock_origin = origin
+                    sup.clock_origin = self.origin
         try:
             result = await self._run()
             if dashboard is not None:
@@ -146,6 +187,7 @@ class RoomRun:
         writers = [self.config.room.server] if self.config.exchange == "server" else self.config.room.ranks
         if rec.checkpoint_every and set(writers) & set(self.names):
             log.info("run_folder", path=rec.checkpoint_dir, holds=f"checkpoints every {rec.checkpoint_every} steps")
+        interrupted = self.pairing and not await self._pair()  # (then no node runs)
         for sup in self.supervisors:
             sup.build()
         async with asyncio.TaskGroup() as tg:
@@ -180,7 +222,7 @@ class RoomRun:
                                 if observed and server in digests else None),
             observer_accuracy={n: round(o.get("test_accuracy", float("nan")), 4) for n, o in observed.items()},
             observer_applied={n: o.get("applied", 0) for n, o in observed.items()},
-            stopped=any(r.stopped for r in results.values()),
+            stopped=interrupted or any(r.stopped for r in results.values()),
             restarts={n: r.restarts for n, r in results.items() if r.restarts},
             link={n: r.results.get("link", {}) for n, r in results.items()},
             nodes={n: {k: v for k, v in r.results.items() if k != "link"} for n, r in results.items()},
@@ -286,6 +328,9 @@ async def _main_async(cfg: WcclConfig, only: str | None, summary: bool = False, 
     try:
         with stop_on_signals(loop, run.stop.set):
             result = await run.run()
+    except NodeFailed as e:  # (before any node ran: the pairing gave no key)
+        structlog.get_logger("wccl").error("run_failed", error=str(e))
+        return EXIT_FAILED
     except BaseExceptionGroup as eg:
         failed, rest = eg.split(NodeFailed)
         if rest is not None or failed is None:

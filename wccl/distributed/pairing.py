@@ -2,14 +2,16 @@
 
 `pair()` runs before a rank's node: a node of the ranks' own collectives (`CollectiveNode`), keyed by
 nothing yet, carries the pairing's three collectives (commitments, reveals, the leader's sealed key); every
-rank then shows the same six digits, and the key is used only once the people at the table confirm them
-(`confirm`). Then that node drains and stops, and the rank's node starts under the new key.
+rank then shows the same six digits (large, on its screen: `code_picture`; and on its console), that node
+drains and stops, and the key is used only once the people at the table confirm the digits (`confirm`);
+then the rank's node starts under the new key.
 
 Confirmations, by where the laptops are:
 - `ConsolePeople`: a real laptop asks its person on the console (the code on every screen the same?);
-- `TableFolder`: the simulated room's people, who see every screen: each rank writes the code its screen
-  shows into a folder of the run's (wccl.launch makes it: WCCL_PAIR_TABLE), and they confirm when every
-  rank's code is there and all are the same (a rank whose pairing failed writes why, and nobody confirms);
+- `TableFolder`: the people who see every screen, where one launcher started every rank (the simulated
+  room, the desktop loopback): each rank writes the code its screen shows into a folder of the run's
+  (wccl.launch makes it: WCCL_PAIR_TABLE), and they confirm when every rank's code is there and all are
+  the same (a rank whose pairing failed writes why, and nobody confirms);
 - `Table`: the same in one process (tests, ranks in one loop).
 """
 
@@ -21,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
+import cv2
+import numpy as np
 import structlog
 
 from protocols.messages import CollectiveDone, CollectiveRequest, Drain
@@ -91,27 +95,32 @@ class ConsolePeople:
 
 
 def people_for(cfg: WcclConfig, names: list[str], sleep) -> People:
-    """Who confirms the code: in the simulated room, its people (TableFolder, from the launcher's folder);
-    on real laptops, the person at this one (ConsolePeople)."""
+    """Who confirms the code: where one launcher started every rank (the simulated room, the desktop loopback),
+    the people who see all their screens (TableFolder, in the launcher's folder); on a real laptop, the
+    person at this one (ConsolePeople)."""
     from wccl.keys import PAIR_TABLE_ENV
 
-    if cfg.room.medium == "simulated":
-        folder = os.environ.get(PAIR_TABLE_ENV)
-        if not folder:
-            raise PairingError(f"a simulated room pairs with its people's folder ({PAIR_TABLE_ENV}, set by "
-                               "python -m wccl.launch)")
+    folder = os.environ.get(PAIR_TABLE_ENV)
+    if folder:
         return TableFolder(folder, names, sleep)
+    if cfg.room.medium == "simulated":
+        raise PairingError(f"a simulated room pairs with its people's folder ({PAIR_TABLE_ENV}, set by "
+                           "python -m wccl.launch)")
     return ConsolePeople()
 
 
 async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock_origin: float = 0.0,
-               timeout_s: float = 300.0, random=os.urandom) -> RoomKey:
-    """This rank's side of the room's pairing: the key for the run, once the people confirm the code.
+               timeout_s: float = 300.0, stop: asyncio.Event | None = None,
+               random=os.urandom) -> tuple[RoomKey, tuple[Any, Any]]:
+    """This rank's side of the room's pairing: the key for the run, once the people confirm the code, and the
+    (camera, screen) it paired with, for the rank's node (one window and one webcam a laptop, opened once).
     Raises PairingError with the reason (the codes differ, a reveal does not match, the sealed key does not
-    open, the collectives failed) on this rank; every rank's people are told (`confirm` with None)."""
+    open, the collectives failed, `stop` was set) on this rank, its camera closed; every rank's people are
+    told (`confirm` with None)."""
     # (imported here: rank_node imports this module's caller)
     from wccl.distributed.rank_node import CollectiveNode
 
+    structlog.contextvars.bind_contextvars(node=node)  # (this task's context: each rank's pairing its own)
     log = structlog.get_logger("wccl")
     ranks = cfg.room.ranks
     rank, world = ranks.index(node), len(ranks)
@@ -125,7 +134,7 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock
         arrived.set()
 
     sup = CollectiveNode(cfg, node, medium, timeout_s=timeout_s, on_done=on_done, clock_origin=clock_origin,
-                         key=NO_KEY, announce_key=False)
+                         key=NO_KEY, announce_key=False, stop=stop, keep_media=True)
     sup.build()
     started = sup.local_clock.now()
     log.info("pairing_started", ranks=world, leader=ranks[LEADER])
@@ -157,13 +166,19 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock
     except PairingError as e:
         code, why = None, str(e)
     finally:
-        await sup.submit(Drain(sender=node, time=0.0, timeout_s=cfg.collectives.drain_s))
-    confirmed = await people.confirm(node, code, why)
+        if not task.done():  # (a node stopped meanwhile, by Esc or its start-up giving up, takes no more)
+            await sup.submit(Drain(sender=node, time=0.0, timeout_s=cfg.collectives.drain_s))
     try:
         await task
     except Exception as e:  # noqa: BLE001 - the pairing's node failed after its collectives: said, not raised
         log.warning("pairing_node_failed", error=str(e))
+    sup.screen.show(code_picture(code, cfg.screen.width, cfg.screen.height))  # (until the node's own frames)
+    confirmed = await people.confirm(node, code, why)
     took = round(sup.local_clock.now() - started, 3)
+    if code is None or not confirmed:
+        close = getattr(sup.camera, "close", None)
+        if close is not None:
+            close()
     if code is None:
         log.error("pairing_failed", problem=why, took_s=took)
         raise PairingError(why)
@@ -175,7 +190,31 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock
         raise PairingError(why)
     room_key = RoomKey(key, f"paired over the light (code {code})")
     log.info("paired", code=code, fingerprint=room_key.fingerprint, took_s=took)
-    return room_key
+    from wccl.keys import keep_paired_key
+
+    kept = keep_paired_key(cfg, key)
+    if kept is not None:
+        log.info("room_key_kept", path=kept, say=f"later runs of this room read the key from {kept}")
+    return room_key, (sup.camera, sup.screen)
+
+
+def code_picture(code: str | None, width: int, height: int) -> np.ndarray:
+    """What a screen shows while its people compare: the code in digits as tall as a fifth of the screen, and
+    the question (or, when its pairing failed, that it did)."""
+    img = np.full((height, width, 3), 255, np.uint8)
+    lines = ([(code, height / 5), ("the same on every laptop? answer y on each", height / 24)] if code is not None
+             else [("pairing failed", height / 8), ("see this laptop's console", height / 24)])
+    y = height * 0.4
+    for text, size in lines:
+        scale = cv2.getFontScaleFromHeight(cv2.FONT_HERSHEY_SIMPLEX, max(8, int(size)), 4)
+        (w, h), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 4)
+        if w > width * 0.9:  # (a narrow screen: as wide as it allows)
+            scale *= width * 0.9 / w
+            (w, h), _ = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 4)
+        cv2.putText(img, text, (int((width - w) / 2), int(y + h / 2)), cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 4,
+                    cv2.LINE_AA)
+        y += h * 2.2
+    return img
 
 
 def _failure(task: asyncio.Future) -> str:

@@ -173,9 +173,9 @@ class CollectiveNode(NodeSupervisor):
 
     def __init__(self, config: WcclConfig, node: str, medium: Any, *, timeout_s: float,
                  on_done: Callable[[CollectiveDone], None], stop: asyncio.Event | None = None,
-                 clock_origin: float = 0.0, key=None, announce_key: bool = True) -> None:
-        super().__init__(config, node, medium, stop, clock_origin)
-        self.key = key  # the room key (protocols.security.RoomKey); None: the one the room names
+                 clock_origin: float = 0.0, key=None, announce_key: bool = True, media: tuple | None = None,
+                 keep_media: bool = False) -> None:
+        super().__init__(config, node, medium, stop, clock_origin, key=key, media=media, keep_media=keep_media)
         self.announce_key = announce_key  # log which key it uses (a pairing's node, keyed by nothing yet, does not)
         self.ranks = config.room.ranks
         if node not in self.ranks:
@@ -200,7 +200,7 @@ class CollectiveNode(NodeSupervisor):
         from protocols.security import Handshake
         from wccl.keys import log_key, new_run_nonce, room_key
 
-        key = self.key if self.key is not None else room_key(cfg)
+        self.key = key = self.key if self.key is not None else room_key(cfg)
         if self.announce_key:
             log_key(structlog.get_logger("wccl"), key)
         self.key_fingerprint = key.fingerprint
@@ -550,19 +550,29 @@ class RankNode:
         loop = asyncio.get_running_loop()
         structlog.contextvars.bind_contextvars(node=self.node)
         origin = 0.0 if self.config.room.clock == "virtual" else loop.time()
-        key = None  # the one the room names
-        from wccl.keys import pairs
-
-        if pairs(self.config):
-            from wccl.distributed.pairing import pair, people_for
-
-            people = people_for(self.config, self.config.room.ranks, asyncio.sleep)
-            key = await pair(self.config, self.node, medium, people, clock_origin=origin, timeout_s=self.timeout_s)
-        self.sup = CollectiveNode(self.config, self.node, medium, timeout_s=self.timeout_s,
-                                  on_done=self._done, clock_origin=origin, key=key)
+        stop = asyncio.Event()
         bind_stop = getattr(medium, "bind_stop", None)  # a real window's Esc stops the node, as in wccl.node
         if bind_stop is not None:
-            bind_stop(self.sup.stop.set)
+            bind_stop(stop.set)
+        key, media = None, None  # the key the room names; the node's own camera and screen
+        from wccl.keys import pairs
+
+        if pairs(self.config):  # (a room with no key: its ranks pair over the light first)
+            from wccl.distributed.pairing import pair, people_for
+
+            from protocols.pairing import PairingError
+            from wccl.runtime.supervisor import NodeResult
+
+            people = people_for(self.config, self.config.room.ranks, asyncio.sleep)
+            try:
+                key, media = await pair(self.config, self.node, medium, people, clock_origin=origin,
+                                        timeout_s=self.timeout_s, stop=stop)
+            except PairingError:
+                if stop.is_set():  # (Esc in its window while it paired: stopped, as a node is)
+                    return NodeResult(self.node, stopped=True)
+                raise
+        self.sup = CollectiveNode(self.config, self.node, medium, timeout_s=self.timeout_s,
+                                  on_done=self._done, clock_origin=origin, key=key, stop=stop, media=media)
         self.sup.build()
         self.sup.handshake.on_complete.append(self._greeted.set)
         self._t_mark, self._cpu_mark = loop.time(), self._program_cpu()

@@ -67,13 +67,17 @@ class NodeResult:
 
 class NodeSupervisor(ABC):
     def __init__(self, config: WcclConfig, node: str, medium: Any, stop: asyncio.Event | None = None,
-                 clock_origin: float = 0.0, monitor: Any = None, run_key: bytes | None = None) -> None:
+                 clock_origin: float = 0.0, monitor: Any = None, key: Any = None, media: tuple | None = None,
+                 keep_media: bool = False) -> None:
         self.config = config
         self.spec = config.room.node(node)
         self.node = node
         self.medium = medium
         self.clock_origin = clock_origin
-        self.run_key = run_key  # a simulated room's ephemeral key (wccl.keys), if it names none
+        self.key = key  # the room key (protocols.security.RoomKey); None: the one the room names (wccl.keys)
+        # (camera, screen) of a node that ran before on this laptop (the pairing's), else made here; and
+        # whether to leave the camera open at the end, for the node that comes next.
+        self.media, self.keep_media = media, keep_media
         self.stop = stop or asyncio.Event()
         self.results: dict[str, Any] = {}
         self.restarts: dict[str, int] = collections.Counter()
@@ -83,6 +87,7 @@ class NodeSupervisor(ABC):
         self.deps: dict[str, dict[str, Any]] = {}
         self.clock: NodeClock | None = None
         self.camera: Any = None
+        self.screen: Any = None
         self._schedule_done = asyncio.Event()
         self._built = False
         # A one-way tap for the dashboard (wccl.dashboard.Hub): it is shown every message, never answers.
@@ -105,13 +110,17 @@ class NodeSupervisor(ABC):
         clock_for = getattr(self.medium, "clock_for", None)
         self.local_clock = clock_for(self.node, self.clock_origin) if clock_for else NodeClock(origin=self.clock_origin)
         self.clock = SyncedClock(self.local_clock)
+        if self.media is not None:
+            self.camera, self.screen = self.media
+            return self.screen
         kw = dict(medium=self.medium, node=self.node, clock=self.local_clock, config=self.config)
         self.camera = REGISTRY.create("camera", self.spec.camera, **kw)
         if self.spec.record_to:
             from wccl.room.record import RecordingCamera
 
             self.camera = RecordingCamera(self.camera, self.spec.record_to, codec="x264rgb")
-        return REGISTRY.create("screen", self.spec.screen, **kw)
+        self.screen = REGISTRY.create("screen", self.spec.screen, **kw)
+        return self.screen
 
     def _wire(self, impl: dict[str, str] | None = None) -> None:
         """Each actor's class from the registry (`impl` overrides the node's choice), its mailbox, and
@@ -178,7 +187,7 @@ class NodeSupervisor(ABC):
                              "restart policy") from None
         finally:
             close = getattr(self.camera, "close", None)
-            if close is not None:
+            if close is not None and not self.keep_media:
                 close()
         log.info("node_finished", stopped=stopped)
         return NodeResult(self.node, self.results, dict(self.restarts), stopped)

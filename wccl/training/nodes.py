@@ -77,11 +77,9 @@ class _TrainingNode(CollectiveNode):
     """A rank's node of the built-in run: the transport, the room key, and `greeted` for its actors."""
 
     def __init__(self, config: WcclConfig, node: str, medium: Any, stop: asyncio.Event | None = None,
-                 clock_origin: float = 0.0, monitor: Any = None, run_key: bytes | None = None) -> None:
-        from wccl.keys import room_key
-
+                 clock_origin: float = 0.0, monitor: Any = None, key: Any = None, media: tuple | None = None) -> None:
         super().__init__(config, node, medium, timeout_s=config.collectives.timeout_s, on_done=lambda _: None,
-                         stop=stop, clock_origin=clock_origin, key=room_key(config, ephemeral=run_key))
+                         stop=stop, clock_origin=clock_origin, key=key, media=media)
         self.monitor = monitor
         # The layout is judged by what the run moves every step: its gradient.
         self.layout_bytes = _gradient_bytes(config)
@@ -211,7 +209,7 @@ class ObserverNode(NodeSupervisor):
 
         cfg, room = self.config, self.config.room
         self._media()  # (its screen shows nothing)
-        key = room_key(cfg, ephemeral=self.run_key)
+        key = self.key if self.key is not None else room_key(cfg)
         log_key(structlog.get_logger("wccl"), key)
         ladder = collective_ladder(cfg)
         self.deps = {
