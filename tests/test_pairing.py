@@ -200,3 +200,24 @@ def test_the_code_stands_large_on_the_screen():
     rows = (img.min(axis=2) < 128).any(axis=1).nonzero()[0]
     assert rows.size and (img[rows.min():rows.min() + 100].min(axis=2) < 128).any(axis=0).sum() > 400  # wide digits
     assert (code_picture(None, 320, 180).min(axis=2) < 128).any()
+
+
+@pytest.mark.slow
+def test_codes_the_people_do_not_confirm_give_no_key_and_no_run(monkeypatch, _quiet_logs):
+    """The people answer no (the screens showed different codes): every rank says so, no node runs."""
+    import json
+
+    from conftest import make_config, run_room
+    from wccl.distributed import pairing
+    from wccl.runtime.supervisor import NodeFailed
+
+    async def no(self, node, code, why=""):
+        return False
+
+    monkeypatch.setattr(pairing.Table, "confirm", no)
+    cfg = make_config(room={"nodes": TWO, "key": "pair", "profile": "exact"}, training={"steps": 1, "eval_every": 0})
+    with pytest.raises(NodeFailed, match="did not confirm the code"):
+        run_room(cfg)
+    events = [json.loads(x) for x in _quiet_logs.getvalue().splitlines() if x.startswith("{")]
+    assert {e["node"] for e in events if e["event"] == "pairing_failed"} == {"alice", "bob"}
+    assert not [e for e in events if e["event"] == "room_key" or e.get("actor") in ("worker", "parameter_server")]

@@ -9,7 +9,8 @@ rate, its exposure lock state, and a hint in words for each peer it aims at
 (turn left, tilt the lid back, move closer...).
 
 The aim code is a keyed status frame (protocols.transfer.status_message,
-checked with the room key) whose `trusts` mask names the peers this node
+checked with the room key; unkeyed in a room that pairs over the light, which
+has no key before its run) whose `trusts` mask names the peers this node
 has read within the last READ_WINDOW_S: so every node learns over the light
 alone whether its own screen is read. Per peer the state goes `searching`
 (no code in view) -> `found` (a code, not read) -> `reading` (its frames

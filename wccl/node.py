@@ -106,13 +106,15 @@ class RoomRun:
         this process's table when every rank runs here (they see every screen), else the person at this
         laptop."""
         from wccl.distributed.pairing import Table, pair, people_for
+        from wccl.distributed.rank_node import CollectiveNode
         from wccl.runtime.supervisor import NodeFailed
 
         ranks = self.config.room.ranks
         people = (Table(self.names) if set(ranks) <= set(self.names)
                   else people_for(self.config, ranks, asyncio.sleep))
-        paired = await asyncio.gather(*(pair(self.config, n, self.medium, people, clock_origin=self.origin,
-                                             stop=self.stop) for n in self.names), return_exceptions=True)
+        paired = await asyncio.gather(*(pair(self.config, n, self.medium, people, CollectiveNode,
+                                             clock_origin=self.origin, stop=self.stop) for n in self.names),
+                                      return_exceptions=True)
         done = [p for p in paired if not isinstance(p, BaseException)]
         if self.stop.is_set() or len(done) < len(paired):
             for _, (camera, _screen) in done:

@@ -1,6 +1,6 @@
 """Pairing over the light at start: the ranks of a room with no key agree on one (protocols.pairing).
 
-`pair()` runs before a rank's node: a node of the ranks' own collectives (`CollectiveNode`), keyed by
+`pair()` runs before a rank's node: a node of the ranks' own collectives (`CollectiveNode`, given), keyed by
 nothing yet, carries the pairing's three collectives (commitments, reveals, the leader's sealed key); every
 rank then shows the same six digits (large, on its screen: `code_picture`; and on its console), that node
 drains and stops, and the key is used only once the people at the table confirm the digits (`confirm`);
@@ -21,6 +21,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import cv2
@@ -109,17 +110,14 @@ def people_for(cfg: WcclConfig, names: list[str], sleep) -> People:
     return ConsolePeople()
 
 
-async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock_origin: float = 0.0,
-               timeout_s: float = 300.0, stop: asyncio.Event | None = None,
+async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, node_class: Callable[..., Any], *,
+               clock_origin: float = 0.0, timeout_s: float = 300.0, stop: asyncio.Event | None = None,
                random=os.urandom) -> tuple[RoomKey, tuple[Any, Any]]:
     """This rank's side of the room's pairing: the key for the run, once the people confirm the code, and the
     (camera, screen) it paired with, for the rank's node (one window and one webcam a laptop, opened once).
     Raises PairingError with the reason (the codes differ, a reveal does not match, the sealed key does not
     open, the collectives failed, `stop` was set) on this rank, its camera closed; every rank's people are
-    told (`confirm` with None)."""
-    # (imported here: rank_node imports this module's caller)
-    from wccl.distributed.rank_node import CollectiveNode
-
+    told (`confirm` with None). `node_class`: the ranks' node (wccl.distributed.rank_node.CollectiveNode)."""
     structlog.contextvars.bind_contextvars(node=node)  # (this task's context: each rank's pairing its own)
     log = structlog.get_logger("wccl")
     ranks = cfg.room.ranks
@@ -133,7 +131,7 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock
         done[m.seq] = m
         arrived.set()
 
-    sup = CollectiveNode(cfg, node, medium, timeout_s=timeout_s, on_done=on_done, clock_origin=clock_origin,
+    sup = node_class(cfg, node, medium, timeout_s=timeout_s, on_done=on_done, clock_origin=clock_origin,
                          key=NO_KEY, announce_key=False, stop=stop, keep_media=True)
     sup.build()
     started = sup.local_clock.now()
@@ -176,6 +174,7 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, *, clock
     confirmed = await people.confirm(node, code, why)
     took = round(sup.local_clock.now() - started, 3)
     if code is None or not confirmed:
+        sup.screen.show(code_picture(None, cfg.screen.width, cfg.screen.height))
         close = getattr(sup.camera, "close", None)
         if close is not None:
             close()

@@ -565,7 +565,7 @@ class RankNode:
 
             people = people_for(self.config, self.config.room.ranks, asyncio.sleep)
             try:
-                key, media = await pair(self.config, self.node, medium, people, clock_origin=origin,
+                key, media = await pair(self.config, self.node, medium, people, CollectiveNode, clock_origin=origin,
                                         timeout_s=self.timeout_s, stop=stop)
             except PairingError:
                 if stop.is_set():  # (Esc in its window while it paired: stopped, as a node is)
