@@ -314,18 +314,11 @@ class RoomConfig(_Strict):
     @model_validator(mode="after")
     def _roles_work(self) -> RoomConfig:
         if self.profile == "exact":
-            from wccl.room.room import POSE_KEYS
+            from wccl.room.params import exact_room_problem
 
-            if self.channel:
-                raise user_error("the 'exact' profile takes no channel parameters (choose profile 'ideal', "
-                                 "'webcam' or 'harsh')", "channel")
-            for i, n in enumerate(self.nodes):
-                if set(n.channel) - POSE_KEYS:  # where a laptop stands may stay: the perfect camera ignores it
-                    raise user_error(f"the 'exact' profile takes no channel parameters but a pose "
-                                     f"({', '.join(sorted(POSE_KEYS))})", "nodes", i, "channel")
-                if n.changes:
-                    raise user_error("the 'exact' profile has no channel to change (choose profile 'ideal', "
-                                     "'webcam' or 'harsh')", "nodes", i, "changes")
+            problem = exact_room_problem(self.channel, [n.channel for n in self.nodes], [n.changes for n in self.nodes])
+            if problem is not None:
+                raise user_error(problem[0], *problem[1])
         names = [n.name for n in self.nodes]
         for i, n in enumerate(self.nodes):
             aim = n.channel.get("aim")

@@ -296,11 +296,40 @@ def check_overrides(table: dict[str, Any] | None, where: str) -> dict[str, Any]:
     return out
 
 
+# Where a laptop stands: a room's poses may stay when its profile is switched to `exact` (the perfect camera
+# sees screens side by side and ignores them); any other channel parameter is an error there.
+POSE_KEYS = frozenset({"distance_m", "position_m", "yaw_deg", "pitch_deg", "roll_deg", "camera_offset_m", "aim"})
+OTHER_PROFILES = "(choose profile 'ideal', 'webcam' or 'harsh')"
+
+
+def check_profile(profile: str, rendered: bool = False) -> None:
+    """A profile's name is one of PROFILE_NAMES (`rendered`: one with channel parameters, not `exact`)."""
+    if profile not in (PROFILES if rendered else PROFILE_NAMES):
+        raise ValueError(f"room.profile: unknown profile {profile!r}; profiles are {', '.join(PROFILE_NAMES)}"
+                         if profile not in PROFILE_NAMES else f"room.profile: the {profile!r} profile has no channel")
+
+
+def exact_room_problem(room: dict[str, Any] | None, nodes: list[dict[str, Any]],
+                       changes: list[list] | None = None) -> tuple[str, tuple] | None:
+    """What an `exact` room's tables hold that it cannot take, in words, and the key path it is at (below
+    `room`: ("channel",), ("nodes", i, "channel"), ("nodes", i, "changes")); None if nothing. The one rule,
+    for the config and the room alike."""
+    if room:
+        return f"the 'exact' profile takes no channel parameters {OTHER_PROFILES}", ("channel",)
+    for i, table in enumerate(nodes):
+        if set(table) - POSE_KEYS:
+            return (f"the 'exact' profile takes no channel parameters but a pose ({', '.join(sorted(POSE_KEYS))})",
+                    ("nodes", i, "channel"))
+    for i, node_changes in enumerate(changes or []):
+        if node_changes:
+            return f"the 'exact' profile has no channel to change {OTHER_PROFILES}", ("nodes", i, "changes")
+    return None
+
+
 def resolve(profile: str, room: dict[str, Any] | None = None, node: dict[str, Any] | None = None,
             node_where: str = "room.nodes[?].channel") -> ChannelParams:
     """The parameters of one node: profile <- room-wide overrides <- the node's overrides."""
-    if profile not in PROFILES:
-        raise ValueError(f"room.profile: unknown profile {profile!r}; profiles are {', '.join(PROFILE_NAMES)}")
+    check_profile(profile, rendered=True)
     merged = dict(PROFILES[profile])
     merged.update(check_overrides(room, "room.channel"))
     node_table = check_overrides(node, node_where)
@@ -315,4 +344,5 @@ def describe() -> list[tuple[str, str, Any]]:
     return [(f.name, str(f.type), f.default) for f in fields(ChannelParams)]
 
 
-__all__ = ["ChannelParams", "PROFILES", "PROFILE_NAMES", "STAGES", "check_overrides", "resolve", "describe"]
+__all__ = ["ChannelParams", "PROFILES", "PROFILE_NAMES", "POSE_KEYS", "STAGES", "check_overrides", "check_profile",
+           "exact_room_problem", "resolve", "describe"]

@@ -25,12 +25,12 @@ import structlog
 from protocols.layout import blank
 from wccl.room import geometry
 from wccl.room.channel import CameraModel, ScreenModel
-from wccl.room.params import PROFILE_NAMES, ChannelParams, check_overrides, resolve
+from wccl.room.params import (OTHER_PROFILES, POSE_KEYS, ChannelParams, check_overrides, check_profile,
+                              exact_room_problem, resolve)
 from wccl.room.timing import CaptureSchedule, Exposure, capture_rng
 from wccl.runtime.timebase import NodeClock
 
 
-POSE_KEYS = frozenset({"distance_m", "position_m", "yaw_deg", "pitch_deg", "roll_deg", "camera_offset_m", "aim"})
 # Parameters that stay as the run started: the camera's resolution, the stream's codec, the stage switches
 # (a change is the room's light, a laptop's pose, a screen's brightness, the camera's rate or optics).
 FIXED_KEYS = frozenset({"camera_width", "camera_height", "codec", "h264_preset", "disable"})
@@ -57,8 +57,7 @@ class SimulatedRoom:
     def __init__(self, node_names: list[str], screen_w: int, screen_h: int, fps: float,
                  profile: str = "exact", seed: int = 0, channel: dict | None = None,
                  node_channels: list[dict] | None = None) -> None:
-        if profile not in PROFILE_NAMES:
-            raise ValueError(f"room.profile: unknown profile {profile!r}; profiles are {', '.join(PROFILE_NAMES)}")
+        check_profile(profile)
         if len(set(node_names)) != len(node_names):
             raise ValueError("node names must be unique")
         node_channels = list(node_channels) if node_channels is not None else [{} for _ in node_names]
@@ -71,17 +70,14 @@ class SimulatedRoom:
         self.seed = seed
         self.exact = profile == "exact"
         if self.exact:
-            if channel:
-                check_overrides(channel, "room.channel")  # unknown keys still name themselves
-                raise ValueError("room.channel: the 'exact' profile takes no channel parameters "
-                                 "(choose profile 'ideal', 'webcam' or 'harsh')")
+            check_overrides(channel, "room.channel")  # (unknown keys name themselves first)
             for i, table in enumerate(node_channels):
-                # Where a laptop stands means nothing to the perfect camera (screens side by side): a room's
-                # poses may stay when its profile is switched to `exact`; any other parameter is an error.
-                if set(table) - POSE_KEYS:
-                    check_overrides(table, f"room.nodes[{i}].channel")
-                    raise ValueError(f"room.nodes[{i}].channel: the 'exact' profile takes no channel parameters "
-                                     f"but a pose ({', '.join(sorted(POSE_KEYS))})")
+                check_overrides({k: v for k, v in table.items() if k not in POSE_KEYS}, f"room.nodes[{i}].channel")
+            problem = exact_room_problem(channel, node_channels)
+            if problem is not None:
+                text, keys = problem
+                where = "".join(f"[{k}]" if isinstance(k, int) else ("." if j else "") + k for j, k in enumerate(keys))
+                raise ValueError(f"room.{where}: {text}")
         black = blank(screen_w, screen_h)
         black.setflags(write=False)
         # Per node: times (ascending) and the images shown from those times on.
@@ -231,8 +227,7 @@ class SimulatedRoom:
         the run goes."""
         self._check(node)
         if self.exact:
-            raise ValueError("room changes: the 'exact' profile has no channel to change (choose profile "
-                             "'ideal', 'webcam' or 'harsh')")
+            raise ValueError(f"room changes: the 'exact' profile has no channel to change {OTHER_PROFILES}")
         if not at_s >= 0 or not ramp_s >= 0:
             raise ValueError(f"a change of {node}'s channel needs at_s >= 0 and ramp_s >= 0, got {at_s}, {ramp_s}")
         where = f"room.nodes[{self.nodes.index(node)}].changes"
