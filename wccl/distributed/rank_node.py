@@ -502,6 +502,9 @@ class RankNode:
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
+            # (the node's thread ended before its node ran, e.g. Esc while it paired: let it close its window and
+            # camera first, or the program would exit while they close)
+            self._thread.join()
             raise self._error
 
     def _main(self) -> None:
