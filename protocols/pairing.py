@@ -14,7 +14,9 @@ Every rank then shows the same six digits (`code`, a hash of all commitments and
 and console; the people at the table look at every screen and press a key on each laptop only if all show
 the same digits. An intruder that put its own key in place of a rank's, towards one camera or all, changes
 the transcript that some rank hashed: the digits differ, nobody confirms, no key. It cannot choose its key
-so that the digits agree: it must commit before any rank reveals, so the chance is one in a million.
+so that the digits agree: it must commit before the rank it deceives reveals, so the chance is one in a
+million. (The leader seals its key before anyone confirms: in a pairing nobody confirms, whoever took part
+may hold that key, which is then thrown away, never used.)
 A recorded pairing replayed in another run carries other run nonces (the handshake refuses its frames),
 and its keys were sealed to private keys that never left their laptops.
 
@@ -72,7 +74,7 @@ class Pairing:
     code: str = field(default="", init=False)  # the six digits every screen shows, "482 913"
 
     def __post_init__(self) -> None:
-        if not 2 <= self.world or not 0 <= self.rank < self.world:
+        if not 2 <= self.world <= 255 or not 0 <= self.rank < self.world:
             raise ValueError(f"pairing: rank {self.rank} of {self.world}")
         if len(self.private) != KEY_BYTES or len(self.salt) != SALT_BYTES:
             raise ValueError("pairing: a private key of 32 bytes and a salt of 16")
@@ -115,7 +117,11 @@ class Pairing:
 
     def _wrap_key(self, peer: int) -> ChaCha20Poly1305:
         public = X25519PublicKey.from_public_bytes(self._reveals[peer][:KEY_BYTES])
-        shared = self._key.exchange(public)
+        try:
+            shared = self._key.exchange(public)
+        except ValueError:  # a low-order point (all zeros, say): no secret to share
+            raise PairingError(f"pairing: {self._name(peer)}'s key is not one a laptop draws: another screen is "
+                               "speaking as it") from None
         low, high = sorted((self.rank, peer))
         return ChaCha20Poly1305(_hash(b"wccl-pair-wrap", shared, self.transcript, bytes([low, high])))
 

@@ -179,17 +179,77 @@ def test_a_room_with_an_observer_does_not_pair(tmp_path):
 
 
 @pytest.mark.parametrize("answer, confirmed", [("y\n", True), ("yes\n", True), ("n\n", False), ("\n", False),
-                                               ("", False)])
+                                               ("", None)])
 def test_a_real_laptops_person_confirms_on_its_console(monkeypatch, capsys, answer, confirmed):
+    """y or yes confirms; anything else does not; a console with nothing to read says so (not a no)."""
     import io
     import sys
 
     from wccl.distributed.pairing import ConsolePeople
 
     monkeypatch.setattr(sys, "stdin", io.StringIO(answer))
-    assert asyncio.run(ConsolePeople().confirm("alice", "482 913")) is confirmed
+    if confirmed is None:
+        with pytest.raises(PairingError, match="no console to answer on"):
+            asyncio.run(ConsolePeople().confirm("alice", "482 913"))
+    else:
+        assert asyncio.run(ConsolePeople().confirm("alice", "482 913")) is confirmed
     assert "482 913" in capsys.readouterr().err
     assert asyncio.run(ConsolePeople().confirm("alice", None, "no key")) is False  # nothing to confirm
+
+
+def test_esc_ends_the_consoles_question(monkeypatch):
+    import sys
+    import threading
+
+    from wccl.distributed.pairing import ConsolePeople
+
+    never = threading.Event()
+
+    class Silent:  # a person who never answers
+        def readline(self):
+            never.wait(5)
+            return "y\n"
+
+    monkeypatch.setattr(sys, "stdin", Silent())
+
+    async def go():
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, stop.set)
+        return await asyncio.wait_for(ConsolePeople(stop).confirm("alice", "482 913"), 3)
+
+    assert asyncio.run(go()) is False
+    never.set()
+
+
+def test_the_folder_of_people_hears_a_failure_at_once_and_waits_no_longer_than_its_deadline(tmp_path):
+    from wccl.distributed.pairing import TableFolder
+
+    async def go(wait_s):
+        loop = asyncio.get_running_loop()
+        table = [TableFolder(str(tmp_path), ["a", "b", "c"], asyncio.sleep, loop.time, wait_s) for _ in range(3)]
+        return await asyncio.wait_for(asyncio.gather(table[0].confirm("a", "123 456"),
+                                                     table[1].confirm("b", None, "its camera did not open")), 5)
+
+    assert asyncio.run(go(300.0)) == [False, False]  # (c never came: b's failure ends the wait)
+    for f in tmp_path.iterdir():
+        f.unlink()
+
+    async def alone():
+        loop = asyncio.get_running_loop()
+        return await asyncio.wait_for(TableFolder(str(tmp_path), ["a", "b"], asyncio.sleep, loop.time, 0.3)
+                                      .confirm("a", "123 456"), 5)
+
+    assert asyncio.run(alone()) is False  # b's process died: nothing noted
+
+
+def test_a_key_that_no_laptop_draws_is_named_not_a_crash():
+    """All zeros is a low-order point: X25519 refuses it; the pairing names the rank instead of failing."""
+    ps = _ranks(2)
+    reveals = [ps[0].reveal(), bytes(32) + ps[1].salt]
+    commits = [ps[0].commitment(), commitment(bytes(32), ps[1].salt)]
+    ps[0].take(commits, reveals)
+    with pytest.raises(PairingError, match="n1's key is not one a laptop draws"):
+        ps[0].sealed()
 
 
 def test_the_code_stands_large_on_the_screen():
@@ -221,3 +281,23 @@ def test_codes_the_people_do_not_confirm_give_no_key_and_no_run(monkeypatch, _qu
     events = [json.loads(x) for x in _quiet_logs.getvalue().splitlines() if x.startswith("{")]
     assert {e["node"] for e in events if e["event"] == "pairing_failed"} == {"alice", "bob"}
     assert not [e for e in events if e["event"] == "room_key" or e.get("actor") in ("worker", "parameter_server")]
+
+
+@pytest.mark.slow
+def test_a_rank_whose_pairing_breaks_leaves_nobody_waiting(monkeypatch, _quiet_logs):
+    """Any error in one rank's pairing (not only the protocol's own) is its word to the people: the other
+    rank does not wait for ever, and the run stops with the reason."""
+    from conftest import make_config, run_room
+    from wccl.runtime.supervisor import NodeFailed
+
+    real = Pairing.take
+
+    def take(self, commitments, reveals):
+        if self.rank == 1:
+            raise RuntimeError("a bug")
+        return real(self, commitments, reveals)
+
+    monkeypatch.setattr(Pairing, "take", take)
+    cfg = make_config(room={"nodes": TWO, "key": "pair", "profile": "exact"}, training={"steps": 1, "eval_every": 0})
+    with pytest.raises(NodeFailed, match="RuntimeError: a bug"):
+        run_room(cfg)

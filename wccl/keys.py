@@ -109,19 +109,23 @@ def pairs(cfg) -> bool:
 
 
 def keep_paired_key(cfg, secret: bytes) -> str | None:
-    """With `key = "pair"` and a key_file: keep the paired key there for later runs (mode 0600; a file that
-    another rank of this machine wrote first is left as it is). Returns the path kept in, or None."""
+    """With `key = "pair"` and a key_file: keep the paired key there for later runs (mode 0600, written whole;
+    a file that another rank of this machine wrote first is left as it is). Returns the path kept in, or
+    None."""
     path = cfg.room.key_file
     if cfg.room.key != "pair" or path is None:
         return None
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secret)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.link(tmp, path)  # (whole or not at all: another rank reads either no file or the key)
     except FileExistsError:
         if read_key_file(path) != secret:
             raise KeyError_(f"{path} holds another key than the one just paired: remove it and pair again")
-        return str(path)
-    with os.fdopen(fd, "wb") as f:
-        f.write(secret)
+    finally:
+        os.unlink(tmp)
     return str(path)
 
 

@@ -57,6 +57,7 @@ import json
 import os
 import secrets
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -705,6 +706,7 @@ def launch(args: argparse.Namespace) -> int:
     job.ranks = [_Rank(ranks.index(n), n, len(ranks)) for n in run]
     log = open(args.room_log, "w") if args.room_log else None  # noqa: SIM115 - closed below
     interrupted = False
+    people_dir = None  # the folder of the simulated people who confirm a pairing code (made below, if it pairs)
 
     def _interrupt(signum, frame):
         nonlocal interrupted
@@ -730,7 +732,7 @@ def launch(args: argparse.Namespace) -> int:
             for n in cfg.room.intruders:
                 job.start_intruder(n, bare, log)
         if pairs(cfg) and args.node is None:  # every rank here: the people see every screen's pairing code
-            base[PAIR_TABLE_ENV] = tempfile.mkdtemp(prefix="wccl-pairing-")
+            base[PAIR_TABLE_ENV] = people_dir = tempfile.mkdtemp(prefix="wccl-pairing-")
         for local, r in enumerate(job.ranks):
             env = dict(base, RANK=str(r.rank), LOCAL_RANK=str(local), WCCL_NODE=r.node)
             job.start_rank(r, [sys.executable, str(script), *args.args], env)
@@ -743,6 +745,8 @@ def launch(args: argparse.Namespace) -> int:
             signal.signal(s, _note)  # a second Ctrl-C does not cut the stopping short
         try:
             job.stop_all()
+            if people_dir is not None:
+                shutil.rmtree(people_dir, ignore_errors=True)
             if log is not None:
                 log.close()
             job.summary(interrupted)

@@ -110,8 +110,9 @@ class RoomRun:
         from wccl.runtime.supervisor import NodeFailed
 
         ranks = self.config.room.ranks
+        loop = asyncio.get_running_loop()
         people = (Table(self.names) if set(ranks) <= set(self.names)
-                  else people_for(self.config, ranks, asyncio.sleep))
+                  else people_for(self.config, ranks, asyncio.sleep, loop.time, self.stop, self.config.sync.timeout_s))
         paired = await asyncio.gather(*(pair(self.config, n, self.medium, people, CollectiveNode,
                                              clock_origin=self.origin, stop=self.stop) for n in self.names),
                                       return_exceptions=True)
@@ -122,7 +123,8 @@ class RoomRun:
                     camera.close()
             if self.stop.is_set():
                 return False
-            raise NodeFailed(f"no room key: {next(p for p in paired if isinstance(p, BaseException))}")
+            why = "; ".join(f"{n}: {p}" for n, p in zip(self.names, paired) if isinstance(p, BaseException))
+            raise NodeFailed(f"no room key: {why}")
         self._make_nodes({n: k for n, (k, _) in zip(self.names, paired)}, {n: m for n, (_, m) in zip(self.names, paired)})
         return True
 
@@ -192,6 +194,10 @@ class RoomRun:
         interrupted = self.pairing and not await self._pair()  # (then no node runs)
         for sup in self.supervisors:
             sup.build()
+            if self.pairing:
+                from wccl.distributed.pairing import keep_once_greeted
+
+                keep_once_greeted(sup, self.config, self.keys[sup.node])
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(self._node(sup), name=sup.node) for sup in self.supervisors]
             trainers = [t for t, s in zip(tasks, self.supervisors) if "observer" not in s.spec.roles]

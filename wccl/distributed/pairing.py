@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import threading
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -44,15 +45,18 @@ class People(Protocol):
 
 class Table:
     """The simulated people at a table of ranks in one process: they confirm once every rank shows its code,
-    if all show the same."""
+    if all show the same (every rank says its word, a code or its failure, so nobody waits for ever)."""
 
     def __init__(self, names: list[str]) -> None:
         self.names = list(names)
         self.codes: dict[str, str | None] = {}
         self._all = asyncio.Event()
+        self.failed = asyncio.Event()  # some rank's pairing failed: the others need not finish theirs
 
     async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
         self.codes[node] = code
+        if code is None:
+            self.failed.set()
         if set(self.codes) >= set(self.names):
             self._all.set()
         await self._all.wait()
@@ -63,39 +67,69 @@ class TableFolder:
     """The simulated people at a table of ranks in several processes (wccl.launch): each rank's code in a
     file of `folder`; they confirm when all are there and the same."""
 
-    def __init__(self, folder: str, names: list[str], sleep) -> None:
-        self.folder, self.names, self.sleep = Path(folder), list(names), sleep
+    def __init__(self, folder: str, names: list[str], sleep, clock, wait_s: float = 300.0,
+                 stop: asyncio.Event | None = None) -> None:
+        self.folder, self.names, self.sleep, self.clock = Path(folder), list(names), sleep, clock
+        self.wait_s, self.stop = wait_s, stop
 
     async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
+        """True once every rank's code is noted and all are the same; False at once for a failure noted,
+        after `wait_s` (a rank whose process died notes nothing), or when `stop` is set."""
         tmp = self.folder / f".{node}.tmp"
         tmp.write_text(code if code is not None else f"failed: {why}")
         tmp.replace(self.folder / node)
+        until = self.clock() + self.wait_s
         while True:
             seen = {n: (self.folder / n).read_text() for n in self.names if (self.folder / n).exists()}
+            if any(v.startswith("failed") for v in seen.values()):
+                return False
             if len(seen) == len(self.names):
                 return len(set(seen.values())) == 1 and code is not None
+            if self.clock() > until or (self.stop is not None and self.stop.is_set()):
+                return False
             await self.sleep(POLL_S)
 
 
 class ConsolePeople:
-    """A real laptop's person: the code on the console, and a question answered with y or n."""
+    """A real laptop's person: the code on the console, and a question answered with y or n (on a thread of its
+    own, so Esc in the window, `stop`, ends the wait). A console with nothing to read (stdin closed) is an
+    error that says so, not a no."""
+
+    def __init__(self, stop: asyncio.Event | None = None) -> None:
+        self.stop = stop
 
     async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
         if code is None:
             return False
-        question = (f"\nwccl: pairing code on {node}: {code}\n"
-                    "      Does every laptop's screen and console show these same six digits? [y/N] ")
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[str] = loop.create_future()
+        sys.stderr.write(f"\nwccl: pairing code on {node}: {code}\n"
+                         "      Does every laptop's screen and console show these same six digits? [y/N] ")
+        sys.stderr.flush()
 
-        def ask() -> bool:
-            sys.stderr.write(question)
-            sys.stderr.flush()
-            answer = sys.stdin.readline()
-            return answer.strip().lower() in ("y", "yes")
+        def ask() -> None:
+            line = sys.stdin.readline()
+            try:
+                loop.call_soon_threadsafe(lambda: answer.done() or answer.set_result(line))
+            except RuntimeError:  # (the loop closed meanwhile: nobody waits for the answer any more)
+                pass
 
-        return await asyncio.get_running_loop().run_in_executor(None, ask)
+        threading.Thread(target=ask, name="wccl-pairing-question", daemon=True).start()
+        waits = [answer] + ([asyncio.ensure_future(self.stop.wait())] if self.stop is not None else [])
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits[1:]:
+            w.cancel()
+        if not answer.done():
+            return False  # (stopped)
+        line = answer.result()
+        if line == "":
+            raise PairingError("pairing: no console to answer on (its input is closed): run it in a terminal, or "
+                               "give the room a key file")
+        return line.strip().lower() in ("y", "yes")
 
 
-def people_for(cfg: WcclConfig, names: list[str], sleep) -> People:
+def people_for(cfg: WcclConfig, names: list[str], sleep, clock, stop: asyncio.Event | None = None,
+               wait_s: float = 300.0) -> People:
     """Who confirms the code: where one launcher started every rank (the simulated room, the desktop loopback),
     the people who see all their screens (TableFolder, in the launcher's folder); on a real laptop, the
     person at this one (ConsolePeople)."""
@@ -103,11 +137,11 @@ def people_for(cfg: WcclConfig, names: list[str], sleep) -> People:
 
     folder = os.environ.get(PAIR_TABLE_ENV)
     if folder:
-        return TableFolder(folder, names, sleep)
+        return TableFolder(folder, names, sleep, clock, wait_s, stop)
     if cfg.room.medium == "simulated":
         raise PairingError(f"a simulated room pairs with its people's folder ({PAIR_TABLE_ENV}, set by "
                            "python -m wccl.launch)")
-    return ConsolePeople()
+    return ConsolePeople(stop)
 
 
 async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, node_class: Callable[..., Any], *,
@@ -132,11 +166,17 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, node_cla
         arrived.set()
 
     sup = node_class(cfg, node, medium, timeout_s=timeout_s, on_done=on_done, clock_origin=clock_origin,
-                         key=NO_KEY, announce_key=False, stop=stop, keep_media=True)
-    sup.build()
+                     key=NO_KEY, announce_key=False, stop=stop, keep_media=True)
+    try:
+        sup.build()
+    except Exception as e:  # (its camera or window would not open): said to the people too, so nobody waits
+        await people.confirm(node, None, str(e))
+        raise
     started = sup.local_clock.now()
     log.info("pairing_started", ranks=world, leader=ranks[LEADER])
     task = asyncio.ensure_future(sup.run())
+
+    failed = getattr(people, "failed", None)  # (people who hear at once when a rank's pairing fails)
 
     async def collective(seq: int, op: str, data: bytes) -> tuple[bytes, ...]:
         await sup.submit(CollectiveRequest(sender=node, time=0.0, seq=seq, op=op, dtype="uint8", numel=len(data),
@@ -144,10 +184,14 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, node_cla
         while seq not in done:
             if task.done():
                 raise PairingError(f"pairing: start-up stopped: {sup.greeted.problem or _failure(task)}")
+            if failed is not None and failed.is_set():
+                raise PairingError("pairing: another laptop's pairing failed (its console says why)")
             arrived.clear()
-            waiter = asyncio.ensure_future(arrived.wait())
-            await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
+            waiters = [asyncio.ensure_future(arrived.wait())] + (
+                [asyncio.ensure_future(failed.wait())] if failed is not None else [])
+            await asyncio.wait([*waiters, task], return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
         m = done[seq]
         if m.error is not None:
             raise PairingError(f"pairing: {m.error}")
@@ -161,8 +205,8 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, node_cla
         log.warning("pairing_code", code=code, say=f"pairing code {code}: every laptop must show the same")
         sealed = await collective(2, "broadcast", me.sealed() if rank == LEADER else bytes(SEALED_BYTES * (world - 1)))
         key = me.open(sealed[LEADER])
-    except PairingError as e:
-        code, why = None, str(e)
+    except Exception as e:  # noqa: BLE001 - any failure is this rank's word to the people, never a silent wait
+        code, why = None, str(e) if isinstance(e, PairingError) else f"pairing: {type(e).__name__}: {e}"
     finally:
         if not task.done():  # (a node stopped meanwhile, by Esc or its start-up giving up, takes no more)
             await sup.submit(Drain(sender=node, time=0.0, timeout_s=cfg.collectives.drain_s))
@@ -171,7 +215,10 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, node_cla
     except Exception as e:  # noqa: BLE001 - the pairing's node failed after its collectives: said, not raised
         log.warning("pairing_node_failed", error=str(e))
     sup.screen.show(code_picture(code, cfg.screen.width, cfg.screen.height))  # (until the node's own frames)
-    confirmed = await people.confirm(node, code, why)
+    try:
+        confirmed = await people.confirm(node, code, why)
+    except PairingError as e:  # (a console with nothing to read)
+        confirmed, code, why = False, None, str(e)
     took = round(sup.local_clock.now() - started, 3)
     if code is None or not confirmed:
         sup.screen.show(code_picture(None, cfg.screen.width, cfg.screen.height))
@@ -189,12 +236,25 @@ async def pair(cfg: WcclConfig, node: str, medium: Any, people: People, node_cla
         raise PairingError(why)
     room_key = RoomKey(key, f"paired over the light (code {code})")
     log.info("paired", code=code, fingerprint=room_key.fingerprint, took_s=took)
-    from wccl.keys import keep_paired_key
-
-    kept = keep_paired_key(cfg, key)
-    if kept is not None:
-        log.info("room_key_kept", path=kept, say=f"later runs of this room read the key from {kept}")
     return room_key, (sup.camera, sup.screen)
+
+
+def keep_once_greeted(sup: Any, cfg: WcclConfig, key: RoomKey) -> None:
+    """With `key = "pair"` and a key_file, keep the paired key there (wccl.keys.keep_paired_key) once the
+    rank's node has greeted its peers under it: proof that the others confirmed and use it too. Call after
+    the node's build."""
+    if cfg.room.key != "pair" or cfg.room.key_file is None:
+        return
+
+    def keep() -> None:
+        from wccl.keys import keep_paired_key
+
+        kept = keep_paired_key(cfg, key.secret)
+        if kept is not None:
+            structlog.get_logger("wccl").info("room_key_kept", path=kept,
+                                              say=f"later runs of this room read the key from {kept}")
+
+    sup.handshake.on_complete.append(keep)
 
 
 def code_picture(code: str | None, width: int, height: int) -> np.ndarray:

@@ -566,7 +566,7 @@ class RankNode:
             from protocols.pairing import PairingError
             from wccl.runtime.supervisor import NodeResult
 
-            people = people_for(self.config, self.config.room.ranks, asyncio.sleep)
+            people = people_for(self.config, self.config.room.ranks, asyncio.sleep, loop.time, stop, self.timeout_s)
             try:
                 key, media = await pair(self.config, self.node, medium, people, CollectiveNode, clock_origin=origin,
                                         timeout_s=self.timeout_s, stop=stop)
@@ -577,6 +577,10 @@ class RankNode:
         self.sup = CollectiveNode(self.config, self.node, medium, timeout_s=self.timeout_s,
                                   on_done=self._done, clock_origin=origin, key=key, stop=stop, media=media)
         self.sup.build()
+        if key is not None:
+            from wccl.distributed.pairing import keep_once_greeted
+
+            keep_once_greeted(self.sup, self.config, key)
         self.sup.handshake.on_complete.append(self._greeted.set)
         self._t_mark, self._cpu_mark = loop.time(), self._program_cpu()
         self._ready.set()
