@@ -13,7 +13,9 @@ correction is public; the key is not), keeps what it filmed, and every
   real one (session, sender, run nonce, acknowledgements) and a tensor of
   its own, its check made under a key of the intruder's;
 - `replayed`: a real frame filmed more than the replay window ago (or, with
-  `replay_from`, one filmed in an earlier run and saved with `record_to`);
+  `replay_from`, one filmed in an earlier run and saved with `record_to`,
+  shown again in the order filmed: its start-up and pairing while this
+  run's start up);
 - `bit_flipped`: the latest real frame with 1 to 3 bits flipped (under the
   error correction, so the flips survive it).
 
@@ -66,6 +68,7 @@ class Intruder(Actor):
         self.old_run = [bytes.fromhex(x) for x in Path(replay_from).read_text().split()] if replay_from else []
         self.results = ctx.results.setdefault("intruder", {f"shown_{k}": 0 for k in KINDS} | {"filmed": 0})
         self._turn = 0
+        self._old_at = 0  # the next frame of the earlier run to show again
 
     async def handle(self, msg: Capture) -> None:
         for quad in self.tracker(msg.image):
@@ -109,7 +112,10 @@ class Intruder(Actor):
             now = self.clock.now()
             old = [f for f in self.filmed if f[0] < now - self.replay_window_s - 1.0]
             if self.old_run and (not old or self.rng.random() < 0.5):
-                return kind, self.rng.randrange(self.world), self.rng.choice(self.old_run)
+                # The earlier run in the order it was filmed: its start-up (and pairing) while this run starts up
+                message = self.old_run[self._old_at % len(self.old_run)]
+                self._old_at += 1
+                return kind, self.rng.randrange(self.world), message
             if not old:
                 return None
             _, sender, message = self.rng.choice(old)
