@@ -225,8 +225,7 @@ def test_the_folder_of_people_hears_a_failure_at_once_and_waits_no_longer_than_i
     from wccl.distributed.pairing import TableFolder
 
     async def go(wait_s):
-        loop = asyncio.get_running_loop()
-        table = [TableFolder(str(tmp_path), ["a", "b", "c"], asyncio.sleep, loop.time, wait_s) for _ in range(3)]
+        table = [TableFolder(str(tmp_path), ["a", "b", "c"], wait_s) for _ in range(3)]
         return await asyncio.wait_for(asyncio.gather(table[0].confirm("a", "123 456"),
                                                      table[1].confirm("b", None, "its camera did not open")), 5)
 
@@ -235,8 +234,7 @@ def test_the_folder_of_people_hears_a_failure_at_once_and_waits_no_longer_than_i
         f.unlink()
 
     async def alone():
-        loop = asyncio.get_running_loop()
-        return await asyncio.wait_for(TableFolder(str(tmp_path), ["a", "b"], asyncio.sleep, loop.time, 0.3)
+        return await asyncio.wait_for(TableFolder(str(tmp_path), ["a", "b"], 0.3)
                                       .confirm("a", "123 456"), 5)
 
     assert asyncio.run(alone()) is False  # b's process died: nothing noted

@@ -110,9 +110,8 @@ class RoomRun:
         from wccl.runtime.supervisor import NodeFailed
 
         ranks = self.config.room.ranks
-        loop = asyncio.get_running_loop()
         people = (Table(self.names) if set(ranks) <= set(self.names)
-                  else people_for(self.config, ranks, asyncio.sleep, loop.time, self.stop, self.config.sync.timeout_s))
+                  else people_for(self.config, ranks, self.stop, self.config.sync.timeout_s))
         paired = await asyncio.gather(*(pair(self.config, n, self.medium, people, CollectiveNode,
                                              clock_origin=self.origin, stop=self.stop) for n in self.names),
                                       return_exceptions=True)

@@ -67,10 +67,8 @@ class TableFolder:
     """The simulated people at a table of ranks in several processes (wccl.launch): each rank's code in a
     file of `folder`; they confirm when all are there and the same."""
 
-    def __init__(self, folder: str, names: list[str], sleep, clock, wait_s: float = 300.0,
-                 stop: asyncio.Event | None = None) -> None:
-        self.folder, self.names, self.sleep, self.clock = Path(folder), list(names), sleep, clock
-        self.wait_s, self.stop = wait_s, stop
+    def __init__(self, folder: str, names: list[str], wait_s: float = 300.0, stop: asyncio.Event | None = None) -> None:
+        self.folder, self.names, self.wait_s, self.stop = Path(folder), list(names), wait_s, stop
 
     async def confirm(self, node: str, code: str | None, why: str = "") -> bool:
         """True once every rank's code is noted and all are the same; False at once for a failure noted,
@@ -78,16 +76,17 @@ class TableFolder:
         tmp = self.folder / f".{node}.tmp"
         tmp.write_text(code if code is not None else f"failed: {why}")
         tmp.replace(self.folder / node)
-        until = self.clock() + self.wait_s
+        loop = asyncio.get_running_loop()  # (its clock: the room's, virtual or real)
+        until = loop.time() + self.wait_s
         while True:
             seen = {n: (self.folder / n).read_text() for n in self.names if (self.folder / n).exists()}
             if any(v.startswith("failed") for v in seen.values()):
                 return False
             if len(seen) == len(self.names):
                 return len(set(seen.values())) == 1 and code is not None
-            if self.clock() > until or (self.stop is not None and self.stop.is_set()):
+            if loop.time() > until or (self.stop is not None and self.stop.is_set()):
                 return False
-            await self.sleep(POLL_S)
+            await asyncio.sleep(POLL_S)
 
 
 class ConsolePeople:
@@ -128,8 +127,7 @@ class ConsolePeople:
         return line.strip().lower() in ("y", "yes")
 
 
-def people_for(cfg: WcclConfig, names: list[str], sleep, clock, stop: asyncio.Event | None = None,
-               wait_s: float = 300.0) -> People:
+def people_for(cfg: WcclConfig, names: list[str], stop: asyncio.Event | None = None, wait_s: float = 300.0) -> People:
     """Who confirms the code: where one launcher started every rank (the simulated room, the desktop loopback),
     the people who see all their screens (TableFolder, in the launcher's folder); on a real laptop, the
     person at this one (ConsolePeople)."""
@@ -137,7 +135,7 @@ def people_for(cfg: WcclConfig, names: list[str], sleep, clock, stop: asyncio.Ev
 
     folder = os.environ.get(PAIR_TABLE_ENV)
     if folder:
-        return TableFolder(folder, names, sleep, clock, wait_s, stop)
+        return TableFolder(folder, names, wait_s, stop)
     if cfg.room.medium == "simulated":
         raise PairingError(f"a simulated room pairs with its people's folder ({PAIR_TABLE_ENV}, set by "
                            "python -m wccl.launch)")

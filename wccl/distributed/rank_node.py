@@ -566,7 +566,7 @@ class RankNode:
             from protocols.pairing import PairingError
             from wccl.runtime.supervisor import NodeResult
 
-            people = people_for(self.config, self.config.room.ranks, asyncio.sleep, loop.time, stop, self.timeout_s)
+            people = people_for(self.config, self.config.room.ranks, stop, self.timeout_s)
             try:
                 key, media = await pair(self.config, self.node, medium, people, CollectiveNode, clock_origin=origin,
                                         timeout_s=self.timeout_s, stop=stop)
