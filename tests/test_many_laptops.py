@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from test_distributed import EXAMPLES, ROOT, launch
+from test_distributed import ROOT, launch
 
 
 def _events(stderr: str, event: str) -> list[dict]:
@@ -33,26 +33,26 @@ TABLE_LINK = ('\n[link]\nchoose = "pinned"\nrows = 28\ncols = 50\ncolours = 8\nc
               'code_rate = 0.8\n')
 
 
-def _hello(tmp_path, room_file: str, n: int, link: str = ""):
-    """examples/collectives_hello.py in a shipped room (logging at info, `link` added): checks every rank's
-    results."""
+def _collectives(tmp_path, room_file: str, n: int, link: str = ""):
+    """tests/dist_scripts/table.py (an all_reduce and a broadcast: the collectives_hello example's first two;
+    its others add a minute at the eight-laptop table) in a shipped room (logging at info, `link` added):
+    checks every rank's results."""
     room = re.sub(r'level = "warning"', 'level = "info"', (ROOT / "rooms" / room_file).read_text()) + link
     assert 'level = "info"' in room
     cfg = tmp_path / room_file
     cfg.write_text(room)
-    proc, lines = launch(cfg, EXAMPLES / "collectives_hello.py", timeout=900)
+    proc, lines = launch(cfg, ROOT / "tests" / "dist_scripts" / "table.py", timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert [d["rank"] for d in lines] == list(range(n))
     for d in lines:
         assert d["all_reduce"] == [sum(10 * r + i for r in range(n)) for i in range(4)]
         assert d["broadcast"] == [42, 7]
-        assert d["all_gather"] == [[r] * 3 for r in range(n)]
     return proc
 
 
 @pytest.mark.slow
 def test_eight_laptops_at_a_table_discover_their_ring_and_agree(tmp_path):
-    proc = _hello(tmp_path, "table-8.toml", 8, TABLE_LINK)
+    proc = _collectives(tmp_path, "table-8.toml", 8, TABLE_LINK)
     names = ["a0", "b0", "a1", "b1", "a2", "b2", "a3", "b3"]
     row = {n: n[0] for n in names}
     col = {n: int(n[1]) for n in names}
@@ -69,7 +69,7 @@ def test_eight_laptops_at_a_table_discover_their_ring_and_agree(tmp_path):
 def test_four_laptops_on_a_circle_all_see_all_through_their_wide_lenses(tmp_path):
     """rooms/circle-4.toml: 128-degree lenses bend the neighbours' grids; each camera fits its lens from
     the codes' edges. Discovery must find all 12 edges, and the collectives run all-see-all."""
-    proc = _hello(tmp_path, "circle-4.toml", 4)
+    proc = _collectives(tmp_path, "circle-4.toml", 4)
     names = ["alice", "bob", "carol", "dave"]
     want = {f"{r}<-{s}" for r in names for s in names if r != s}
     known = _events(proc.stderr, "sight_known")
