@@ -23,7 +23,7 @@ ALL = REGISTRY.names("codec")
 
 
 def test_the_issue_codecs_are_registered():
-    assert set(ALL) == {"fp32", "bf16", "int8", "sign_ef", "topk_ef", "powersgd"}
+    assert set(ALL) == {"fp32", "bf16", "int8", "sign_ef", "topk_ef", "sparseloco", "powersgd"}
 
 
 @settings(max_examples=60, deadline=None)
@@ -89,6 +89,36 @@ def test_topk_sends_the_largest_magnitudes(x, ratio):
     assert bool((y[others] == 0).all())
 
 
+@settings(max_examples=60, deadline=None)
+@given(x=vectors, ratio=st.sampled_from([0.01, 0.1, 0.5, 1.0]), chunk=st.sampled_from([2, 7, 64, 4096]))
+def test_sparseloco_sends_each_chunks_largest_with_their_sign_and_one_of_two_levels(x, ratio, chunk):
+    c = get_codec("sparseloco", ratio=ratio, chunk=chunk)
+    y = c.decode(c.encode(x), x.numel())
+    for i in range(0, x.numel(), chunk):
+        xs, ys = x[i:i + chunk], y[i:i + chunk]
+        k = min(len(xs), max(1, math.ceil(ratio * len(xs))))
+        kept = xs.abs().sort(descending=True, stable=True).indices[:k]
+        others = torch.ones(len(xs), dtype=torch.bool)
+        others[kept] = False
+        assert bool((ys[others] == 0).all())
+        top = (k + 1) // 2
+        hi, lo = xs[kept[:top]].abs().mean(), xs[kept[top:]].abs().mean() if k > top else None
+        want = torch.tensor([float(hi)] * top + ([float(lo)] * (k - top) if lo is not None else []))
+        want16 = want.to(torch.float16).to(torch.float32)
+        assert torch.equal(ys[kept].abs(), want16)  # each kept value: its half's mean magnitude (float16)
+        assert bool((((ys[kept] >= 0) == (xs[kept] >= 0)) | (ys[kept] == 0)).all())
+
+
+def test_sparseloco_refuses_offsets_out_of_order():
+    c = get_codec("sparseloco", ratio=0.5, chunk=8)
+    data = bytearray(c.encode(torch.arange(8, dtype=torch.float32)))  # keeps offsets 4..7: 3 bits + 2 each
+    bits = np.unpackbits(np.frombuffer(bytes(data[4:]), dtype=np.uint8))
+    bits[0:3] = [1, 1, 1]  # the first offset now 7: not below the next one
+    data[4:] = np.packbits(bits).tobytes()
+    with pytest.raises(CodecError, match="out of order"):
+        c.decode(bytes(data), 8)
+
+
 def test_powersgd_is_near_exact_on_low_rank_input():
     m, c = 40, 40
     g = torch.Generator().manual_seed(1)
@@ -101,7 +131,7 @@ def test_powersgd_is_near_exact_on_low_rank_input():
 
 @settings(max_examples=40, deadline=None)
 @given(xs=st.lists(st.lists(finite, min_size=50, max_size=50), min_size=1, max_size=6),
-       name=st.sampled_from(["sign_ef", "topk_ef", "powersgd"]))
+       name=st.sampled_from(["sign_ef", "topk_ef", "sparseloco", "powersgd"]))
 def test_error_feedback_loses_nothing_only_delays_it(xs, name):
     """After any sequence of inputs: sum of what was decoded + the residual == sum of the inputs."""
     ef = ErrorFeedback(get_codec(name))
@@ -134,6 +164,7 @@ def test_bits_per_value_of_the_compressing_codecs():
     assert bits["fp32"] == 32 and bits["bf16"] == 16
     assert 8 < bits["int8"] < 8.2 and 1 < bits["sign_ef"] < 1.2
     assert bits["topk_ef"] <= 16 / 32 and bits["powersgd"] <= 16 / 32  # >= 32x fewer bytes than bf16
+    assert bits["sparseloco"] < 0.31 < bits["sign_ef"] / 3.5  # 2 % of the values at 14 bits each
 
 
 @pytest.mark.parametrize("name,params,match", [
@@ -143,6 +174,8 @@ def test_bits_per_value_of_the_compressing_codecs():
     ("int8", {"block": 0}, "block"),
     ("sign_ef", {"block": 12}, "multiple of 8"),
     ("powersgd", {"rank": 0}, "rank"),
+    ("sparseloco", {"ratio": 0}, "ratio"),
+    ("sparseloco", {"chunk": 1}, "chunk"),
 ])
 def test_bad_codec_or_parameter_is_a_clear_error(name, params, match):
     with pytest.raises(CodecError, match=match):

@@ -200,7 +200,7 @@ ENUMERATED = [
     (("training", "model"), "lenet", "training.model", "lenet", "hackathon_cnn, lenet5, fashion_cnn", "lenet5"),
     (("training", "init"), "dirc", "training.init", "dirc", "default, dirac, dirac_zero_head", "dirac"),
     (("training", "optimizer"), "adamw", "training.optimizer", "adamw", "sgd, adam", "adam"),
-    (("training", "codec"), "bf61", "training.codec", "bf61", "bf16, fp32, int8, powersgd, sign_ef, topk_ef", "bf16"),
+    (("training", "codec"), "bf61", "training.codec", "bf61", "bf16, fp32, int8, powersgd, sign_ef, sparseloco, topk_ef", "bf16"),
     (("training", "split"), "by_clas", "training.split", "by_clas", "iid, by_class", "by_class"),
     (("training", "exchange"), "colectives", "training.exchange", "colectives", "auto, server, collectives",
      "collectives"),

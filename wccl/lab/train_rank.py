@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sync = LocalSteps(model, args.codec, args.sync_every, args.outer_lr, args.outer_momentum,
                           drift_correction=args.drift_correction, ema=args.ema, overlap=args.overlap,
-                          **json.loads(args.codec_params))
+                          clock=now, **json.loads(args.codec_params))
     if args.optimizer == "adam":
         opt = torch.optim.Adam(model.parameters(), lr=args.lr, betas=(args.momentum, 0.999), foreach=False)
     else:
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             break
     if sync is not None:
         sync.finish()  # (the same on every rank: the exchange in flight, the steps since the last sync)
+    end = now()
     if sync is not None and args.ema:
         sync.load_averaged(model)  # the averaged model is the result
     with uncharged():
@@ -203,7 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     if sync is not None:
         summary.update(codec=sync.codec.describe(), sync_every=args.sync_every, overlap=args.overlap, syncs=sync.syncs,
                        bytes_per_sync=sync.bytes_sent // max(1, sync.syncs),
-                       bits_per_value=round(sync.codec.bits_per_value(n), 4))
+                       bits_per_value=round(sync.codec.bits_per_value(n), 4),
+                       # where this rank's time went: inner steps, waiting for exchanges, encoding and decoding
+                       time_split=dict(inner=round(end - sync.wait_s - sync.codec_s, 3), waiting=round(sync.wait_s, 3),
+                                       codec=round(sync.codec_s, 3)))
         if args.backend == "wccl":
             summary["bytes_posted"] = wd.bytes_posted()
             summary["compute_charged"] = True
