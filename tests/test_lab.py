@@ -357,3 +357,17 @@ def test_the_reports_fashion_row_compares_with_one_laptop_that_has_all_the_data(
                                      "all": {"time_to": {"0.900": 60.0, "0.910": 100.0}, "test_accuracy": 0.9106}}})
     assert _fashion(out, "") == ["**0.90 after 62 s** (two laptops) against 60 s for one laptop with all the data; "
                                  "0.91 after not reached against 100 s; final 0.914 against 0.911"]
+
+
+def test_medians_of_repeats_count_a_run_that_never_got_there_as_the_latest():
+    from wccl.lab.train import medians
+
+    def run(t90, ref90, acc):
+        return dict(time_to={"0.900": t90}, test_accuracy=acc,
+                    references={"all": dict(time_to={"0.900": ref90}, test_accuracy=0.91)})
+
+    m = medians([run(30.0, 50.0, 0.90), run(None, 60.0, 0.89), run(40.0, 40.0, 0.91)])
+    assert m["wccl"]["time_to"]["0.900"] == 40.0 and m["all"]["time_to"]["0.900"] == 50.0
+    assert m["wccl"]["vs_all"]["0.900"] == 0.8 and m["wccl"]["test_accuracy"] == 0.9
+    m = medians([run(None, 50.0, 0.88), run(None, 50.0, 0.88), run(40.0, 50.0, 0.91)])
+    assert m["wccl"]["time_to"]["0.900"] is None and m["wccl"]["vs_all"]["0.900"] is None  # most never got there

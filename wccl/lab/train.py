@@ -48,6 +48,11 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
                    help="gloo: the same ranks over localhost (torchrun), time = CPU time, no link: for comparing "
                         "codecs at equal steps (the numbers are the same bits as over light)")
     t.add_argument("--references", action="store_true", help="also run the reference curves (alone, CPU time)")
+    t.add_argument("--repeat", type=int, default=1,
+                   help="run it all this many times, seeds moved by one each time; the summary gives medians")
+    t.add_argument("--tune-reference", action="store_true",
+                   help="first find the learning rate and batch with which one laptop with all the data reaches "
+                        "0.90 soonest (its own, half and twice each), and use them for that reference")
     t.add_argument("--out", default="runs/train", help="folder for curve.csv, curve.png, summary.json")
     t.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
@@ -103,16 +108,113 @@ def _objects(text: str) -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from wccl.lab import train_rank
-
     try:
         cfg = load_config(args.config)
         tr = training_config(cfg.training, args)
     except ConfigError as e:
         print(f"wccl.lab train: config error: {e}", file=sys.stderr)
         return 2
+    if args.repeat < 1:
+        print(f"wccl.lab train: --repeat must be 1 or more, got {args.repeat}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    tuned = None
+    if args.tune_reference:
+        tuned = tune_reference(args, tr, out / "tune")
+        if tuned is None:
+            return 1
+    results = []
+    for i in range(args.repeat):
+        # each repeat its own start and data order: seeds moved by the repeat's number
+        tr_i = tr.model_copy(update={"seed": tr.seed + i, "data_seed": tr.data_seed + i})
+        out_i = out / f"run{i + 1}" if args.repeat > 1 else out
+        out_i.mkdir(parents=True, exist_ok=True)
+        if args.repeat > 1:
+            print(f"wccl.lab train: run {i + 1} of {args.repeat} (seed {tr_i.seed}, data seed {tr_i.data_seed})",
+                  file=sys.stderr, flush=True)
+        code, result = one_run(args, cfg, tr_i, out_i, tuned)
+        if result is None:
+            return code
+        results.append(result)
+    result = results[0] if len(results) == 1 else dict(runs=results, median=medians(results), config=str(args.config),
+                                                       out=str(out))
+    if tuned is not None:
+        result["reference_tuned"] = tuned
+    if len(results) > 1 or tuned is not None:
+        (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>20}: {v}")
+    return 0 if all(r["replicas_identical"] for r in results) else 1
+
+
+ACCURACIES = (0.5, 0.8, 0.9, 0.91, 0.95, 0.97, 0.975)
+
+
+def medians(results: list[dict]) -> dict:
+    """Per curve (the run over light and each reference), the median of each time to accuracy over the
+    repeats (a run that never reached it counts as later than any that did: the median is None when most
+    did not) and of the final test accuracy; with their ratio to one laptop with all the data."""
+    import math
+    import statistics
+
+    def med(values: list[float | None]) -> float | None:
+        m = statistics.median([math.inf if v is None else v for v in values])
+        return None if math.isinf(m) else round(m, 3)
+
+    curves = {"wccl": [r for r in results]}
+    for kind in results[0].get("references", {}):
+        curves[kind] = [r["references"][kind] for r in results]
+    out = {}
+    for name, rs in curves.items():
+        keys = rs[0]["time_to"].keys()
+        out[name] = dict(time_to={k: med([r["time_to"].get(k) for r in rs]) for k in keys},
+                         test_accuracy=round(statistics.median(r["test_accuracy"] for r in rs), 4))
+    if "all" in out:
+        ref = out["all"]["time_to"]
+        out["wccl"]["vs_all"] = {k: (round(v / ref[k], 3) if v is not None and ref.get(k) else None)
+                                 for k, v in out["wccl"]["time_to"].items() if k in ref}
+    return out
+
+
+def tune_reference(args: argparse.Namespace, tr: TrainingConfig, out: Path) -> dict | None:
+    """The learning rate and batch with which one laptop with all the data reaches 0.90 soonest (then: the
+    highest final accuracy): the room's, half and twice its learning rate, half and twice its batch."""
+    import math
+
+    from wccl.lab import train_rank
+
+    out.mkdir(parents=True, exist_ok=True)
+    tried = []
+    for lr, batch in ((tr.lr, tr.batch_size), (tr.lr / 2, tr.batch_size), (tr.lr * 2, tr.batch_size),
+                      (tr.lr, max(1, tr.batch_size // 2)), (tr.lr, tr.batch_size * 2)):
+        t = tr.model_copy(update={"lr": lr, "batch_size": batch})
+        print(f"wccl.lab train: tuning one laptop with all the data: lr {lr:g}, batch {batch}", file=sys.stderr,
+              flush=True)
+        r = subprocess.run([sys.executable, train_rank.__file__, *rank_args(t), "--alone", "all"],
+                           stdout=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            print(f"wccl.lab train: tuning: the reference failed (exit status {r.returncode})", file=sys.stderr)
+            return None
+        o = _objects(r.stdout)
+        rows = [x["row"] for x in o if "row" in x]
+        summary = next(x["summary"] for x in o if "summary" in x)
+        tried.append(dict(lr=lr, batch_size=batch, time_to_0_90=first_time(rows, 0.9),
+                          test_accuracy=summary["test_accuracy"]))
+    best = min(tried, key=lambda x: (math.inf if x["time_to_0_90"] is None else x["time_to_0_90"],
+                                     -x["test_accuracy"]))
+    (out / "tune.json").write_text(json.dumps(tried, indent=1) + "\n")
+    return dict(lr=best["lr"], batch_size=best["batch_size"], tried=tried)
+
+
+def one_run(args: argparse.Namespace, cfg, tr: TrainingConfig, out: Path, tuned: dict | None
+            ) -> tuple[int, dict | None]:
+    """One run over the light (or gloo) and, with --references, the references: (exit status, result)."""
+    from wccl.lab import train_rank
+
     base = rank_args(tr) + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
     if args.backend == "wccl":
         cmd = [sys.executable, "-m", "wccl.launch", "--config", args.config, train_rank.__file__, *base]
@@ -126,30 +228,33 @@ def run(args: argparse.Namespace) -> int:
     if proc.returncode != 0:
         print(f"wccl.lab train: the ranks failed (exit status {proc.returncode}); see their errors above",
               file=sys.stderr)
-        return proc.returncode
+        return proc.returncode, None
     objs = _objects(proc.stdout)
     rows = [o["row"] for o in objs if "row" in o]
     summaries = sorted((o["summary"] for o in objs if "summary" in o), key=lambda s: s["rank"])
     if not summaries:
         print("wccl.lab train: the ranks printed no summary", file=sys.stderr)
-        return 1
+        return 1, None
     curves = {"wccl": rows}
     refs = {}
     if args.references:
         for kind in REFERENCES:
             print(f"wccl.lab train: reference: {REFERENCES[kind]}", file=sys.stderr, flush=True)
-            r = subprocess.run([sys.executable, train_rank.__file__, *base, "--alone", kind], stdout=subprocess.PIPE,
-                               text=True)
+            ref_args = base
+            if kind == "all" and tuned is not None:
+                ref_args = rank_args(tr.model_copy(update={"lr": tuned["lr"], "batch_size": tuned["batch_size"]}))
+            r = subprocess.run([sys.executable, train_rank.__file__, *ref_args, "--alone", kind],
+                               stdout=subprocess.PIPE, text=True)
             if r.returncode != 0:
                 print(f"wccl.lab train: the reference {kind!r} failed (exit status {r.returncode})", file=sys.stderr)
-                return r.returncode
+                return r.returncode, None
             o = _objects(r.stdout)
             curves[kind] = [x["row"] for x in o if "row" in x]
             refs[kind] = next(x["summary"] for x in o if "summary" in x)
     s0 = summaries[0]
-    result = dict(backend=args.backend, model=tr.model, params=s0["params"], dataset=tr.dataset, split=tr.split, codec=s0["codec"],
-                  sync_every=tr.sync_every, overlap=tr.overlap, test_accuracy=s0["test_accuracy"],
-                  sim_seconds=s0["sim_seconds"],
+    result = dict(backend=args.backend, model=tr.model, params=s0["params"], dataset=tr.dataset, split=tr.split,
+                  codec=s0["codec"], sync_every=tr.sync_every, overlap=tr.overlap, seed=tr.seed,
+                  data_seed=tr.data_seed, test_accuracy=s0["test_accuracy"], sim_seconds=s0["sim_seconds"],
                   bytes_per_sync=s0["bytes_per_sync"], bits_per_value=s0["bits_per_value"],
                   bf16_ratio=round(16 / s0["bits_per_value"], 2) if s0["bits_per_value"] else None,
                   syncs=s0["syncs"], steps=s0["steps"], compute_charged=all(s.get("compute_charged") for s in summaries),
@@ -158,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
                   bytes_posted=[s.get("bytes_posted") for s in summaries],
                   # each rank's time: inner steps, waiting for exchanges, encoding and decoding (seconds, share)
                   time_split=[_split(s.get("time_split")) for s in summaries],
-                  time_to={f"{a:.3f}": first_time(rows, a) for a in (0.5, 0.8, 0.9, 0.91, 0.95, 0.97, 0.975)},
+                  time_to={f"{a:.3f}": first_time(rows, a) for a in ACCURACIES},
                   references={k: dict(test_accuracy=v["test_accuracy"], sim_seconds=v["sim_seconds"],
                                       time_to={f"{a:.3f}": first_time(curves[k], a) for a in (0.9, 0.91, 0.975)})
                               for k, v in refs.items()},
@@ -171,12 +276,7 @@ def run(args: argparse.Namespace) -> int:
         print("wccl.lab train: the replicas ended with different parameters", file=sys.stderr)
     for rank, why in (result["diverging"] or {}).items():
         print(f"wccl.lab train: rank {rank}'s training diverged: {why}", file=sys.stderr)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>20}: {v}")
-    return 0 if result["replicas_identical"] else 1
+    return 0, result
 
 
 def _split(split: dict | None) -> dict | None:
