@@ -52,7 +52,8 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
                    help="run it all this many times, seeds moved by one each time; the summary gives medians")
     t.add_argument("--tune-reference", action="store_true",
                    help="first find the learning rate and batch with which one laptop with all the data reaches "
-                        "0.90 soonest (its own, half and twice each), and use them for that reference")
+                        "0.90 soonest (the room's and the model's learning rate, half and twice the model's; then "
+                        "half and twice the batch), and use them for that reference")
     t.add_argument("--out", default="runs/train", help="folder for curve.csv, curve.png, summary.json")
     t.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
@@ -182,15 +183,22 @@ def medians(results: list[dict]) -> dict:
 
 def tune_reference(args: argparse.Namespace, tr: TrainingConfig, out: Path) -> dict | None:
     """The learning rate and batch with which one laptop with all the data reaches 0.90 soonest (then: the
-    highest final accuracy): the room's, half and twice its learning rate, half and twice its batch."""
+    highest final accuracy): first the learning rate (the room's, the model's own, half and twice that) at
+    the room's batch, then the batch (half and twice) at the best learning rate."""
     import math
 
+    from wccl.config import MODEL_DEFAULTS
     from wccl.lab import train_rank
 
     out.mkdir(parents=True, exist_ok=True)
-    tried = []
-    for lr, batch in ((tr.lr, tr.batch_size), (tr.lr / 2, tr.batch_size), (tr.lr * 2, tr.batch_size),
-                      (tr.lr, max(1, tr.batch_size // 2)), (tr.lr, tr.batch_size * 2)):
+    tried: dict[tuple[float, int], dict] = {}
+
+    def key(x: dict) -> tuple:
+        return (math.inf if x["time_to_0_90"] is None else x["time_to_0_90"], -x["test_accuracy"])
+
+    def trial(lr: float, batch: int) -> dict | None:
+        if (lr, batch) in tried:
+            return tried[lr, batch]
         t = tr.model_copy(update={"lr": lr, "batch_size": batch})
         print(f"wccl.lab train: tuning one laptop with all the data: lr {lr:g}, batch {batch}", file=sys.stderr,
               flush=True)
@@ -202,12 +210,21 @@ def tune_reference(args: argparse.Namespace, tr: TrainingConfig, out: Path) -> d
         o = _objects(r.stdout)
         rows = [x["row"] for x in o if "row" in x]
         summary = next(x["summary"] for x in o if "summary" in x)
-        tried.append(dict(lr=lr, batch_size=batch, time_to_0_90=first_time(rows, 0.9),
-                          test_accuracy=summary["test_accuracy"]))
-    best = min(tried, key=lambda x: (math.inf if x["time_to_0_90"] is None else x["time_to_0_90"],
-                                     -x["test_accuracy"]))
-    (out / "tune.json").write_text(json.dumps(tried, indent=1) + "\n")
-    return dict(lr=best["lr"], batch_size=best["batch_size"], tried=tried)
+        tried[lr, batch] = dict(lr=lr, batch_size=batch, time_to_0_90=first_time(rows, 0.9),
+                                test_accuracy=summary["test_accuracy"])
+        return tried[lr, batch]
+
+    own = MODEL_DEFAULTS[tr.model]["lr"]
+    for lr in sorted({tr.lr, own / 2, own, own * 2}):
+        if trial(lr, tr.batch_size) is None:
+            return None
+    lr = min(tried.values(), key=key)["lr"]
+    for batch in (max(1, tr.batch_size // 2), tr.batch_size * 2):
+        if trial(lr, batch) is None:
+            return None
+    best = min(tried.values(), key=key)
+    (out / "tune.json").write_text(json.dumps(list(tried.values()), indent=1) + "\n")
+    return dict(lr=best["lr"], batch_size=best["batch_size"], tried=list(tried.values()))
 
 
 def one_run(args: argparse.Namespace, cfg, tr: TrainingConfig, out: Path, tuned: dict | None
