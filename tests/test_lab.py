@@ -348,15 +348,21 @@ def test_each_change_scenario_is_a_valid_room_and_moves_what_it_says():
 
 
 def test_the_reports_fashion_row_compares_with_one_laptop_that_has_all_the_data():
-    """The headline row reads the lab's JSON: the two laptops' times against the reference with all the data
-    (the references are named half, all and hackathon)."""
+    """The headline row reads the lab's JSON (--repeat: medians): the two laptops' times against the (tuned)
+    reference with all the data (the references are named half, all and hackathon), and their ratio."""
     from wccl.lab.report import _fashion
+    from wccl.lab.train import medians
 
-    out = json.dumps({"time_to": {"0.900": 61.5, "0.910": None}, "test_accuracy": 0.9144,
-                      "references": {"half": {"time_to": {"0.900": 80.0}, "test_accuracy": 0.906},
-                                     "all": {"time_to": {"0.900": 60.0, "0.910": 100.0}, "test_accuracy": 0.9106}}})
-    assert _fashion(out, "") == ["**0.90 after 62 s** (two laptops) against 60 s for one laptop with all the data; "
-                                 "0.91 after not reached against 100 s; final 0.914 against 0.911"]
+    def run(t90, t91, acc):
+        return {"time_to": {"0.900": t90, "0.910": t91}, "test_accuracy": acc,
+                "references": {"half": {"time_to": {"0.900": 80.0}, "test_accuracy": 0.906},
+                               "all": {"time_to": {"0.900": 60.0, "0.910": 100.0}, "test_accuracy": 0.9106}}}
+
+    runs = [run(41.5, None, 0.9144), run(40.0, 70.0, 0.912), run(45.0, None, 0.91)]
+    out = json.dumps({"runs": runs, "median": medians(runs), "reference_tuned": {"lr": 0.002, "batch_size": 64}})
+    assert _fashion(out, "") == ["**0.90 after 42 s** (0.69x) (two laptops) against 60 s for one laptop with all "
+                                 "the data (tuned: lr 0.002, batch 64); 0.91 after not reached against 100 s; "
+                                 "final 0.912 against 0.911 (medians of 3 runs)"]
 
 
 def test_medians_of_repeats_count_a_run_that_never_got_there_as_the_latest():
