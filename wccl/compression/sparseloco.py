@@ -55,32 +55,32 @@ class SparseLoCo(Codec):
         n = x.numel()
         if n == 0:
             return b""
-        chunks = self._chunks(n)
-        rows = len(chunks)
-        mag = torch.full((rows * self.chunk,), -1.0)  # padding below any magnitude: never kept
-        mag[:n] = x.abs()
-        # stable: among equal magnitudes the lower offset wins, the same on every machine
-        order = torch.sort(mag.view(rows, self.chunk), dim=1, descending=True, stable=True).indices
-        scales, offsets, signs, high = [], [], [], []
-        for r, (m, k) in enumerate(chunks):
-            by_size = order[r, :k]  # largest first
-            top = (k + 1) // 2  # the larger half: the first ceil(k/2) by magnitude
-            vals = x[r * self.chunk + by_size]
-            a = vals.abs()
-            hi = min(float(a[:top].mean()), F16_MAX)  # a larger change: the rest stays in the residual
-            lo = min(float(a[top:].mean()), F16_MAX) if k > top else hi
-            scales.append((hi, lo))
-            rank = torch.empty(k, dtype=torch.bool)
-            rank[:top], rank[top:] = True, False
-            keep = torch.sort(by_size, stable=True)
-            offsets.append(keep.values.numpy())
-            signs.append((vals[keep.indices] >= 0).numpy())
-            high.append(rank[keep.indices].numpy())
-        off = np.concatenate(offsets).astype(np.int64)
+        full, rest = divmod(n, self.chunk)
+        parts = []  # (scales, offsets, signs, high) of the full chunks, then of the shorter last one
+        if full:
+            parts.append(self._chunks_of(x[:full * self.chunk].view(full, self.chunk), self._chunks(self.chunk)[0][1]))
+        if rest:
+            parts.append(self._chunks_of(x[full * self.chunk:].view(1, rest), self._chunks(rest)[0][1]))
+        scales = np.concatenate([p[0] for p in parts])
+        off, sign, high = (np.concatenate([p[i].reshape(-1) for p in parts]) for i in (1, 2, 3))
         shifts = np.arange(self.offset_bits - 1, -1, -1)
-        bits = np.concatenate([(off[:, None] >> shifts) & 1, np.concatenate(signs)[:, None],
-                               np.concatenate(high)[:, None]], axis=1).astype(np.uint8)
-        return np.asarray(scales, dtype="<f2").tobytes() + np.packbits(bits.reshape(-1)).tobytes()
+        bits = np.concatenate([(off.astype(np.int64)[:, None] >> shifts) & 1, sign[:, None], high[:, None]],
+                              axis=1).astype(np.uint8)
+        return scales.astype("<f2").tobytes() + np.packbits(bits.reshape(-1)).tobytes()
+
+    @staticmethod
+    def _chunks_of(rows: torch.Tensor, k: int) -> tuple[np.ndarray, ...]:
+        """Rows of equal length, k kept from each: (their two levels, offsets ascending, sign bits, high bits)."""
+        # stable: among equal magnitudes the lower offset wins, the same on every machine
+        by_size = torch.sort(rows.abs(), dim=1, descending=True, stable=True).indices[:, :k]  # largest first
+        top = (k + 1) // 2  # the larger half: the first ceil(k/2) by magnitude
+        a = rows.gather(1, by_size).abs()
+        hi = a[:, :top].mean(dim=1).clamp(max=F16_MAX)  # a larger change: the rest stays in the residual
+        lo = a[:, top:].mean(dim=1).clamp(max=F16_MAX) if k > top else hi
+        keep = torch.sort(by_size, dim=1, stable=True)
+        signs = rows.gather(1, keep.values) >= 0
+        return (torch.stack([hi, lo], dim=1).numpy(), keep.values.numpy(), signs.numpy(),
+                (keep.indices < top).numpy())
 
     def decode(self, data: bytes, numel: int) -> torch.Tensor:
         self._check(data, numel)
