@@ -81,9 +81,9 @@ def main() -> None:
                     "bytes": sync.bytes_sent, "syncs": sync.syncs,
                     "expected_bytes": sync.codec.encoded_size(670) * sync.syncs}
     # the same with each round's exchange overlapping the next round's steps (one round late), and a tail of
-    # one step after the last sync that finish() syncs: every replica ends the same
+    # one step after the last sync that finish() syncs, the change coded by sparseloco: every replica ends the same
     model = build_model("hackathon_cnn", "dirac_zero_head", 0)
-    sync = LocalSteps(model, "topk_ef", sync_every=2, outer_lr=0.7, outer_momentum=0.9, ema=0.5, overlap=True,
+    sync = LocalSteps(model, "sparseloco", sync_every=2, outer_lr=0.7, outer_momentum=0.9, ema=0.5, overlap=True,
                       ratio=0.1)
     opt = torch.optim.Adam(model.parameters(), lr=0.05, foreach=False)
     results = []
