@@ -108,13 +108,9 @@ def pairs(cfg) -> bool:
     return room.key == "auto" and room.medium != "simulated" and room.key_file is None and room.key_env is None
 
 
-def keep_paired_key(cfg, secret: bytes) -> str | None:
-    """With `key = "pair"` and a key_file: keep the paired key there for later runs (mode 0600, written whole;
-    a file that another rank of this machine wrote first is left as it is). Returns the path kept in, or
-    None."""
-    path = cfg.room.key_file
-    if cfg.room.key != "pair" or path is None:
-        return None
+def keep_paired_key(path: str, secret: bytes) -> None:
+    """Keep a paired key in the room's key_file for later runs (mode 0600, written whole; a file that another
+    rank of this machine wrote first is left as it is)."""
     tmp = f"{path}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
@@ -126,7 +122,6 @@ def keep_paired_key(cfg, secret: bytes) -> str | None:
             raise KeyError_(f"{path} holds another key than the one just paired: remove it and pair again")
     finally:
         os.unlink(tmp)
-    return str(path)
 
 
 def new_ephemeral() -> bytes:

@@ -37,18 +37,20 @@ class SparseLoCo(Codec):
         self.ratio, self.chunk = float(ratio), chunk
         self.offset_bits = math.ceil(math.log2(chunk))
 
-    def _chunks(self, numel: int) -> list[tuple[int, int]]:
-        """(length, kept) of each chunk."""
-        out = []
-        for start in range(0, numel, self.chunk):
-            m = min(self.chunk, numel - start)
-            out.append((m, min(m, max(1, math.ceil(self.ratio * m)))))
-        return out
+    def _kept(self, m: int) -> int:
+        """How many of a chunk of `m` values travel."""
+        return min(m, max(1, math.ceil(self.ratio * m)))
+
+    def _chunks(self, numel: int) -> tuple[np.ndarray, np.ndarray]:
+        """(length, kept) of each chunk, as arrays."""
+        full, rest = divmod(numel, self.chunk)
+        lengths = np.array([self.chunk] * full + ([rest] if rest else []), dtype=np.int64)
+        kept = np.array([self._kept(self.chunk)] * full + ([self._kept(rest)] if rest else []), dtype=np.int64)
+        return lengths, kept
 
     def encoded_size(self, numel: int) -> int:
-        chunks = self._chunks(numel)
-        kept = sum(k for _, k in chunks)
-        return 4 * len(chunks) + math.ceil(kept * (self.offset_bits + 2) / 8)
+        lengths, kept = self._chunks(numel)
+        return 4 * len(lengths) + math.ceil(int(kept.sum()) * (self.offset_bits + 2) / 8)
 
     def encode(self, x: torch.Tensor) -> bytes:
         x = self._flat(x)
@@ -58,9 +60,9 @@ class SparseLoCo(Codec):
         full, rest = divmod(n, self.chunk)
         parts = []  # (scales, offsets, signs, high) of the full chunks, then of the shorter last one
         if full:
-            parts.append(self._chunks_of(x[:full * self.chunk].view(full, self.chunk), self._chunks(self.chunk)[0][1]))
+            parts.append(self._chunks_of(x[:full * self.chunk].view(full, self.chunk), self._kept(self.chunk)))
         if rest:
-            parts.append(self._chunks_of(x[full * self.chunk:].view(1, rest), self._chunks(rest)[0][1]))
+            parts.append(self._chunks_of(x[full * self.chunk:].view(1, rest), self._kept(rest)))
         scales = np.concatenate([p[0] for p in parts])
         off, sign, high = (np.concatenate([p[i].reshape(-1) for p in parts]) for i in (1, 2, 3))
         shifts = np.arange(self.offset_bits - 1, -1, -1)
@@ -87,23 +89,20 @@ class SparseLoCo(Codec):
         out = torch.zeros(numel, dtype=torch.float32)
         if numel == 0:
             return out
-        chunks = self._chunks(numel)
-        scales = np.frombuffer(data, dtype="<f2", count=2 * len(chunks)).astype(np.float32).reshape(-1, 2)
+        lengths, kept = self._chunks(numel)
+        scales = np.frombuffer(data, dtype="<f2", count=2 * len(lengths)).astype(np.float32).reshape(-1, 2)
         if (scales < 0).any():
             raise CodecError("sparseloco: a chunk's magnitude is negative")
-        kept = sum(k for _, k in chunks)
-        width = self.offset_bits + 2
-        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, offset=4 * len(chunks)),
-                             count=kept * width).reshape(kept, width).astype(np.int64)
+        total, width = int(kept.sum()), self.offset_bits + 2
+        bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8, offset=4 * len(lengths)),
+                             count=total * width).reshape(total, width).astype(np.int64)
         off = (bits[:, :self.offset_bits] << np.arange(self.offset_bits - 1, -1, -1)).sum(axis=1)
         sign = bits[:, -2] * 2 - 1
         level = np.where(bits[:, -1] == 1, 0, 1)
-        starts = np.repeat([r * self.chunk for r in range(len(chunks))], [k for _, k in chunks])
-        lengths = np.repeat([m for m, _ in chunks], [k for _, k in chunks])
-        row = np.repeat(np.arange(len(chunks)), [k for _, k in chunks])
+        row = np.repeat(np.arange(len(lengths)), kept)  # each kept value's chunk
         first = np.r_[True, row[1:] != row[:-1]]
-        if (off >= lengths).any() or (np.diff(off)[~first[1:]] <= 0).any():
+        if (off >= lengths[row]).any() or (np.diff(off)[~first[1:]] <= 0).any():
             raise CodecError(f"sparseloco: offsets out of order or beyond their chunk of {numel} values")
         vals = sign * scales[row, level]
-        out[torch.from_numpy(starts + off)] = torch.from_numpy(vals.astype(np.float32))
+        out[torch.from_numpy(row * self.chunk + off)] = torch.from_numpy(vals.astype(np.float32))
         return out

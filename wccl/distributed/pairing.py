@@ -247,10 +247,10 @@ def keep_once_greeted(sup: Any, cfg: WcclConfig, key: RoomKey) -> None:
     def keep() -> None:
         from wccl.keys import keep_paired_key
 
-        kept = keep_paired_key(cfg, key.secret)
-        if kept is not None:
-            structlog.get_logger("wccl").info("room_key_kept", path=kept,
-                                              say=f"later runs of this room read the key from {kept}")
+        path = str(cfg.room.key_file)
+        keep_paired_key(path, key.secret)
+        structlog.get_logger("wccl").info("room_key_kept", path=path,
+                                          say=f"later runs of this room read the key from {path}")
 
     sup.handshake.on_complete.append(keep)
 

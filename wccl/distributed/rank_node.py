@@ -198,9 +198,9 @@ class CollectiveNode(NodeSupervisor):
         codec, hold_s = ladder[0]
         col = cfg.collectives
         from protocols.security import Handshake
-        from wccl.keys import log_key, new_run_nonce, room_key
+        from wccl.keys import log_key, new_run_nonce
 
-        self.key = key = self.key if self.key is not None else room_key(cfg)
+        key = self.room_key()
         if self.announce_key:
             log_key(structlog.get_logger("wccl"), key)
         self.key_fingerprint = key.fingerprint

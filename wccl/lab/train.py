@@ -108,6 +108,25 @@ def _objects(text: str) -> list[dict]:
     return list(json_objects(text))
 
 
+def _train_args(tr: TrainingConfig, args: argparse.Namespace) -> list[str]:
+    """A rank's arguments (wccl.lab.train_rank) for `tr` and the command line's step limit."""
+    return rank_args(tr) + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
+
+
+def _alone(train_args: list[str], kind: str, what: str) -> tuple[int, list[dict], dict | None]:
+    """One laptop alone (`--alone kind`): (exit status, its curve's rows, its summary: None, said, if it
+    failed)."""
+    from wccl.lab import train_rank
+
+    r = subprocess.run([sys.executable, train_rank.__file__, *train_args, "--alone", kind], stdout=subprocess.PIPE,
+                       text=True)
+    if r.returncode != 0:
+        print(f"wccl.lab train: {what} failed (exit status {r.returncode})", file=sys.stderr)
+        return r.returncode, [], None
+    o = _objects(r.stdout)
+    return 0, [x["row"] for x in o if "row" in x], next(x["summary"] for x in o if "summary" in x)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
@@ -166,7 +185,7 @@ def medians(results: list[dict]) -> dict:
         m = statistics.median([math.inf if v is None else v for v in values])
         return None if math.isinf(m) else round(m, 3)
 
-    curves = {"wccl": [r for r in results]}
+    curves = {"wccl": list(results)}
     for kind in results[0].get("references", {}):
         curves[kind] = [r["references"][kind] for r in results]
     out = {}
@@ -188,7 +207,6 @@ def tune_reference(args: argparse.Namespace, tr: TrainingConfig, out: Path) -> d
     import math
 
     from wccl.config import MODEL_DEFAULTS
-    from wccl.lab import train_rank
 
     out.mkdir(parents=True, exist_ok=True)
     tried: dict[tuple[float, int], dict] = {}
@@ -199,17 +217,12 @@ def tune_reference(args: argparse.Namespace, tr: TrainingConfig, out: Path) -> d
     def trial(lr: float, batch: int) -> dict | None:
         if (lr, batch) in tried:
             return tried[lr, batch]
-        t = tr.model_copy(update={"lr": lr, "batch_size": batch})
         print(f"wccl.lab train: tuning one laptop with all the data: lr {lr:g}, batch {batch}", file=sys.stderr,
               flush=True)
-        r = subprocess.run([sys.executable, train_rank.__file__, *rank_args(t), "--alone", "all"],
-                           stdout=subprocess.PIPE, text=True)
-        if r.returncode != 0:
-            print(f"wccl.lab train: tuning: the reference failed (exit status {r.returncode})", file=sys.stderr)
+        _, rows, summary = _alone(_train_args(tr.model_copy(update={"lr": lr, "batch_size": batch}), args), "all",
+                                  "tuning: the reference")
+        if summary is None:
             return None
-        o = _objects(r.stdout)
-        rows = [x["row"] for x in o if "row" in x]
-        summary = next(x["summary"] for x in o if "summary" in x)
         tried[lr, batch] = dict(lr=lr, batch_size=batch, time_to_0_90=first_time(rows, 0.9),
                                 test_accuracy=summary["test_accuracy"])
         return tried[lr, batch]
@@ -232,7 +245,7 @@ def one_run(args: argparse.Namespace, cfg, tr: TrainingConfig, out: Path, tuned:
     """One run over the light (or gloo) and, with --references, the references: (exit status, result)."""
     from wccl.lab import train_rank
 
-    base = rank_args(tr) + (["--max-steps", str(args.max_steps)] if args.max_steps else [])
+    base = _train_args(tr, args)
     if args.backend == "wccl":
         cmd = [sys.executable, "-m", "wccl.launch", "--config", args.config, train_rank.__file__, *base]
     else:
@@ -259,15 +272,11 @@ def one_run(args: argparse.Namespace, cfg, tr: TrainingConfig, out: Path, tuned:
             print(f"wccl.lab train: reference: {REFERENCES[kind]}", file=sys.stderr, flush=True)
             ref_args = base
             if kind == "all" and tuned is not None:
-                ref_args = rank_args(tr.model_copy(update={"lr": tuned["lr"], "batch_size": tuned["batch_size"]}))
-            r = subprocess.run([sys.executable, train_rank.__file__, *ref_args, "--alone", kind],
-                               stdout=subprocess.PIPE, text=True)
-            if r.returncode != 0:
-                print(f"wccl.lab train: the reference {kind!r} failed (exit status {r.returncode})", file=sys.stderr)
-                return r.returncode, None
-            o = _objects(r.stdout)
-            curves[kind] = [x["row"] for x in o if "row" in x]
-            refs[kind] = next(x["summary"] for x in o if "summary" in x)
+                ref_args = _train_args(tr.model_copy(update={"lr": tuned["lr"], "batch_size": tuned["batch_size"]}),
+                                       args)
+            code, curves[kind], refs[kind] = _alone(ref_args, kind, f"the reference {kind!r}")
+            if refs[kind] is None:
+                return code, None
     s0 = summaries[0]
     result = dict(backend=args.backend, model=tr.model, params=s0["params"], dataset=tr.dataset, split=tr.split,
                   codec=s0["codec"], sync_every=tr.sync_every, overlap=tr.overlap, seed=tr.seed,

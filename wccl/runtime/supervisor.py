@@ -122,6 +122,14 @@ class NodeSupervisor(ABC):
         self.screen = REGISTRY.create("screen", self.spec.screen, **kw)
         return self.screen
 
+    def room_key(self) -> Any:
+        """The node's room key: the one it was given, else the one the room names (wccl.keys.room_key)."""
+        if self.key is None:
+            from wccl.keys import room_key
+
+            self.key = room_key(self.config)
+        return self.key
+
     def _wire(self, impl: dict[str, str] | None = None) -> None:
         """Each actor's class from the registry (`impl` overrides the node's choice), its mailbox, and
         the routes of the message types it consumes (the dependencies are read when an actor starts)."""

@@ -204,12 +204,12 @@ class ObserverNode(NodeSupervisor):
 
     def build(self) -> None:
         from protocols import transfer
-        from wccl.keys import log_key, room_key
+        from wccl.keys import log_key
         from wccl.training.exchange import codec_from_config
 
         cfg, room = self.config, self.config.room
         self._media()  # (its screen shows nothing)
-        key = self.key if self.key is not None else room_key(cfg)
+        key = self.room_key()
         log_key(structlog.get_logger("wccl"), key)
         ladder = collective_ladder(cfg)
         self.deps = {
