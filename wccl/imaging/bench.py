@@ -23,7 +23,7 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
 from protocols.layout import render  # noqa: E402
-from wccl.config import load_config, parse_config  # noqa: E402
+from wccl.config import ConfigError, assignments, load_config, parse_config  # noqa: E402
 from wccl.imaging import reader  # noqa: E402
 from wccl.room import SimulatedRoom  # noqa: E402
 from wccl.cli import command_parser
@@ -42,12 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     cv2.setNumThreads(1)
-    data = load_config(args.config).model_dump()
-    data["room"]["profile"] = args.profile
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        data["link"][k] = json.loads(v)
-    cfg = parse_config(data, args.config)
+    try:
+        data = load_config(args.config).model_dump()
+        data["room"]["profile"] = args.profile
+        data["link"].update(assignments(args.set))
+        cfg = parse_config(data, args.config)
+    except ConfigError as e:
+        print(f"wccl.imaging.bench: config error: {e}", file=sys.stderr)
+        return 2
     codec = cfg.link.codec()
     grid = codec.layout
     room = SimulatedRoom.from_config(cfg)

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from wccl.config import with_values
+    from wccl.config import assignments, with_values
     from wccl.lab.bench import HACKATHON_LINK, run_bench
     from wccl.runtime.logs import configure_logging
 
@@ -103,9 +103,7 @@ def _bench(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config)
         link = dict(HACKATHON_LINK) if args.layout == "hackathon" else {}
-        for kv in args.set:
-            k, _, v = kv.partition("=")
-            link[k] = json.loads(v)
+        link.update(assignments(args.set))
         if LAYOUT_KEYS & link.keys():
             link.setdefault("choose", "pinned")  # a layout given on the command line is the one measured
         cfg = with_values(cfg, "the command line", room=args.profile and {"profile": args.profile}, link=link)

@@ -31,7 +31,7 @@ import time
 import cv2
 import numpy as np
 
-from wccl.config import load_config, with_values
+from wccl.config import ConfigError, assignments, load_config, with_values
 from wccl.room import SimulatedRoom
 from wccl.cli import command_parser
 
@@ -92,15 +92,17 @@ def main(argv=None):
     enc = sorted(glob.glob(os.path.join(out, "enc", "f_*.png")), key=lambda s: int(s.rsplit("_", 1)[1][:-4]))
 
     # 2. the room
-    base = load_config(args.config)
-    values = {"profile": args.profile, **({"seed": args.seed} if args.seed is not None else {})}
-    if args.profile == "exact":  # (the exact profile takes no channel parameters)
-        values["nodes"] = [dict(n.model_dump(), channel={}) for n in base.room.nodes]
-    values["channel"] = {} if args.profile == "exact" else dict(base.room.channel)
-    for kv in args.channel:
-        key, _, v = kv.partition("=")
-        values["channel"][key] = json.loads(v)
-    cfg = with_values(base, args.config, room=values)
+    try:
+        base = load_config(args.config)
+        values = {"profile": args.profile, **({"seed": args.seed} if args.seed is not None else {})}
+        if args.profile == "exact":  # (the exact profile takes no channel parameters)
+            values["nodes"] = [dict(n.model_dump(), channel={}) for n in base.room.nodes]
+        values["channel"] = {} if args.profile == "exact" else dict(base.room.channel)
+        values["channel"].update(assignments(args.channel, "--channel"))
+        cfg = with_values(base, args.config, room=values)
+    except ConfigError as e:
+        print(f"wccl.lab.cimbar: config error: {e}", file=sys.stderr)
+        return 2
     room = SimulatedRoom.from_config(cfg)
     rx, tx = cfg.room.nodes[0].name, cfg.room.nodes[1].name
     W, H = cfg.screen.width, cfg.screen.height

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from wccl.config import ConfigError, TrainingConfig, config_error, load_config
+from wccl.config import ConfigError, TrainingConfig, assignments, config_error, load_config
 
 __all__ = ["add_arguments", "run"]
 
@@ -68,14 +68,7 @@ def training_config(cfg_training: TrainingConfig, args: argparse.Namespace) -> T
         for k in ("init", "lr", "batch_size"):
             if k not in cfg_training.model_fields_set:
                 data.pop(k, None)
-    for kv in args.set:  # last: what the command line sets wins
-        k, sep, v = kv.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {kv}: expected KEY=VALUE")
-        try:
-            data[k] = json.loads(v)
-        except json.JSONDecodeError:
-            data[k] = v
+    data.update(assignments(args.set))  # last: what the command line sets wins
     try:
         return TrainingConfig(**data)
     except ValidationError as e:
