@@ -105,7 +105,7 @@ class LinkCodec:
             raise fec.UncorrectableFrame(f"not this layout's cells: {symbols.dtype} {symbols.shape}, "
                                          f"expected {self.layout.n_data} symbols < {self.layout.colours}")
         raw = cells.symbols_to_bytes(symbols, self.layout.colours, self.layout.frame_bytes)
-        erasures = None
+        byte_conf = None
         if confidence is not None and np.shape(confidence) != symbols.shape:
             confidence = None  # a confidence that does not fit: read the cells as sure
         if confidence is not None and self.code.nsym:
@@ -117,19 +117,7 @@ class LinkCodec:
             byte_conf = np.minimum(conf[first], conf[last])
             if bits == 3:
                 byte_conf = np.minimum(byte_conf, conf[np.minimum(first + 1, len(conf) - 1)])
-            doubtful = byte_conf < erase_below
-            if doubtful.any():
-                # At most half of each codeword's parity goes to erasures (the least confident bytes):
-                # the rest still corrects errors the reader was sure about.
-                order = self.code._order()
-                erasures = np.zeros(self.layout.frame_bytes, bool)
-                cap = self.code.nsym // 2
-                for b in range(self.code.blocks):
-                    pos = order[b][doubtful[order[b]]]
-                    if len(pos) > cap:
-                        pos = pos[np.argsort(byte_conf[pos], kind="stable")[:cap]]
-                    erasures[pos] = True
-        message, corrected = self.code.decode(self._scramble(raw), erasures)
+        message, corrected = self.code.decode(self._scramble(raw), byte_conf, erase_below)
         wrong = 0
         if corrected:
             # What the cells should have been, now that the frame is known: the raw cell error count.

@@ -216,18 +216,40 @@ def test_reed_solomon_corrects_below_capacity_and_never_miscorrects_silently(rat
     assert code.decode(frame) == (msg, 0)
     if not code.nsym:
         return
-    # Below capacity: t errors and s erasures per block with 2t + s <= nsym, all corrected.
+    # Below capacity: t errors and s doubtful bytes (erasures) per block with 2t + s <= nsym, all corrected.
     order = code._order()
     bad = np.frombuffer(frame, np.uint8).copy()
-    erasures = np.zeros(frame_bytes, bool)
+    confidence = np.ones(frame_bytes, np.float32)
     t = code.nsym // 4
-    s = code.nsym - 2 * t
+    s = code.nsym // 2
     for b in range(code.blocks):
         pos = rng.choice(order[b], t + s, replace=False)
         bad[pos] ^= rng.integers(1, 256, len(pos), dtype=np.uint8)
-        erasures[pos[t:]] = True
-    out, corrected = code.decode(bad.tobytes(), erasures)
+        confidence[pos[t:]] = 0.0
+    out, corrected = code.decode(bad.tobytes(), confidence)
     assert out == msg and corrected == code.blocks * (t + s)
+
+
+@given(frame_bytes=st.integers(600, 3000), seed=st.integers(0, 99))
+@settings(max_examples=20, deadline=None)
+def test_a_codeword_with_more_errors_than_it_corrects_decodes_when_the_reader_was_least_sure_of_them(frame_bytes, seed):
+    """Generalised minimum distance decoding: 0.6 nsym wrong bytes a codeword (more than the nsym / 2 it
+    corrects blind), none below the doubt threshold but each among its least sure bytes: a retry that erases
+    those decodes it. The same errors on bytes the reader was sure of stay uncorrectable (detected)."""
+    code = fec.FrameCode(frame_bytes, 0.8)
+    rng = np.random.default_rng(seed)
+    msg = rng.integers(0, 256, code.capacity, dtype=np.uint8).tobytes()
+    bad = np.frombuffer(code.encode(msg), np.uint8).copy()
+    confidence = rng.uniform(0.6, 1.0, frame_bytes).astype(np.float32)
+    wrong = int(0.6 * code.nsym)
+    for b in range(code.blocks):
+        pos = rng.choice(code._order()[b], wrong, replace=False)
+        bad[pos] ^= rng.integers(1, 256, wrong, dtype=np.uint8)
+        confidence[pos] = rng.uniform(0.3, 0.5, wrong)  # unsure, but not below erase_below
+    out, corrected = code.decode(bad.tobytes(), confidence)
+    assert out == msg and corrected >= code.blocks * wrong
+    with pytest.raises(fec.UncorrectableFrame):
+        code.decode(bad.tobytes(), None)
 
 
 def test_link_codec_detects_what_it_cannot_correct():
