@@ -287,10 +287,10 @@ def test_an_intruder_changes_nothing(tmp_path):
     text = (ROOT / "rooms" / "intruder.toml").read_text().replace('level = "warning"',
                                                                  'level = "warning"\nformat = "json"')
     # A short replay window (the room's default is 20 s) so that a short run outlasts it.
-    text = text.replace("session = 12", "session = 12\nreplay_window_s = 2.0")
+    text = text.replace("session = 12", "session = 12\nreplay_window_s = 1.0")
     (rooms / "intruder.toml").write_text(text)
     filmed = tmp_path / "filmed.txt"
-    steps = ("--steps", "20")  # about 4 simulated seconds: longer than the 2 s replay window
+    steps = ("--steps", "10")  # about 2 simulated seconds: longer than the 1 s replay window
     logs = [tmp_path / "room1.log", tmp_path / "room2.log"]
     proc1, first = launch(rooms / "intruder.toml", EXAMPLES / "ddp_mnist.py", *steps, timeout=600,
                           env={"WCCL_INTRUDER_RECORD": str(filmed)}, launcher_args=("--room-log", str(logs[0])))
