@@ -274,3 +274,44 @@ def test_every_colour_count_reads_through_the_camera(colours):
     assert not code.mixed and code.sender == 1
     packet, _ = codec.decode(code.symbols, code.confidence)
     assert streams.unwrap(transfer.TransferAssembler().add(packet))[2] == data
+
+
+def test_cells_are_classified_in_the_metric_of_their_frames_noise():
+    """Noise the channels share (a camera's colour matrix, JPEG's brightness) moves a cell along a diagonal
+    of the colour cube: the nearest corner in the frame's noise metric reads fewer cells wrong than a
+    threshold per channel, and its confidence is 1 at a corner, 0 half-way between two."""
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 8, 20000)
+    corners = (cells.palette_bgr(8) > 127).astype(np.float32)
+    cov = 0.035 * np.array([[1.0, 0.7, 0.7], [0.7, 1.0, 0.7], [0.7, 0.7, 1.0]])
+    corrected = (corners[truth] + rng.multivariate_normal(np.zeros(3), cov, len(truth))).astype(np.float32)
+    bits = corrected > 0.5
+    by_threshold = (bits[:, 2] * 4 + bits[:, 1] * 2 + bits[:, 0]) != truth
+    symbols, confidence = reader.classify(corrected, 8)
+    wrong = symbols != truth
+    assert wrong.mean() < 0.6 * by_threshold.mean(), (wrong.mean(), by_threshold.mean())
+    assert confidence[wrong].mean() < confidence[~wrong].mean()
+    # clean corners: confidence 1 (the metric is the identity's when the noise is the same in every channel)
+    flat = np.tile(corners, (40, 1)) + rng.normal(0, 0.01, (320, 3)).astype(np.float32)
+    sym, conf = reader.classify(flat, 8)
+    assert (sym == np.tile(np.arange(8), 40)).all() and conf.min() > 0.9
+    # too few sure cells: no metric, a threshold per channel
+    assert reader.noise_metric(flat[:40]) is None
+
+
+def test_the_decode_bench_says_how_many_cells_read_wrong_and_which_the_reader_doubted():
+    import contextlib
+    import io
+    import json
+    from pathlib import Path
+
+    from wccl.imaging.bench import main
+
+    room = Path(__file__).resolve().parent.parent / "rooms" / "two-laptops-sim.toml"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--config", str(room), "--captures", "3", "--json"]) == 0
+    r = json.loads(out.getvalue())
+    assert r["clean_reads"] == 3 and r["decoded"] == 3
+    assert 0 < r["cell_error_rate"] < 0.05 and 0.3 < r["wrong_cells_doubted"] <= 1 and r["right_cells_doubted"] < 0.05
+    assert len(r["bit_error_rate_bgr"]) == 3 and sum(r["bit_error_rate_bgr"]) >= r["cell_error_rate"]

@@ -17,7 +17,10 @@ Steps, each a pure function:
    transform (crosstalk, white balance, black level, exposure); then all
    confidently classified cells refit it with a bilinear dependence on the
    position in the frame (vignetting, glare gradients), and cells are
-   classified again in the corrected space.
+   classified again in the corrected space: with 8 colours, each to the
+   nearest corner of the colour cube in the metric of the frame's own read
+   noise (`noise_metric`: channels read noisier count for less, noise they
+   share is told apart from a colour).
 """
 
 from __future__ import annotations
@@ -445,14 +448,42 @@ class ColourModel:
         return corrected.astype(np.float32)
 
 
+def noise_metric(corrected: np.ndarray) -> np.ndarray | None:
+    """The 3x3 metric in which a frame's read noise is the same in every direction: the inverse of the
+    covariance of the sure cells' departures from their corner of the colour cube, scaled to keep the
+    mean variance (a channel read noisier, as blue often is, counts for less; noise the channels share,
+    as a camera's colour matrix and JPEG's brightness make it, is told apart from a colour). None when
+    too few cells are sure or the noise is degenerate."""
+    sure = _least(np.abs(corrected - 0.5)) > 0.2
+    if sure.sum() < 64:
+        return None
+    res = corrected[sure] - (corrected[sure] > 0.5)
+    cov = (res.T @ res) / len(res)
+    scale = float(np.trace(cov)) / 3
+    if scale <= 1e-9 or np.linalg.det(cov) <= (1e-3 * scale) ** 3:
+        return None
+    return (np.linalg.inv(cov) * scale).astype(np.float32)
+
+
 def classify(corrected: np.ndarray, colours: int) -> tuple[np.ndarray, np.ndarray]:
-    """Corrected 0..1 BGR -> (symbols, confidence)."""
+    """Corrected 0..1 BGR -> (symbols, confidence). Eight colours: the nearest corner of the colour cube
+    in the frame's `noise_metric` (by each channel's threshold where it has none); the confidence is how
+    much nearer that corner is than the next, 1 at a corner, 0 half-way."""
     if colours == 8:
-        bits = corrected > 0.5
-        # symbol = r*4 + g*2 + b with BGR channels
-        symbols = (bits[:, 2] * 4 + bits[:, 1] * 2 + bits[:, 0]).astype(np.uint8)
-        confidence = np.clip(_least(np.abs(corrected - 0.5)) * 2, 0, 1)
-        return symbols, confidence.astype(np.float32)
+        metric = noise_metric(corrected)
+        if metric is None:
+            bits = corrected > 0.5
+            # symbol = r*4 + g*2 + b with BGR channels
+            symbols = (bits[:, 2] * 4 + bits[:, 1] * 2 + bits[:, 0]).astype(np.uint8)
+            confidence = np.clip(_least(np.abs(corrected - 0.5)) * 2, 0, 1)
+            return symbols, confidence.astype(np.float32)
+        # squared distances to the corners (corner k is symbol k) in the metric, as |y|^2 - 2 y.c + |c|^2
+        # with y = x L and c = corner L, L L' the metric: three small products, no (n, 8, 3) temporary
+        L = np.linalg.cholesky(metric.astype(np.float64)).astype(np.float32)
+        y, c = corrected.astype(np.float32) @ L, _corners01(8) @ L
+        dist = (y * y).sum(axis=1, keepdims=True) - 2 * (y @ c.T) + (c * c).sum(axis=1)
+        two = np.sqrt(np.maximum(np.partition(dist, 1, axis=1)[:, :2], 0))
+        return dist.argmin(axis=1).astype(np.uint8), np.clip(two[:, 1] - two[:, 0], 0, 1).astype(np.float32)
     ideal = _corners01(colours)
     d = ((corrected[:, None, :] - ideal[None]) ** 2).sum(axis=2)
     order = np.argsort(d, axis=1)
