@@ -130,12 +130,16 @@ class FrameCode:
             if not self.nsym:
                 msg[b] = np.frombuffer(bytes(word), np.uint8)
                 continue
-            tries: list[list[int]] = [[]]
-            if confidence is not None:
-                conf = np.asarray(confidence)[order[b]]
-                ranked = np.argsort(conf, kind="stable").tolist()  # least sure first
-                tries = [ranked[:e] for e in self.erasure_counts(int(np.count_nonzero(conf < erase_below)))]
-            for erase in tries:
+            conf = None if confidence is None else np.asarray(confidence)[order[b]]
+            doubtful = np.flatnonzero(conf < erase_below) if conf is not None else np.zeros(0, np.intp)
+            ranked = None  # the codeword's bytes, least sure first (sorted only when a try needs it)
+            for e in self.erasure_counts(len(doubtful)) if conf is not None else [0]:
+                if e == len(doubtful):
+                    erase = doubtful.tolist()  # (the doubtful bytes are the e least sure)
+                else:
+                    if ranked is None:
+                        ranked = np.argsort(conf, kind="stable")
+                    erase = ranked[:e].tolist()
                 try:
                     dec, _, errata = _codec(self.nsym, self.n).decode(
                         word, erase_pos=bytearray(erase) if erase else None)

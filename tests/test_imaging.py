@@ -291,12 +291,18 @@ def test_cells_are_classified_in_the_metric_of_their_frames_noise():
     wrong = symbols != truth
     assert wrong.mean() < 0.6 * by_threshold.mean(), (wrong.mean(), by_threshold.mean())
     assert confidence[wrong].mean() < confidence[~wrong].mean()
-    # clean corners: confidence 1 (the metric is the identity's when the noise is the same in every channel)
+    # clean corners: confidence about 1 (the metric is about the identity's when the noise is alike in every
+    # channel; from a few cells' noise it is a little off in some direction)
     flat = np.tile(corners, (40, 1)) + rng.normal(0, 0.01, (320, 3)).astype(np.float32)
     sym, conf = reader.classify(flat, 8)
-    assert (sym == np.tile(np.arange(8), 40)).all() and conf.min() > 0.9
-    # too few sure cells: no metric, a threshold per channel
+    assert (sym == np.tile(np.arange(8), 40)).all() and conf.min() > 0.8
+    # too few sure cells: no metric, a threshold per channel; cells read as NaN are never sure, and a frame
+    # of them reads (as nothing sure) without an error
     assert reader.noise_metric(flat[:40]) is None
+    with_nan = np.concatenate([flat, np.full((10, 3), np.nan, np.float32)])
+    assert reader.noise_metric(with_nan) is not None
+    assert (reader.classify(with_nan, 8)[0][:320] == sym).all()
+    reader.classify(np.full((100, 3), np.nan, np.float32), 8)
 
 
 def test_the_decode_bench_says_how_many_cells_read_wrong_and_which_the_reader_doubted():

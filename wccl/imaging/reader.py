@@ -448,27 +448,32 @@ class ColourModel:
         return corrected.astype(np.float32)
 
 
+METRIC_STRIDE = 3  # noise_metric reads every third cell
+
+
 def noise_metric(corrected: np.ndarray) -> np.ndarray | None:
     """The 3x3 metric in which a frame's read noise is the same in every direction: the inverse of the
     covariance of the sure cells' departures from their corner of the colour cube, scaled to keep the
     mean variance (a channel read noisier, as blue often is, counts for less; noise the channels share,
     as a camera's colour matrix and JPEG's brightness make it, is told apart from a colour). None when
     too few cells are sure or the noise is degenerate."""
-    sure = _least(np.abs(corrected - 0.5)) > 0.2
-    if sure.sum() < 64:
+    some = corrected[::METRIC_STRIDE]  # a few thousand cells pin a 3x3 covariance
+    sure = some[_least(np.abs(some - 0.5)) > 0.2]
+    if len(sure) < 64:
         return None
-    res = corrected[sure] - (corrected[sure] > 0.5)
+    res = (sure - (sure > 0.5)).astype(np.float64)
     cov = (res.T @ res) / len(res)
     scale = float(np.trace(cov)) / 3
-    if scale <= 1e-9 or np.linalg.det(cov) <= (1e-3 * scale) ** 3:
+    if not np.isfinite(cov).all() or scale <= 1e-9 or np.linalg.det(cov) <= (1e-3 * scale) ** 3:
         return None
-    return (np.linalg.inv(cov) * scale).astype(np.float32)
+    return np.linalg.inv(cov) * scale
 
 
 def classify(corrected: np.ndarray, colours: int) -> tuple[np.ndarray, np.ndarray]:
     """Corrected 0..1 BGR -> (symbols, confidence). Eight colours: the nearest corner of the colour cube
     in the frame's `noise_metric` (by each channel's threshold where it has none); the confidence is how
-    much nearer that corner is than the next, 1 at a corner, 0 half-way."""
+    much nearer that corner is than the next: 0 half-way, about 1 at a corner (less towards a corner
+    across a channel that reads noisier than the others)."""
     if colours == 8:
         metric = noise_metric(corrected)
         if metric is None:
@@ -479,11 +484,17 @@ def classify(corrected: np.ndarray, colours: int) -> tuple[np.ndarray, np.ndarra
             return symbols, confidence.astype(np.float32)
         # squared distances to the corners (corner k is symbol k) in the metric, as |y|^2 - 2 y.c + |c|^2
         # with y = x L and c = corner L, L L' the metric: three small products, no (n, 8, 3) temporary
-        L = np.linalg.cholesky(metric.astype(np.float64)).astype(np.float32)
-        y, c = corrected.astype(np.float32) @ L, _corners01(8) @ L
-        dist = (y * y).sum(axis=1, keepdims=True) - 2 * (y @ c.T) + (c * c).sum(axis=1)
-        two = np.sqrt(np.maximum(np.partition(dist, 1, axis=1)[:, :2], 0))
-        return dist.argmin(axis=1).astype(np.uint8), np.clip(two[:, 1] - two[:, 0], 0, 1).astype(np.float32)
+        L = np.linalg.cholesky(metric).astype(np.float32)  # (positive definite: noise_metric checked it)
+        yT, c = L.T @ corrected.T.astype(np.float32), _corners01(8) @ L  # cells (3, n) and corners (8, 3)
+        dist = (c * c).sum(axis=1)[:, None] - 2 * (c @ yT)  # (8, n), less the |y|^2 every corner shares
+        cols = np.arange(dist.shape[1])
+        best = dist.argmin(axis=0)
+        yy = (yT * yT).sum(axis=0)
+        d1 = dist[best, cols] + yy
+        dist[best, cols] = np.inf
+        d2 = dist.min(axis=0) + yy
+        margin = np.sqrt(np.maximum(d2, 0)) - np.sqrt(np.maximum(d1, 0))
+        return best.astype(np.uint8), np.clip(margin, 0, 1).astype(np.float32)
     ideal = _corners01(colours)
     d = ((corrected[:, None, :] - ideal[None]) ** 2).sum(axis=2)
     order = np.argsort(d, axis=1)
