@@ -732,7 +732,7 @@ class FrameDecoder(Actor):
 
     def _count_cells(self, code: reader.ReadCode, corrected: int) -> None:
         self.stats["cells_wrong"] += corrected
-        self.stats["cells_doubtful"] += int((code.confidence < 0.15).sum())
+        self.stats["cells_doubtful"] += int((code.confidence < fec.ERASE_BELOW).sum())
         self.stats["cells_read"] += code.symbols.size
 
     async def finish(self) -> None:

@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - depends on the install
 ReedSolomonError = _rs.ReedSolomonError
 
 
+ERASE_BELOW = 0.15  # a byte read with less confidence than this is doubtful: a codeword's first try erases it
 GUARD = 10  # parity bytes a retry leaves unerased: it still corrects 5 errors, a wrong correction ~1e-3
 
 
@@ -113,7 +114,7 @@ class FrameCode:
         return out
 
     def decode(self, frame: bytes, confidence: np.ndarray | None = None,
-               erase_below: float = 0.15) -> tuple[bytes, int]:
+               erase_below: float = ERASE_BELOW) -> tuple[bytes, int]:
         """Correct `frame`; returns (message, corrected byte count). Raises UncorrectableFrame.
 
         `confidence`: per frame byte, how sure the reader is of it (0 to 1; None: every byte sure); bytes
@@ -123,6 +124,8 @@ class FrameCode:
             raise ValueError(f"frame must be {self.frame_bytes} bytes, got {len(frame)}")
         data = np.frombuffer(frame, np.uint8)
         order = self._order()
+        if confidence is not None:
+            confidence = np.asarray(confidence)
         msg = np.zeros((self.blocks, self.k), np.uint8)
         corrected = 0
         for b in range(self.blocks):
@@ -130,7 +133,7 @@ class FrameCode:
             if not self.nsym:
                 msg[b] = np.frombuffer(bytes(word), np.uint8)
                 continue
-            conf = None if confidence is None else np.asarray(confidence)[order[b]]
+            conf = None if confidence is None else confidence[order[b]]
             doubtful = np.flatnonzero(conf < erase_below) if conf is not None else np.zeros(0, np.intp)
             ranked = None  # the codeword's bytes, least sure first (sorted only when a try needs it)
             for e in self.erasure_counts(len(doubtful)) if conf is not None else [0]:

@@ -85,7 +85,7 @@ class LinkCodec:
                 for i in range(count)]
 
     def decode(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
-               erase_below: float = 0.15, key: RoomKey = NO_KEY) -> tuple[transfer.TransferFrame, int]:
+               erase_below: float = fec.ERASE_BELOW, key: RoomKey = NO_KEY) -> tuple[transfer.TransferFrame, int]:
         """One frame's data-cell symbols -> (trusted transfer frame, cells that were wrong).
 
         Raises fec.UncorrectableFrame or frames.FrameError; never returns an unchecked frame.
@@ -94,7 +94,7 @@ class LinkCodec:
         return transfer.parse_message(message, key), wrong
 
     def decode_message(self, symbols: np.ndarray, confidence: np.ndarray | None = None,
-                       erase_below: float = 0.15) -> tuple[bytes, int]:
+                       erase_below: float = fec.ERASE_BELOW) -> tuple[bytes, int]:
         """One frame's data-cell symbols -> (error-corrected message, cells that were wrong).
 
         The message is not checked yet: parse it with transfer.parse_message. Raises fec.UncorrectableFrame.

@@ -279,7 +279,7 @@ def test_every_colour_count_reads_through_the_camera(colours):
 def test_cells_are_classified_in_the_metric_of_their_frames_noise():
     """Noise the channels share (a camera's colour matrix, JPEG's brightness) moves a cell along a diagonal
     of the colour cube: the nearest corner in the frame's noise metric reads fewer cells wrong than a
-    threshold per channel, and its confidence is 1 at a corner, 0 half-way between two."""
+    threshold per channel, and its confidence is about 1 at a corner, 0 half-way between two."""
     rng = np.random.default_rng(0)
     truth = rng.integers(0, 8, 20000)
     corners = (cells.palette_bgr(8) > 127).astype(np.float32)
@@ -314,9 +314,12 @@ def test_the_decode_bench_says_how_many_cells_read_wrong_and_which_the_reader_do
     from wccl.imaging.bench import main
 
     room = Path(__file__).resolve().parent.parent / "rooms" / "two-laptops-sim.toml"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["--config", str(room), "--captures", "3", "--json"]) == 0
+    out, threads = io.StringIO(), cv2.getNumThreads()
+    try:
+        with contextlib.redirect_stdout(out):
+            assert main(["--config", str(room), "--captures", "3", "--json"]) == 0
+    finally:
+        cv2.setNumThreads(threads)  # (the bench times one core; this test process goes on with its own)
     r = json.loads(out.getvalue())
     assert r["clean_reads"] == 3 and r["decoded"] == 3
     assert 0 < r["cell_error_rate"] < 0.05 and 0.3 < r["wrong_cells_doubted"] <= 1 and r["right_cells_doubted"] < 0.05

@@ -29,6 +29,7 @@ import cv2  # noqa: E402
 import numpy as np  # noqa: E402
 
 from protocols.cells import bytes_to_symbols as symbols_of  # noqa: E402
+from protocols.fec import ERASE_BELOW  # noqa: E402
 from protocols.layout import render  # noqa: E402
 from wccl.config import ConfigError, assignments, load_config, parse_config  # noqa: E402
 from wccl.imaging import reader  # noqa: E402
@@ -37,7 +38,7 @@ from wccl.cli import command_parser
 
 
 def cell_errors(reads: list[tuple[np.ndarray, np.ndarray]], truth: list[np.ndarray], colours: int,
-                erase_below: float = 0.15) -> dict:
+                erase_below: float = ERASE_BELOW) -> dict:
     """How the clean reads' cells compare with what the screen showed (see the module doc)."""
     if not reads:
         return dict(clean_reads=0)
