@@ -4,6 +4,9 @@ Starts one OS process per training node of the room file (rank order is the
 room file's node order; observers are not ranks), each running `script.py`
 with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, WCCL_CONFIG and
 WCCL_NODE set, so that `dist.init_process_group("wccl")` needs no argument.
+On Linux the ranks are forked from one helper process that has already
+imported torch (wccl.runtime.forkserver): a room of N ranks imports it once,
+not N times; elsewhere each rank is a new Python process.
 In the simulated room, the room itself runs as one more process
 (`python -m wccl.room.serve`), reached by the ranks through a Unix socket
 (WCCL_ROOM) and sharing nothing else with them. On real laptops,
@@ -71,6 +74,8 @@ from pathlib import Path
 from wccl.cli import command_parser
 from wccl.config import ConfigError, load_config
 from wccl.keys import PAIR_TABLE_ENV, RUN_KEY_ENV, new_ephemeral, pairs, room_key
+from wccl.runtime.forkserver import ForkedProcess, ForkServerError, RankForker
+from wccl.runtime.forkserver import available as forkserver_available
 
 EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 ROOM_START_S = 60.0  # how long the room process may take to open its socket
@@ -361,7 +366,7 @@ class _Rank:
     def __init__(self, rank: int, node: str, world: int) -> None:
         self.rank, self.node, self.world = rank, node, world
         self.name = f"rank {rank} ({node})"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | ForkedProcess | None = None
         self.exit: int | None = None
         self.stopped = False  # stopped by the launcher
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
@@ -405,6 +410,7 @@ class _Launch:
         self.ranks: list[_Rank] = []
         self.room: subprocess.Popen | None = None
         self.intruders: list[subprocess.Popen] = []
+        self.forker: RankForker | None = None  # on Linux: the process the ranks are forked from
         self.room_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.room_closed = threading.Event()  # its output has been read to the end
         self.tearing_down = False  # once set, the room's and intruders' output is no longer shown
@@ -476,13 +482,29 @@ class _Launch:
             if log is None:
                 os.close(w)
 
-    def start_rank(self, r: _Rank, cmd: list[str], env: dict) -> None:
+    def start_forker(self, env: dict) -> None:
+        """The process the ranks are forked from, torch already imported (wccl.runtime.forkserver); its
+        own output (nothing, unless it fails) shown as the room's is."""
+        w = self.pipe_to(self.side_output())
+        try:
+            self.forker = RankForker(env, stderr=w)
+        finally:
+            os.close(w)
+
+    def start_rank(self, r: _Rank, argv: list[str], env: dict) -> None:
+        """Rank `r` running `argv` ([script, *args]): forked (Linux) or started afresh."""
         out_w = self.pipe_to(_Relay(self.term, "out"))
         err_w = self.pipe_to(_Relay(self.term, "err", r.tail, r.stderr_closed))
         status_w = self.pipe_to(_Lines(lambda line: self.on_status(r, line)))
         try:
-            r.proc = subprocess.Popen(cmd, env=dict(env, WCCL_STATUS_FD=str(status_w)), stdout=out_w,
-                                      stderr=err_w, pass_fds=(status_w,))
+            if self.forker is not None:
+                try:
+                    r.proc = self.forker.spawn(argv, env, os.getcwd(), out_w, err_w, {"WCCL_STATUS_FD": status_w})
+                except ForkServerError as e:
+                    raise LaunchError(f"{r.name} could not be started: {e}") from None
+            else:
+                r.proc = subprocess.Popen([sys.executable, *argv], env=dict(env, WCCL_STATUS_FD=str(status_w)),
+                                          stdout=out_w, stderr=err_w, pass_fds=(status_w,))
         finally:
             for fd in (out_w, err_w, status_w):
                 os.close(fd)
@@ -610,6 +632,8 @@ class _Launch:
             room = " and the room" if self.room is not None and self.room.poll() is None else ""
             self.term.say(f"stopping {', '.join(r.name for r in alive)}{room}")
         _stop([r.proc for r in self.ranks if r.proc is not None] + self.intruders)
+        if self.forker is not None:
+            self.forker.close()
         if self.room is not None:
             _stop([self.room])
         for r in self.ranks:
@@ -647,7 +671,7 @@ class _Launch:
         self.term.say("\n".join(lines))
 
 
-def _stop(procs: list[subprocess.Popen], sig: int = signal.SIGTERM) -> None:
+def _stop(procs: list[subprocess.Popen | ForkedProcess], sig: int = signal.SIGTERM) -> None:
     for p in procs:
         if p.poll() is None:
             try:
@@ -719,6 +743,8 @@ def launch(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if forkserver_available():
+            job.start_forker(base)  # its imports overlap the room's start
         if simulated:
             job.term.say(f"{config_path.name}: {len(ranks)} ranks ({', '.join(ranks)}); starting the simulated "
                          f"room ({cfg.room.profile} profile, {args.clock or cfg.room.clock} clock)")
@@ -735,7 +761,7 @@ def launch(args: argparse.Namespace) -> int:
             base[PAIR_TABLE_ENV] = people_dir = tempfile.mkdtemp(prefix="wccl-pairing-")
         for local, r in enumerate(job.ranks):
             env = dict(base, RANK=str(r.rank), LOCAL_RANK=str(local), WCCL_NODE=r.node)
-            job.start_rank(r, [sys.executable, str(script), *args.args], env)
+            job.start_rank(r, [str(script), *args.args], env)
         return job.watch()
     except KeyboardInterrupt:
         interrupted = True
