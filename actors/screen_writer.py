@@ -131,7 +131,16 @@ class ScreenWriter(Actor):
         self.results = ctx.results.setdefault("screen", {"frames_shown": 0, "status_frames": 0,
                                                          "transfers_acked": 0, "transfers_voided": 0})
 
+    def _log_layout(self, measured: bool) -> None:
+        """`layout_used`: the layout this screen shows its transfers in, from now on (the dashboard and the
+        launcher say it in words): `measured` at start-up by discovery, or else the room file's."""
+        lay = self.codec.layout
+        self.log.info("layout_used", rows=lay.rows, cols=lay.cols, colours=lay.colours, cell_px=lay.cell_px,
+                      hold_s=self.hold_s, measured=measured)
+
     async def run(self) -> None:
+        if self.ladder is None and self.world > 1:
+            self._log_layout(measured=False)
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
         await self.run_beside(self._present())
 
@@ -152,9 +161,7 @@ class ScreenWriter(Actor):
             if self.ladder is not None:
                 self.codec, self.hold_s = self.ladder[msg.layout]
                 self.ladder = None
-                self.log.info("layout_used", layout=msg.layout, rows=self.codec.layout.rows,
-                              cols=self.codec.layout.cols, colours=self.codec.layout.colours,
-                              cell_px=self.codec.layout.cell_px, hold_s=self.hold_s)
+                self._log_layout(measured=True)
             return
         if isinstance(msg, HoldsKnown):
             holds = tuple(max(a, b) for a, b in zip(self._holds, msg.holds))

@@ -253,6 +253,14 @@ def test_page_in_chromium_follows_a_run_live(tmp_path):
             shown = page.eval_on_selector_all("#digits .pred", "els => els.map(e => Number(e.textContent))")
             assert shown == watched[-1]["predictions"]
             assert page.inner_text("#node-bob .where").startswith(f"step {steps - 1} ·")
+            # Each screen's layout in words, as its node logged it, on its card and in the events.
+            for e in out.named("layout_used"):
+                words = (f"{e['rows']}x{e['cols']} cells of {e['cell_px']} px, {e['colours']} colours, "
+                         f"frames held {round(e['hold_s'] * 1000)} ms")
+                assert page.inner_text(f"#node-{e['node']} .layout") == f"screen: {words}"
+                assert any(n["text"].startswith(f"{e['node']}'s screen: {words}")
+                           for n in page.evaluate("() => wccl.events"))
+            assert {e["node"] for e in out.named("layout_used")} == {"alice", "bob"}
             # A page opened after the run gets the whole history.
             late = browser.new_page()
             late.goto(url)

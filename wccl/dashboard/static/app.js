@@ -22,7 +22,7 @@ function reset(hello) {
   });
   hello.nodes.forEach((n, i) => {
     wccl.nodes[n.name] = {name: n.name, roles: n.roles, colour: PALETTE[i % PALETTE.length],
-                          phase: null, step: null, clock: null, thumb: null,
+                          phase: null, step: null, clock: null, thumb: null, layout: null,
                           phases: (hello.phases || []).map(p => p[0])};
   });
   document.getElementById("steps").textContent = hello.steps;
@@ -110,6 +110,16 @@ const HANDLERS = {
       cer: r.cells_read > 0 ? 100 * r.cells_wrong / r.cells_read : null,
     });
   },
+  layout_used(r) {
+    const n = wccl.nodes[r.node];
+    const text = layoutWords(r);
+    if (n) n.layout = text;
+    note(`${r.node}'s screen: ${text} (${r.measured ? "measured at start-up" : "the room file's"})`);
+  },
+  screen_lost(r) { note(`${r.direction}: the screen is lost: ${r.problem}`, "bad"); },
+  screen_unread(r) { note(`${r.direction}: the screen is seen but not read: ${r.problem}`, "bad"); },
+  screen_found_again(r) { note(`${r.direction}: read again after ${r.after_s} s`, "good"); },
+  camera_reads_nothing(r) { note(`${r.node}'s camera reads nothing: ${r.problem}`, "bad"); },
   clock_synced(r) {
     const n = wccl.nodes[r.node];
     if (n) n.clock = {offset_s: r.offset_s, drift_ppm: r.drift_ppm, residual_ms: r.residual_ms};
@@ -127,6 +137,10 @@ const HANDLERS = {
   thumb(r) { const n = wccl.nodes[r.node]; if (n) n.thumb = r; },
   end() { wccl.end = true; },
 };
+
+function layoutWords(r) {
+  return `${r.rows}x${r.cols} cells of ${r.cell_px} px, ${r.colours} colours, frames held ${Math.round(r.hold_s * 1000)} ms`;
+}
 
 function handle(rec) {
   if (rec.event !== "hello" && !wccl.hello) return;
@@ -282,6 +296,7 @@ function buildNodes() {
     card.innerHTML = `<h3><i class="dot"></i><span class="name"></span> <span class="roles"></span></h3>
       <div class="phase"><div class="bar"></div><span class="where"></span></div>
       <div class="clock"></div>
+      <div class="layout"></div>
       <div class="cam"><img alt=""><span class="codes"></span></div>`;
     card.querySelector(".dot").style.background = n.colour;
     card.querySelector(".name").textContent = n.name;
@@ -322,6 +337,8 @@ function drawNodes() {
       ? `clock offset ${(c.offset_s * 1000).toFixed(1)} ms · drift ${c.drift_ppm == null ? "–" : c.drift_ppm.toFixed(1)} ppm · residual ${c.residual_ms == null ? "–" : c.residual_ms.toFixed(2)} ms`
       : n.roles.includes("server") ? "clock: the reference (the server's)"
       : n.roles.includes("observer") ? "clock: not needed (no schedule)" : "clock: not synced yet";
+    card.querySelector(".layout").textContent = n.layout ? `screen: ${n.layout}`
+      : n.roles.includes("observer") ? "screen: shows nothing (watches)" : "screen: choosing its layout";
     if (n.thumb) {
       const img = card.querySelector("img");
       if (img.dataset.v !== String(n.thumb.v)) { img.src = n.thumb.src; img.dataset.v = n.thumb.v; }
