@@ -2,7 +2,7 @@
 and the room as one more; the ranks share nothing but the room's pixels.
 
 Fast tests use a small `exact` room (a perfect camera); the slow ones the `webcam` room of
-rooms/two-laptops-sim.toml and gloo (torchrun, over localhost) as the reference.
+rooms/two-laptops-sim.toml and gloo (over localhost, as torchrun runs it) as the reference.
 """
 
 from __future__ import annotations
@@ -44,27 +44,87 @@ def launch(config: Path, script: Path, *args: str, timeout: float = 300, env: di
     return proc, sorted(lines, key=lambda d: d["rank"])
 
 
-def torchrun(script: Path, n: int, *args: str, timeout: float = 300, tries: int = 3):
-    """The gloo reference: `script` under torchrun on `n` ranks, its JSON lines sorted by rank.
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_once(script: Path, n: int, args: tuple[str, ...], timeout: float) -> tuple[int, str, str]:
+    """`script --backend gloo ARGS` on `n` ranks over localhost, as torchrun's env:// rendezvous has them
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), each rank forked as the launcher forks its
+    own (wccl.runtime.forkserver: torch imported once). Returns the first failing exit status (or 0), and
+    the ranks' stdout and stderr, each rank's whole."""
+    from wccl.runtime.forkserver import RankForker
+
+    base = dict(os.environ, WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(_free_port()))
+    forker = RankForker(base)
+    try:
+        procs, pipes = [], []
+        for r in range(n):
+            out, err = os.pipe(), os.pipe()
+            procs.append(forker.spawn([str(script), "--backend", "gloo", *args],
+                                      dict(base, RANK=str(r), LOCAL_RANK=str(r)), str(ROOT), out[1], err[1]))
+            os.close(out[1])
+            os.close(err[1])
+            pipes.append((out[0], err[0]))
+        texts = _read_all([fd for pair in pipes for fd in pair], timeout)
+        deadline = time.monotonic() + timeout
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        forker.close()
+    stdout = "".join(texts[out] for out, _ in pipes)
+    stderr = "".join(texts[err] for _, err in pipes)
+    return next((c for c in codes if c != 0), 0), stdout, stderr
+
+
+def _read_all(fds: list[int], timeout: float) -> dict[int, str]:
+    """Everything written to the pipes `fds` until their writers close them."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    for fd in fds:
+        sel.register(fd, selectors.EVENT_READ)
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    deadline = time.monotonic() + timeout
+    while sel.get_map():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"the gloo reference did not end within {timeout:g} s")
+        for key, _ in sel.select(left):
+            data = os.read(key.fd, 65536)
+            if data:
+                chunks[key.fd].append(data)
+            else:
+                sel.unregister(key.fd)
+                os.close(key.fd)
+    return {fd: b"".join(c).decode(errors="replace") for fd, c in chunks.items()}
+
+
+def gloo_reference(script: Path, n: int, *args: str, timeout: float = 300, tries: int = 3):
+    """The gloo reference: `script` on `n` gloo ranks over localhost (as torchrun runs it: `_gloo_once`), its
+    JSON lines sorted by rank.
 
     torch 2.13's gloo aborts now and then at a process's exit, after the script has finished and printed
     ("terminate called without an active exception": a C++ thread still joinable at static destruction;
-    see tests/dist_scripts/compressed.py). torchrun then kills the other ranks, which may not have printed
-    their last line yet. A reference whose every rank printed as many lines is whole and taken; one cut short
-    that way is run again, up to `tries` times. Any other failure fails the test at once."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
-           str(script), "--backend", "gloo", *args]
+    see tests/dist_scripts/compressed.py). A reference whose every rank printed as many lines is whole and
+    taken; one cut short is run again, up to `tries` times. Any other failure fails the test at once."""
     for _ in range(tries):
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        lines = sorted((d for d in json_objects(proc.stdout) if "rank" in d), key=lambda d: d["rank"])
-        if proc.returncode == 0:
+        code, stdout, stderr = _gloo_once(script, n, args, timeout)
+        lines = sorted((d for d in json_objects(stdout) if "rank" in d), key=lambda d: d["rank"])
+        if code == 0:
             return lines
-        if "terminate called without an active exception" not in proc.stderr:
+        if "terminate called without an active exception" not in stderr:
             break
         counts = Counter(d["rank"] for d in lines)
         if sorted(counts) == list(range(n)) and len(set(counts.values())) == 1:
             return lines
-    raise AssertionError(f"the gloo reference failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    raise AssertionError(f"the gloo reference failed (exit {code}):\n{stderr[-3000:]}")
 
 
 # ---- every collective, dtype, op and async use; scatter, all_to_all, point to point, subgroups -----
@@ -116,7 +176,7 @@ def test_three_ranks_collectives_scatter_all_to_all_point_to_point_and_subgroups
     - subgroups interleaved with the world's collectives, an enumerated pair, a group destroyed."""
     proc, lines = launch(room_file(tmp_path, 3), SCRIPTS / "parts.py", "matrix", *API_PARTS, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ref = torchrun(SCRIPTS / "parts.py", 3, *API_PARTS)
+    ref = gloo_reference(SCRIPTS / "parts.py", 3, *API_PARTS)
     check_matrix(by_part(lines, "matrix"), 3)
     for part in API_PARTS:
         equal_to_gloo(by_part(lines, part), by_part(ref, part))
@@ -138,7 +198,7 @@ def test_powersgd_and_compression_hooks_run_unchanged_and_equal_gloo(tmp_path):
     args = ("--steps", "5", "--start-iter", "2", "--hook", "powersgd,fp16,bf16")
     proc, lines = launch(room_file(tmp_path), EXAMPLES / "powersgd.py", *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ref = torchrun(EXAMPLES / "powersgd.py", 2, *args)
+    ref = gloo_reference(EXAMPLES / "powersgd.py", 2, *args)
     ours = {(d["hook"], d["rank"]): d["params_sha256"] for d in lines}
     theirs = {(d["hook"], d["rank"]): d["params_sha256"] for d in ref}
     assert len(ours) == 6 and ours == theirs
@@ -153,7 +213,7 @@ def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
                          "--save-params", str(tmp_path / "wccl-{rank}.npy"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len({d["params_sha256"] for d in lines}) == 1
-    torchrun(EXAMPLES / "ddp_mnist.py", 3, "--steps", "4", "--save-params", str(tmp_path / "gloo-{rank}.npy"))
+    gloo_reference(EXAMPLES / "ddp_mnist.py", 3, "--steps", "4", "--save-params", str(tmp_path / "gloo-{rank}.npy"))
     ours, ref = np.load(tmp_path / "wccl-0.npy"), np.load(tmp_path / "gloo-0.npy")
     assert np.allclose(ours, ref, rtol=1e-5, atol=1e-7), np.abs(ours - ref).max()
 
@@ -181,7 +241,7 @@ def test_a_two_stage_pipeline_over_send_and_recv_equals_gloo(tmp_path):
     for rank in ("rank 0 (alice)", "rank 1 (bob)"):
         assert re.search(rf"{re.escape(rank)}: exit 0; 0 collectives, 6 messages sent or received, [\d.]+ K?B,",
                          proc.stderr), proc.stderr[-2000:]
-    ref = torchrun(EXAMPLES / "pipeline.py", 2, "--steps", "3")
+    ref = gloo_reference(EXAMPLES / "pipeline.py", 2, "--steps", "3")
     assert [d["params_sha256"] for d in lines] == [d["params_sha256"] for d in ref]
     assert lines[1]["loss"] == ref[1]["loss"]
 
@@ -192,7 +252,7 @@ def test_a_mixture_of_experts_over_all_to_all_equals_gloo(tmp_path):
     one rank's expert may get none), the gradients back the same way; every parameter as gloo's."""
     proc, lines = launch(room_file(tmp_path), EXAMPLES / "moe.py", "--steps", "2")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ref = torchrun(EXAMPLES / "moe.py", 2, "--steps", "2")
+    ref = gloo_reference(EXAMPLES / "moe.py", 2, "--steps", "2")
     keys = ("expert_sha256", "shared_sha256", "loss", "expert_share")
     assert [{k: d[k] for k in keys} for d in lines] == [{k: d[k] for k in keys} for d in ref]
     assert lines[0]["shared_sha256"] == lines[1]["shared_sha256"] != ""
@@ -205,7 +265,7 @@ def test_hybrid_sharding_over_subgroups_equals_gloo(tmp_path):
     the launcher counts the subgroups' collectives."""
     proc, lines = launch(room_file(tmp_path, 4), EXAMPLES / "hsdp.py", "--steps", "3", timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ref = torchrun(EXAMPLES / "hsdp.py", 4, "--steps", "3")
+    ref = gloo_reference(EXAMPLES / "hsdp.py", 4, "--steps", "3")
     keys = ("params_sha256", "loss", "shard_group", "replica_group")
     assert [{k: d[k] for k in keys} for d in lines] == [{k: d[k] for k in keys} for d in ref]
     assert len({d["params_sha256"] for d in lines}) == 1
@@ -384,7 +444,7 @@ def _check_compressed(lines: list[dict], world: int) -> None:
 
 @pytest.mark.slow
 def test_codec_hooks_and_local_steps_over_gloo():
-    _check_compressed(torchrun(SCRIPTS / "compressed.py", 2), 2)
+    _check_compressed(gloo_reference(SCRIPTS / "compressed.py", 2), 2)
 
 
 @pytest.mark.slow
@@ -393,7 +453,7 @@ def test_codec_hooks_and_local_steps_over_light_frame_exactly_the_codec_bytes(tm
     assert proc.returncode == 0, proc.stderr[-4000:]
     _check_compressed(lines, 2)
     # the same bits as under gloo: the hooks' models, the local steps' and the overlapped local steps'
-    gloo = torchrun(SCRIPTS / "compressed.py", 2, "--codecs", "int8,topk_ef")[0]
+    gloo = gloo_reference(SCRIPTS / "compressed.py", 2, "--codecs", "int8,topk_ef")[0]
     d = lines[0]
     assert {k: h["sha"] for k, h in d["hooks"].items()} == {k: h["sha"] for k, h in gloo["hooks"].items()}
     assert (d["local"]["sha"], d["overlap"]["sha"]) == (gloo["local"]["sha"], gloo["overlap"]["sha"])

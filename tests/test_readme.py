@@ -162,12 +162,12 @@ def test_keys_new_writes_a_key(tmp_path):
 @pytest.mark.slow
 def test_your_own_script_over_the_launcher_equals_gloo():
     """The README's DDP pair, with 5 steps for 30: the same parameters, bit for bit."""
-    from test_distributed import EXAMPLES, launch, torchrun
+    from test_distributed import EXAMPLES, gloo_reference, launch
 
     proc, lines = launch(ROOT / "rooms" / "two-laptops-sim.toml", EXAMPLES / "ddp_mnist.py", "--steps", "5",
                          timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ref = torchrun(EXAMPLES / "ddp_mnist.py", 2, "--steps", "5")
+    ref = gloo_reference(EXAMPLES / "ddp_mnist.py", 2, "--steps", "5")
     assert [d["params_sha256"] for d in lines] == [ref[0]["params_sha256"]] * 2
 
 

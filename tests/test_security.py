@@ -279,7 +279,7 @@ def test_an_intruder_changes_nothing(tmp_path):
     ran without a restart or failure, to the launcher's stop."""
     import shutil
 
-    from test_distributed import EXAMPLES, ROOT, launch, torchrun
+    from test_distributed import EXAMPLES, ROOT, gloo_reference, launch
     from wccl.launch import json_objects
 
     rooms = tmp_path / "rooms"
@@ -308,7 +308,7 @@ def test_an_intruder_changes_nothing(tmp_path):
         assert set(shown) == {"alice", "bob"} and len(set(shown.values())) == 1, shown
         codes.append(shown["alice"])
     assert codes[0] != codes[1]  # (a one in a million chance that two runs' codes agree)
-    reference = torchrun(EXAMPLES / "ddp_mnist.py", 2, *steps)
+    reference = gloo_reference(EXAMPLES / "ddp_mnist.py", 2, *steps)
     shas = {d["params_sha256"] for d in first + second + reference}
     assert len(shas) == 1 and len(first) == len(second) == len(reference) == 2
     refused = _refused(proc2.stderr)
