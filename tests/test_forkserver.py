@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -32,6 +33,8 @@ SCRIPT = textwrap.dedent("""\
         inner()
     elif mode == "exit":
         sys.exit(int(sys.argv[2]))
+    elif mode == "echo":
+        print("read:", sys.stdin.readline().strip())
     elif mode == "sleep":
         print("sleeping", flush=True)
         time.sleep(60)
@@ -113,3 +116,20 @@ def test_the_forker_is_gone_and_says_so(tmp_path):
     with pytest.raises(ForkServerError, match="the rank forker is gone"):
         _spawn(forker, tmp_path, "report")
     forker.close()
+
+
+def test_a_forked_rank_reads_the_launchers_stdin(tmp_path):
+    """As a process the launcher started would: a rank that pairs asks its question on the console."""
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    code = textwrap.dedent(f"""\
+        import os, sys
+        from wccl.runtime.forkserver import RankForker
+        forker = RankForker(dict(os.environ))
+        proc = forker.spawn([{str(script)!r}, "echo"], dict(os.environ), {str(tmp_path)!r}, 1, 2)
+        code = proc.wait(timeout=60)
+        forker.close()
+        sys.exit(code)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], input="yes\n", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == "read: yes\n", r.stderr[-2000:]

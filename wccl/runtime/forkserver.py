@@ -5,7 +5,8 @@ wccl before its script's first line; a simulated room's launch starts every rank
 machine, so a room of three pays that three times over, and a classroom sixteen. `RankForker`
 starts one helper process (`python -m wccl.runtime.forkserver`) that imports PRELOAD once and then
 forks a child for each rank asked for: the child takes the rank's argv, environment, working folder
-and stdout/stderr/status pipes, and runs the script as `python script.py` would (`__main__`, the
+and stdout/stderr/status pipes (its stdin is the launcher's, as for a process it started: a rank that
+pairs asks its question on the console), and runs the script as `python script.py` would (`__main__`, the
 script's folder first on sys.path, numpy's global generator seeded afresh; Python's `random`
 reseeds itself at fork). Nothing else is shared: the helper has run no tensor operation, opened no
 camera or window and started no thread of its own before it forks (numpy's BLAS pool is fork-safe).
@@ -62,7 +63,7 @@ class RankForker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "wccl.runtime.forkserver", str(theirs.fileno())],
-                                         env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         env=dict(env), stdout=subprocess.DEVNULL,
                                          stderr=stderr, pass_fds=(theirs.fileno(),), preexec_fn=end_with_parent)
         finally:
             theirs.close()
