@@ -92,17 +92,22 @@ def _read_all(fds: list[int], timeout: float) -> dict[int, str]:
         sel.register(fd, selectors.EVENT_READ)
     chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
     deadline = time.monotonic() + timeout
-    while sel.get_map():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise AssertionError(f"the gloo reference did not end within {timeout:g} s")
-        for key, _ in sel.select(left):
-            data = os.read(key.fd, 65536)
-            if data:
-                chunks[key.fd].append(data)
-            else:
-                sel.unregister(key.fd)
-                os.close(key.fd)
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"the gloo reference did not end within {timeout:g} s")
+            for key, _ in sel.select(left):
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    sel.unregister(key.fd)
+                    os.close(key.fd)
+    finally:
+        for key in list(sel.get_map().values()):
+            os.close(key.fd)
+        sel.close()
     return {fd: b"".join(c).decode(errors="replace") for fd, c in chunks.items()}
 
 
@@ -113,12 +118,15 @@ def gloo_reference(script: Path, n: int, *args: str, timeout: float = 300, tries
     torch 2.13's gloo aborts now and then at a process's exit, after the script has finished and printed
     ("terminate called without an active exception": a C++ thread still joinable at static destruction;
     see tests/dist_scripts/compressed.py). A reference whose every rank printed as many lines is whole and
-    taken; one cut short is run again, up to `tries` times. Any other failure fails the test at once."""
+    taken; one cut short is run again, up to `tries` times, as is one whose free port another process took
+    before rank 0 listened on it. Any other failure fails the test at once."""
     for _ in range(tries):
         code, stdout, stderr = _gloo_once(script, n, args, timeout)
         lines = sorted((d for d in json_objects(stdout) if "rank" in d), key=lambda d: d["rank"])
         if code == 0:
             return lines
+        if "address already in use" in stderr.lower():
+            continue
         if "terminate called without an active exception" not in stderr:
             break
         counts = Counter(d["rank"] for d in lines)

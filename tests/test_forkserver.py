@@ -25,9 +25,12 @@ SCRIPT = textwrap.dedent("""\
     if mode == "report":
         print(json.dumps({"argv": sys.argv, "cwd": os.getcwd(), "rank": os.environ.get("RANK"),
                           "path0": sys.path[0], "main": __name__, "draw": float(np.random.random()),
-                          "torch": torch.ones(2).sum().item()}))
+                          "torch": torch.ones(2).sum().item(), "torch_draw": torch.rand(1).item(),
+                          "file": __file__}))
         os.write(int(os.environ["STATUS_FD"]), b"status line\\n")
     elif mode == "fail":
+        if len(sys.argv) > 2:
+            sys.excepthook = lambda t, e, tb: print("its own hook:", e, file=sys.stderr)
         def inner():
             raise ValueError("the script's own error")
         inner()
@@ -35,6 +38,11 @@ SCRIPT = textwrap.dedent("""\
         sys.exit(int(sys.argv[2]))
     elif mode == "echo":
         print("read:", sys.stdin.readline().strip())
+    elif mode == "stubborn":
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("sleeping", flush=True)
+        time.sleep(60)
     elif mode == "sleep":
         print("sleeping", flush=True)
         time.sleep(60)
@@ -76,8 +84,10 @@ def test_a_forked_rank_runs_its_script_as_python_would_with_its_own_seed(forker,
     for rank, (seen, status) in enumerate(runs):
         assert seen["argv"][1:] == ["report"] and seen["rank"] == str(rank) and seen["main"] == "__main__"
         assert seen["cwd"] == str(tmp_path) and seen["path0"] == str(tmp_path) and seen["torch"] == 2.0
+        assert seen["file"] == str(tmp_path / "script.py")  # absolute, as python makes it
         assert status == "status line\n"
     assert runs[0][0]["draw"] != runs[1][0]["draw"]  # numpy's global generator seeded afresh in each
+    assert runs[0][0]["torch_draw"] != runs[1][0]["torch_draw"]  # and torch's
 
 
 def test_a_forked_ranks_exit_status_and_traceback_are_those_of_its_script(forker, tmp_path):
@@ -88,6 +98,8 @@ def test_a_forked_ranks_exit_status_and_traceback_are_those_of_its_script(forker
     text = _read(err)
     assert "ValueError: the script's own error" in text and "forkserver" not in text and "runpy" not in text
     assert text.startswith("Traceback") and 'script.py", line' in text
+    proc, (out, err, _) = _spawn(forker, tmp_path, "fail", "hooked")
+    assert proc.wait(timeout=60) == 1 and _read(err) == "its own hook: the script's own error\n"
 
 
 def test_a_forked_rank_stops_on_a_signal_and_with_the_forker(tmp_path):
@@ -133,3 +145,20 @@ def test_a_forked_rank_reads_the_launchers_stdin(tmp_path):
     """)
     r = subprocess.run([sys.executable, "-c", code], input="yes\n", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout == "read: yes\n", r.stderr[-2000:]
+
+
+def test_a_rank_outlives_a_dead_forker_until_the_launcher_stops_it(tmp_path):
+    """The helper killed: its rank (which ignores SIGTERM) still runs and poll() says so; the launcher's
+    SIGKILL reaches it through its pidfd, and it ends with status 1 (its own is not known)."""
+    forker = RankForker(dict(os.environ))
+    try:
+        proc, (out, err, _) = _spawn(forker, tmp_path, "stubborn")
+        assert os.read(out, 100).startswith(b"sleeping")
+        forker.proc.kill()
+        forker.proc.wait()
+        assert proc.poll() is None and forker.gone
+        os.kill(proc.pid, 0)  # alive
+        proc.kill()
+        assert proc.wait(timeout=30) == 1
+    finally:
+        forker.close()

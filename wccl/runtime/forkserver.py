@@ -6,17 +6,21 @@ machine, so a room of three pays that three times over, and a classroom sixteen.
 starts one helper process (`python -m wccl.runtime.forkserver`) that imports PRELOAD once and then
 forks a child for each rank asked for: the child takes the rank's argv, environment, working folder
 and stdout/stderr/status pipes (its stdin is the launcher's, as for a process it started: a rank that
-pairs asks its question on the console), and runs the script as `python script.py` would (`__main__`, the
-script's folder first on sys.path, numpy's global generator seeded afresh; Python's `random`
-reseeds itself at fork). Nothing else is shared: the helper has run no tensor operation, opened no
-camera or window and started no thread of its own before it forks (numpy's BLAS pool is fork-safe).
+pairs asks its question on the console), and runs the script as `python script.py` would (`__main__`,
+an absolute `__file__`, the script's folder first on sys.path, an uncaught exception through `sys.excepthook`; numpy's and torch's global
+generators and multiprocessing's authkey drawn afresh, Python's `random` reseeding itself at fork;
+the hash seed of str stays the helper's). Nothing else is shared: the helper has run no tensor
+operation, opened no camera or window and started no thread of its own before it forks (numpy's BLAS
+pool is fork-safe). A module of PRELOAD that does not import is left for the rank to import itself.
 
 The launcher holds a `ForkedProcess` per rank, which answers as `subprocess.Popen` does (`pid`,
 `returncode`, `poll`, `wait`, `send_signal`, `terminate`, `kill`): the helper reaps its children and
-reports each exit status (negative: killed by that signal) over their socket. The ranks are in the
-launcher's process group (Ctrl-C reaches them as it would reach processes it started itself); they
-end (SIGTERM) when the helper dies, and the helper ends its ranks when the launcher closes the
-socket or dies.
+reports each exit status (negative: killed by that signal) over their socket, with a pidfd of each
+child, through which the launcher's signals reach the rank and never a process that took a reused
+pid. The ranks are in the launcher's process group (Ctrl-C reaches them as it would reach processes it
+started itself); they get SIGTERM when the helper dies, and the helper ends its ranks when the
+launcher closes the socket or dies. Should the helper die first, a rank's end is seen on its pidfd
+(exit status 1: its own is not known).
 
 Linux only (`available()`): macOS forks badly once system frameworks are loaded and Windows does not
 fork; there the launcher starts each rank with `subprocess.Popen`.
@@ -34,7 +38,6 @@ import socket
 import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Mapping
 
 # What a rank imports before its first step: torch, its backend, wccl's; DDP's constructor imports
@@ -58,18 +61,17 @@ class RankForker:
     """The launcher's end: starts the helper, asks it for ranks, and learns how they ended."""
 
     def __init__(self, env: Mapping[str, str], stderr: int | None = None) -> None:
-        from wccl.runtime.hostos import end_with_parent
-
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "wccl.runtime.forkserver", str(theirs.fileno())],
-                                         env=dict(env), stdout=subprocess.DEVNULL,
-                                         stderr=stderr, pass_fds=(theirs.fileno(),), preexec_fn=end_with_parent)
+            self.proc = subprocess.Popen([sys.executable, "-m", "wccl.runtime.forkserver", str(theirs.fileno()),
+                                          str(os.getpid())], env=dict(env), stdout=subprocess.DEVNULL,
+                                         stderr=stderr, pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
         self.sock = ours
         self.codes: dict[int, int] = {}  # pid -> exit status, once the helper has reaped it
-        self.pids: list[int] = []
+        self.pidfds: dict[int, int] = {}  # pid -> a pidfd of the rank (signals reach it, never a reused pid)
+        self.gone = False  # the helper died (or the launcher closed it): no exit status comes any more
 
     def spawn(self, argv: list[str], env: Mapping[str, str], cwd: str, stdout: int, stderr: int,
               fd_env: Mapping[str, int] | None = None) -> ForkedProcess:
@@ -78,8 +80,8 @@ class RankForker:
         names = ["stdout", "stderr", *(fd_env or {})]
         fds = [stdout, stderr, *(fd_env or {}).values()]
         request = json.dumps({"argv": argv, "env": dict(env), "cwd": cwd, "fds": names}).encode()
-        if self.sock.fileno() < 0:
-            raise ForkServerError(f"the rank forker is gone (exit status {self.proc.returncode})")
+        if self.gone:
+            raise ForkServerError(f"the rank forker is gone (exit status {self.proc.poll()})")
         try:
             socket.send_fds(self.sock, [request], fds)
         except OSError as e:
@@ -87,12 +89,11 @@ class RankForker:
         deadline = time.monotonic() + START_S
         while True:
             msg = self._read(max(0.0, deadline - time.monotonic()))
-            if msg is None and self.sock.fileno() < 0:
-                raise ForkServerError(f"the rank forker is gone (exit status {self.proc.returncode})")
+            if msg is None and self.gone:
+                raise ForkServerError(f"the rank forker is gone (exit status {self.proc.wait()})")
             if msg is None:
                 raise ForkServerError(f"the rank forker did not fork within {START_S:g} s")
             if "pid" in msg:
-                self.pids.append(msg["pid"])
                 return ForkedProcess(self, msg["pid"], argv)
 
     def collect(self, timeout: float) -> None:
@@ -102,37 +103,52 @@ class RankForker:
             msg = self._read(0.0)
 
     def _read(self, timeout: float) -> dict | None:
-        """One message from the helper (its exits are filed on the way), or None if none came in time."""
-        if self.sock.fileno() < 0:
+        """One message from the helper (filed on the way: a rank forked, a rank ended), or None if none came
+        in time or the helper is gone. Ctrl-C waits while a message is taken in and filed, so none is lost."""
+        if self.gone:
             return None
         ready, _, _ = select.select([self.sock], [], [], timeout)
         if not ready:
             return None
-        data = self.sock.recv(4096)
-        if not data:  # the helper died: its ranks got SIGTERM (PR_SET_PDEATHSIG) and nobody will reap them
-            code = self.proc.wait()
-            for pid in self.pids:
-                self.codes.setdefault(pid, code if code > 0 else 1)
-            self.sock.close()
-            return None
-        msg = json.loads(data)
-        if "exited" in msg:
-            self.codes[msg["exited"]] = msg["code"]
-        return msg
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 4096, 1)
+            except OSError:
+                data, fds = b"", []
+            if not data:  # the helper died; its ranks got SIGTERM (PR_SET_PDEATHSIG): poll() watches their pidfds
+                self.gone = True
+                self.sock.close()
+                return None
+            msg = json.loads(data)
+            if "pid" in msg:
+                self.codes.pop(msg["pid"], None)
+                self.pidfds[msg["pid"]] = fds[0]
+            elif "exited" in msg:
+                self.codes[msg["exited"]] = msg["code"]
+            return msg
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def close(self) -> None:
         """End the helper (it stops any rank still running) and wait for it."""
-        if self.sock.fileno() >= 0:
+        if not self.gone:
+            self.gone = True
             self.sock.close()
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        for fd in self.pidfds.values():
+            os.close(fd)
+        self.pidfds.clear()
 
 
 class ForkedProcess:
-    """A forked rank, as the launcher sees it: what `subprocess.Popen` offers, through its `RankForker`."""
+    """A forked rank, as the launcher sees it: what `subprocess.Popen` offers, through its `RankForker`.
+    Signals go through the rank's pidfd. If the helper dies first, a rank that has ended (its pidfd says so)
+    has exit status 1: nobody learnt its own."""
 
     def __init__(self, forker: RankForker, pid: int, args: list[str]) -> None:
         self.forker, self.pid, self.args = forker, pid, args
@@ -144,7 +160,13 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.forker.collect(0.0)
+        if self.returncode is None and self.forker.gone and self._ended(0.0):
+            self.forker.codes[self.pid] = 1
         return self.returncode
+
+    def _ended(self, timeout: float) -> bool:
+        fd = self.forker.pidfds.get(self.pid)
+        return fd is None or bool(select.select([fd], [], [], timeout)[0])
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -152,13 +174,17 @@ class ForkedProcess:
             left = 1.0 if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-            self.forker.collect(min(left, 1.0))
+            if self.forker.gone:
+                self._ended(min(left, 1.0))
+            else:
+                self.forker.collect(min(left, 1.0))
         return self.returncode  # type: ignore[return-value]
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
+        fd = self.forker.pidfds.get(self.pid)
+        if self.poll() is None and fd is not None:
             try:
-                os.kill(self.pid, sig)
+                signal.pidfd_send_signal(fd, sig)
             except ProcessLookupError:
                 pass
 
@@ -206,9 +232,14 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
             sock.close()
             return request, fds
         children.add(pid)
+        pidfd = os.pidfd_open(pid)  # (before this helper can reap it: the pidfd is of this very process)
         for fd in fds:
             os.close(fd)
-        sock.send(json.dumps({"pid": pid}).encode())
+        try:
+            socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
+        except OSError:
+            pass  # the launcher is gone: the loop ends at the next look
+        os.close(pidfd)
     for pid in children:  # the launcher is gone: so are its ranks
         try:
             os.kill(pid, signal.SIGTERM)
@@ -220,8 +251,9 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
     return None
 
 
-def _become(request: dict, fds: list[int]) -> None:
-    """This forked child takes the rank's pipes, environment, folder and argv."""
+def _become(request: dict, fds: list[int]) -> str:
+    """This forked child takes the rank's pipes, environment, folder, argv and seeds; returns the script's
+    absolute path."""
     from wccl.runtime.hostos import end_with_parent
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -238,41 +270,60 @@ def _become(request: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(request["cwd"])
-    # stdout as a new process has it (a pipe: block-buffered unless PYTHONUNBUFFERED); stderr line-buffered
+    # stdout as a new process has it (a pipe: block-buffered unless PYTHONUNBUFFERED; the encoding and error
+    # handler Python chose for this helper, started with the same environment); stderr line-buffered
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    out, err = sys.__stdout__, sys.__stderr__
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.open(1, "wb", closefd=False, buffering=0 if unbuffered else -1),
-                                                   write_through=unbuffered)
+                                                   encoding=out.encoding, errors=out.errors, write_through=unbuffered)
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.open(2, "wb", closefd=False, buffering=0),
-                                                   line_buffering=True, write_through=True,
-                                                   errors="backslashreplace")
+                                                   encoding=err.encoding, errors=err.errors,
+                                                   line_buffering=True, write_through=True)
     script = os.path.abspath(request["argv"][0])
     sys.argv = list(request["argv"])
     sys.path[0] = os.path.dirname(script)
+    # Seeds a new process draws for itself (Python's `random` reseeds at fork on its own; the hash seed of
+    # str and bytes cannot change after start-up and stays the helper's, as PYTHONHASHSEED would make it).
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        sys.modules["torch"].seed()
+    if "multiprocessing" in sys.modules:
+        sys.modules["multiprocessing"].current_process().authkey = os.urandom(32)
+    return script
 
 
 def main(argv: list[str]) -> int:
+    """`python -m wccl.runtime.forkserver FD LAUNCHER_PID`: serve the launcher on socket FD."""
+    from wccl.runtime.hostos import end_with_parent
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the ranks' and the launcher's to answer
+    end_with_parent()
+    if os.getppid() != int(argv[1]):
+        return 1  # the launcher died before this helper could ask to end with it
     sock = socket.socket(fileno=int(argv[0]))
     for name in PRELOAD:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # a rank that needs it imports it itself, and fails with its own error
+            print(f"wccl.runtime.forkserver: {name} not preloaded ({type(e).__name__}: {e})", file=sys.stderr)
     child = _serve(sock)
     if child is None:
         return 0
-    _become(*child)
+    script = _become(*child)
     import runpy
 
     try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
+        runpy.run_path(script, run_name="__main__")
     except (SystemExit, KeyboardInterrupt):
         raise
-    except BaseException as e:  # as `python script.py` would show it: the script's frames only
+    except BaseException as e:  # as `python script.py` shows it: the script's frames, through its excepthook
         tb = e.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != sys.argv[0] and \
-                os.path.abspath(tb.tb_frame.f_code.co_filename) != os.path.abspath(sys.argv[0]):
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
             tb = tb.tb_next
-        traceback.print_exception(type(e), e, tb or e.__traceback__)
+        if tb is not None:
+            e.__traceback__ = tb  # (the hook shows the exception's own traceback)
+        sys.excepthook(type(e), e, e.__traceback__)
         return 1
     return 0
 
