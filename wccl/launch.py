@@ -74,8 +74,8 @@ from pathlib import Path
 from wccl.cli import command_parser
 from wccl.config import ConfigError, load_config
 from wccl.keys import PAIR_TABLE_ENV, RUN_KEY_ENV, new_ephemeral, pairs, room_key
+from wccl.runtime import forkserver
 from wccl.runtime.forkserver import ForkedProcess, ForkServerError, RankForker
-from wccl.runtime.forkserver import available as forkserver_available
 
 EXIT_OK, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 2, 130
 ROOM_START_S = 60.0  # how long the room process may take to open its socket
@@ -743,7 +743,7 @@ def launch(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        if forkserver_available():
+        if forkserver.available():
             job.start_forker(base)  # its imports overlap the room's start
         if simulated:
             job.term.say(f"{config_path.name}: {len(ranks)} ranks ({', '.join(ranks)}); starting the simulated "

@@ -28,6 +28,7 @@ fork; there the launcher starts each rank with `subprocess.Popen`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import json
@@ -39,6 +40,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+
+from wccl.runtime.hostos import end_with_parent
 
 # What a rank imports before its first step: torch, its backend, wccl's; DDP's constructor imports
 # torch._dynamo (and FSDP with it), 1.6 CPU s of its own.
@@ -208,10 +211,8 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
             if pid == 0:
                 return
             children.discard(pid)
-            try:
+            with contextlib.suppress(OSError):  # (the launcher gone: the loop sees the socket closed)
                 sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
-            except OSError:
-                pass  # the launcher is gone
 
     while True:
         reap()
@@ -235,10 +236,8 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
         pidfd = os.pidfd_open(pid)  # (before this helper can reap it: the pidfd is of this very process)
         for fd in fds:
             os.close(fd)
-        try:
+        with contextlib.suppress(OSError):  # (the launcher gone: the loop sees the socket closed)
             socket.send_fds(sock, [json.dumps({"pid": pid}).encode()], [pidfd])
-        except OSError:
-            pass  # the launcher is gone: the loop ends at the next look
         os.close(pidfd)
     for pid in children:  # the launcher is gone: so are its ranks
         try:
@@ -254,8 +253,6 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int]] | None:
 def _become(request: dict, fds: list[int]) -> str:
     """This forked child takes the rank's pipes, environment, folder, argv and seeds; returns the script's
     absolute path."""
-    from wccl.runtime.hostos import end_with_parent
-
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     end_with_parent()
@@ -295,8 +292,6 @@ def _become(request: dict, fds: list[int]) -> str:
 
 def main(argv: list[str]) -> int:
     """`python -m wccl.runtime.forkserver FD LAUNCHER_PID`: serve the launcher on socket FD."""
-    from wccl.runtime.hostos import end_with_parent
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the ranks' and the launcher's to answer
     end_with_parent()
     if os.getppid() != int(argv[1]):
