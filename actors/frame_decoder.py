@@ -26,7 +26,13 @@ the same screen, then error-correct, check and reassemble (protocols.link,
 protocols.receiver: the room key's MAC, the run handshake, the sealed
 payload). Until discovery chooses the layout every layout of the start-up
 ladder is tried, and the camera's capture period is measured for discovery
-(which counts layouts held too briefly for it as unread). A capture that is
+(which counts layouts held too briefly for it as unread). Once it is chosen, a
+rank's camera judges each screen it reads capture by capture and asks it for
+another layout of the ladder when its reads call for it (protocols.adapt:
+`layout_asked`, in words; `LayoutAsks` for the ScreenWriter to show, and
+`LayoutAsked` when a peer's frames ask this node's screen); a code is tried
+in the layout last read at its place, then in the one asked of its sender,
+then, after SEARCH_AFTER_S without a read there, in every layout. A capture that is
 not an H x W x 3 uint8 image is a counted loss. A camera that has read no
 frame `BLIND_WARN_S` after its first capture says what it saw
 (`camera_reads_nothing`: no code, or codes too small to read), and keeps
@@ -51,10 +57,10 @@ from itertools import pairwise
 
 import numpy as np
 
-from protocols import discovery, fec, streams, transfer
+from protocols import adapt, discovery, fec, streams, transfer
 from protocols.link import LinkCodec
-from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks,
-                                SightKnown, TensorReceived, TransferArrived)
+from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, HoldsKnown, LayoutAsked, LayoutAsks,
+                                LayoutChosen, PeerAcks, SightKnown, TensorReceived, TransferArrived)
 from protocols.receiver import TransferReceiver
 from protocols.security import NO_KEY, Handshake, RoomKey
 from wccl.runtime.actor import Actor, ActorContext, Overflow
@@ -68,6 +74,10 @@ REPORT_S = 1.0  # the link's figures are logged every this many seconds (node cl
 COMBINE_S = 0.1  # two uncorrectable reads of a screen at most this far apart may be combined (_decode)
 CAPTURES_FOR_PERIOD = 16  # the camera's capture period: over this many latest captures, by the camera's count
 BLIND_WARN_S = 10.0  # a camera that read no frame this long after its first capture says what it sees (once)
+# Once the layout is chosen: a place where no frame read for this long has every layout of the ladder tried
+# (its screen may have changed layout for another reader's sake, or this listener's sender for its readers')
+SEARCH_AFTER_S = 0.5
+RECENT_S = 5.0  # ... and first the layouts read there in this long, latest first (a transfer stays in its own)
 # Once the run goes: a screen this camera read whose frames have not been read for this long is named, with
 # what to do (`screen_lost`: no code where it was; `screen_unread`: found there, but nothing reads).
 LOST_S = 3.0
@@ -176,6 +186,12 @@ class ScreenWatch:
         gone = self.named.pop(sender, None)
         return None if gone is None else t - gone
 
+    def sender_near(self, centre: np.ndarray) -> int | None:
+        """The sender whose frames were last read nearest `centre`, within half its code's size (None: none)."""
+        near = [(float(np.abs(c - centre).max()), s) for s, (c, size) in self.place.items()
+                if np.abs(c - centre).max() < size / 2]
+        return min(near)[1] if near else None
+
     def code_at(self, centre: np.ndarray, t: float, idle: bool) -> None:
         """A code found at `centre` at time `t` (read as an idle screen, or not)."""
         for sender, (c, size) in self.place.items():
@@ -218,10 +234,12 @@ class FrameDecoder(Actor):
     def __init__(self, ctx: ActorContext, codec: LinkCodec, session: int, node_names: list[str],
                  transfers: transfer.TransferAssembler, ladder: list[LinkCodec] | None = None,
                  key: RoomKey = NO_KEY, handshake: Handshake | None = None, lens: str = "pinhole",
-                 layout_cost=None, listen: bool = False, view: CameraView | None = None) -> None:
+                 layout_cost=None, listen: bool = False, view: CameraView | None = None,
+                 holds: list[float] | None = None) -> None:
         """`node_names`: the ranks in rank order (frames name their sender by rank); `transfers`: the
         assembler, given by the supervisor so that it outlives a restart of this actor; `view`: what the
-        camera saw (the node's, which weighs it for start-up's budget; default: this actor's own)."""
+        camera saw (the node's, which weighs it for start-up's budget; default: this actor's own); `holds`: how
+        long each layout of the ladder holds a frame (for the log's words)."""
         super().__init__(ctx)
         # With a start-up ladder: what collectives would cost in a layout on its sight graph (seconds,
         # None: they cannot run there), for discovery's choice; without one, the densest wins.
@@ -232,6 +250,7 @@ class FrameDecoder(Actor):
         self._place_vote: tuple | None = None  # the same at a place on trial (LensFit.place_vote)
         self._idle = False  # the code being read looked like an idle screen in some layout tried
         self.ladder = ladder or [codec]
+        self.holds = holds
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
         # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
         self.current: int | None = 0 if len(self.ladder) == 1 else None
@@ -241,6 +260,14 @@ class FrameDecoder(Actor):
         # ... and per place in the image (a screen's code, by its centre to 32 px): the layout last read
         # there first (each screen shows the ladder in turn, on its own schedule)
         self._read_at: dict[tuple[int, int], int] = {}
+        self._read_when: dict[tuple[int, int], float] = {}  # per place: when a frame last read there
+        self._recent: dict[tuple[int, int], dict[int, float]] = {}  # per place: layout -> when last read there
+        self._sender_at: dict[tuple[int, int], int] = {}  # per place: the sender last read there
+        self._showing: dict[int, int] = {}  # per sender: the layouts its latest frame says its screen shows
+        self._trial = self.current is None  # the layout being tried may not be the code's (see _read)
+        self._defer_idle = self._trial  # an even look is only noted: other layouts are still to try
+        # Once the layout is chosen, a rank's camera asks each screen it reads for a layout (protocols.adapt)
+        self.adapter: adapt.LayoutAdapter | None = None
         self._use(0)  # sets codec, grid, model and the layout being read
         # Codes are looked for down to the size of the coarsest layout's (the fewest cells): a screen too far
         # off for the ladder's first layout to be found at all may still be read in its last.
@@ -323,7 +350,7 @@ class FrameDecoder(Actor):
             self.stats["codes_seen"] += 1
             place = tuple(int(v) // 32 for v in quad.corners.mean(axis=0))
             if self.current is not None:
-                order = [self.current]
+                order = self._order_chosen(place, msg.time)
             elif place in self._read_at:
                 k = self._read_at[place]
                 order = list(range(k, len(self.ladder))) + list(range(k))
@@ -331,23 +358,40 @@ class FrameDecoder(Actor):
                 order = list(self._order)
             done = self._idle = False
             self._at = (quad.corners.mean(axis=0), max(quad.bbox[2:]), msg.time)
-            for k in order:
+            idle_first = False
+            for i, k in enumerate(order):
                 self._use(k)
                 self._vote = self._place_vote = None
+                # (a layout on trial may not be the code's; with others to try, an even look is only noted)
+                self._trial = self.current is None or i > 0
+                self._defer_idle = len(order) > 1
+                self._read_sender = None
                 done = await self._read(msg, quad, previous)
+                idle_first = idle_first or (i == 0 and self._idle)
                 if done:
-                    if self.current is None:
-                        self._read_at[place] = k
-                        if self._order[0] != k:
-                            self._order = list(range(k, len(self.ladder))) + list(range(k))
+                    self._read_at[place] = k
+                    self._read_when[place] = msg.time
+                    self._recent.setdefault(place, {})[k] = msg.time
+                    if self._read_sender is not None:
+                        self._sender_at[place] = self._read_sender
+                    if self.current is None and self._order[0] != k:
+                        self._order = list(range(k, len(self.ladder))) + list(range(k))
                     if self._vote is not None:
                         self._lens_vote(*self._vote)
                     if self._place_vote is not None:
                         self._lens_place_vote(*self._place_vote)
                     break
-            if not done and self._idle:  # even in every layout tried: an idle screen
+            if not done and (self._idle if self.current is None else idle_first):
+                # even in every layout tried: an idle screen (once the layout is chosen: even in the one last
+                # read there; a finer layout's frame sampled through another grid can look even)
                 self.stats["idle_screens"] += 1
                 done = True
+            if self.adapter is not None:
+                sender = self._sender_at.get(place)
+                if sender is None:  # (a screen that moved: the one read nearest, within half its size)
+                    sender = self.watch.sender_near(quad.corners.mean(axis=0))
+                if sender is not None:
+                    self.adapter.outcome(sender, done, msg.time)
             centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
             self.watch.code_at(centre, msg.time, idle=done and self._idle)
             if done:
@@ -357,6 +401,8 @@ class FrameDecoder(Actor):
                 # misled the search would otherwise be sampled through for as long as the screen holds still.
                 self._forget_edges(quad)
                 view.unread_code(centre, w, h)
+        if self.adapter is not None:
+            await self._adapt(msg.time)
         if self._reported_at is None:
             self._reported_at = self._first_at = msg.time
         elif msg.time - self._reported_at >= REPORT_S:
@@ -374,6 +420,54 @@ class FrameDecoder(Actor):
                 self._warned_blind = True
                 if problem is not None:
                     self.log.warning("camera_reads_nothing", problem=problem)
+
+    def _order_chosen(self, place: tuple[int, int], now: float) -> list[int]:
+        """The layouts to try a code at `place` in once the room's is chosen: those read there in the last
+        RECENT_S, latest first (else the room's), then the one this camera asked its sender for, then those its
+        sender's latest frame says its screen shows; every other once nothing read there for SEARCH_AFTER_S
+        (its sender changed layout for another reader, or as this camera asked)."""
+        recent = {k: t for k, t in self._recent.get(place, {}).items() if now - t < RECENT_S}
+        self._recent[place] = recent
+        order = sorted(recent, key=recent.get, reverse=True) or [self.current]
+        sender = self._sender_at.get(place, self.watch.sender_near(np.array(place) * 32 + 16))
+        asked = None if self.adapter is None or sender is None else self.adapter.asked(sender)
+        if asked is not None and asked not in order:
+            order.append(asked)
+        showing = self._showing.get(sender, 0) if sender is not None else 0
+        order += [k for k in range(len(self.ladder)) if showing >> k & 1 and k not in order]
+        if len(self.ladder) > len(order) and now - self._read_when.get(place, now) >= SEARCH_AFTER_S:
+            order += [k for k in range(len(self.ladder)) if k not in order]
+        return order
+
+    def _start_asking(self, st: discovery.SightTable, k: int) -> LayoutAsks | None:
+        """The room's layout is k: ask every screen this camera reads for it, each no denser than the
+        densest this camera read it in at start-up (protocols.adapt)."""
+        if self.listen or len(self.ladder) < 2:
+            return None
+        me, now = st.rank, self.clock.now()
+        self.adapter = adapt.LayoutAdapter(len(self.ladder))
+        graphs = [st.graph(j, st.min_ok) for j in range(len(self.ladder))]
+        for s in range(len(self.node_names)):
+            if s != me and st.reads(me, s):
+                self.adapter.start(s, k, now, best=min((j for j, g in enumerate(graphs) if (me, s) in g), default=k))
+        return LayoutAsks(sender=self.ctx.node, time=now, asks=self._asks())
+
+    def _asks(self) -> tuple[int, ...]:
+        return self.adapter.asks(len(self.node_names), transfer.NO_ASK)
+
+    async def _adapt(self, now: float) -> None:
+        """Ask a screen for another layout where its reads call for it (protocols.adapt), in words."""
+        changes = self.adapter.decide(now)
+        for ch in changes:
+            was, new = self.ladder[ch.was], self.ladder[ch.layout]
+            holds = self.holds
+            self.log.info("layout_asked", direction=f"{self.node_names[ch.sender]} -> {self.ctx.node}",
+                          layout=new.layout.words(None if holds is None else holds[ch.layout]),
+                          was=was.layout.words(None if holds is None else holds[ch.was]),
+                          read=f"{ch.share:.0%}", why=ch.why)
+            self.stats["layouts_asked"] += 1
+        if changes:
+            await self.emit(LayoutAsks(sender=self.ctx.node, time=now, asks=self._asks()))
 
     def _read_from(self, sender: int) -> None:
         """A frame of this run from `sender` read under the room key (accepted, or still waiting for its
@@ -465,12 +559,14 @@ class FrameDecoder(Actor):
     async def _read(self, msg: Capture, quad: reader.Quad, previous: list) -> bool:
         """Read one code in the current layout; True if this layout explains it (idle, repeated, read).
 
-        While the layout is not chosen, a False sends the caller on to the next candidate layout, and an
-        idle look only marks the code (`_idle`): the caller calls it idle if no layout reads it.
+        A layout on trial (`_trial`: the layout is not chosen yet, or this is not the first layout tried at the
+        code's place) skips a read whose parity marks disagree or that is mixed, and a False sends the caller
+        on to the next candidate layout; while others are still to try (`_defer_idle`) an idle look only
+        marks the code (`_idle`), and the caller decides whether it is an idle screen.
         """
         sampled = self._sample(msg.image, quad)
         if reader.is_idle(sampled[0], self.grid):
-            if self.current is None:
+            if self._trial or self._defer_idle:
                 # Not yet: a frame of another layout of the ladder sampled through this grid can look even
                 # (fine cells averaged into big ones, under blur); idle only if no layout reads it.
                 self._idle = True
@@ -488,7 +584,7 @@ class FrameDecoder(Actor):
             self.previous.append((centre, k, sampled[0]))
             self._idle = True  # (a screen that holds its frame is in view and reads, as an idle one: ScreenWatch)
             return True
-        if self.current is None and not reader.marks_agree(sampled[0], self.grid):
+        if self._trial and not reader.marks_agree(sampled[0], self.grid):
             # A layout on trial whose marks disagree before any colour fit: read_quad would call the read
             # mixed, and a mixed read does not choose a layout (below); the fit is skipped.
             self.stats["captures_mixed"] += 1
@@ -499,7 +595,7 @@ class FrameDecoder(Actor):
             return False
         if code.mixed:
             self.stats["captures_mixed"] += 1
-            if self.current is None:
+            if self._trial:
                 return False  # in a wrong layout the parity marks are noise: try the others
             # A rolling shutter filmed the screen while it changed: the rows of one frame are sure, the
             # rest a blend. Such a read rarely corrects alone, but it can with the screen's next or last
@@ -507,6 +603,7 @@ class FrameDecoder(Actor):
         delivered = await self._accept(code, msg.time)
         if delivered is not False:
             self.previous.append((centre, k, sampled[0]))
+            self._read_sender = code.sender
         for timing in self._timings:
             await self.emit(timing)
         self._timings.clear()
@@ -604,6 +701,11 @@ class FrameDecoder(Actor):
             if self.current != k:
                 self.current = k
                 self._use(k)
+            self._read_at.clear()  # (the layouts read there while probing)
+            self._recent.clear()
+            asks = self._start_asking(st, k)
+            if asks is not None:
+                await self.emit(asks)
         await self.emit(self._acks_message(news=True))
         if not st.member or st.members() == self._members_sent:
             return
@@ -691,6 +793,8 @@ class FrameDecoder(Actor):
             return None
         self.stats["frames_ok"] += 1
         self._read_from(f.sender)
+        if f.showing:
+            self._showing[f.sender] = f.showing
         if not self.listen:  # (a listener shows nothing: no clock echo, no acknowledgement)
             self._timing(f, captured)
         if r.holds_changed:
@@ -698,6 +802,9 @@ class FrameDecoder(Actor):
         if r.peer_ack is not None:
             await self.emit(PeerAcks(sender=self.ctx.node, time=self.clock.now(), origin=f.sender,
                                      ack=(r.peer_ack.cum, r.peer_ack.mask)))
+        if r.asked is not None:
+            await self.emit(LayoutAsked(sender=self.ctx.node, time=self.clock.now(), origin=f.sender,
+                                        layout=r.asked))
         if f.header is None:
             self.stats["status_frames"] += 1
             if (r.acks_changed or r.behind) and not r.handshake_changed:
@@ -705,7 +812,9 @@ class FrameDecoder(Actor):
                 await self.emit(self._acks_message(news=r.behind))
             return None
         if self.listen and self.current is None:
-            self.current = self._layout  # the ranks chose this one: transfers go up only in the chosen layout
+            self.current = self._layout  # the ranks chose this one: transfers go up in it (or as readers ask)
+            self._read_at.clear()
+            self._recent.clear()
         if r.duplicate:
             # The sender still shows a transfer this rank has: it has not seen the acknowledgement yet.
             if not self.listen:

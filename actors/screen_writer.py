@@ -50,7 +50,15 @@ go up in the layouts of the probe schedule (`probe`: the layout a frame shown
 at a time goes up in and until when, protocols.discovery.ProbeSchedule.at;
 without one, each layout in turn, each held for its own hold) until discovery
 says which layout the room's cameras read (`LayoutChosen`, the same on
-every rank); from then on every frame is in that layout.
+every rank); from then on frames go up in that layout, until readers ask for
+others (`LayoutAsked`, protocols.adapt): a transfer goes up in the most
+robust layout its readers asked for, a status frame in the most robust any
+reader asked for. A transfer whose readers ask for a more robust layout is
+cut again for the new frame size (the same sealed bytes: its readers start
+it afresh) and shown from its first packet; one whose readers ask for a
+denser layout stays as it is (they still read its layout). Every frame says
+which layouts the screen shows frames in now (`showing`), so cameras try those. The layouts this node's own camera asks of each peer
+(`LayoutAsks`) go up in every frame.
 """
 
 from __future__ import annotations
@@ -60,8 +68,8 @@ from collections import deque
 
 from protocols import discovery, frames, layout, transfer
 from protocols.link import LinkCodec
-from protocols.messages import (AcksChanged, FrameTiming, HoldsKnown, LayoutChosen, PeerAcks, PostTransfer,
-                                VoidCollectives)
+from protocols.messages import (AcksChanged, FrameTiming, HoldsKnown, LayoutAsked, LayoutAsks, LayoutChosen,
+                                PeerAcks, PostTransfer, VoidCollectives)
 from protocols.planner import ScreenPlan
 from protocols.security import NO_KEY, RoomKey
 from wccl.runtime.actor import Actor, ActorContext, Overflow
@@ -83,7 +91,8 @@ STARTUP_OVERLAY = [
 
 
 class ScreenWriter(Actor):
-    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, LayoutChosen, FrameTiming, VoidCollectives)
+    consumes = (PostTransfer, AcksChanged, PeerAcks, HoldsKnown, LayoutChosen, LayoutAsks, LayoutAsked, FrameTiming,
+                VoidCollectives)
     mailbox = (256, Overflow.BLOCK)
 
     def __init__(self, ctx: ActorContext, screen: Screen, codec: LinkCodec, screen_w: int, screen_h: int,
@@ -101,6 +110,12 @@ class ScreenWriter(Actor):
         # The layouts status frames cycle through until discovery picks one (one layout: no probing).
         self.ladder = list(ladder) if ladder and len(ladder) > 1 and world > 1 else None
         self._layouts = len(self.ladder) if self.ladder else 1  # the layouts the status frames' table measures
+        # Once discovery picked one: the ladder still, for the layouts readers ask for (None: one layout).
+        self.layouts = self.ladder
+        self._room = 0  # the room's layout (LayoutChosen)
+        self._asked: dict[int, int] = {}  # reader rank -> the layout it asks this screen for
+        self._asks: tuple[int, ...] = ()  # what this node's camera asks of each rank, shown in every frame
+        self._made: dict[int, tuple[transfer.TransferHeader, bytes, int]] = {}  # tid -> header, payload, layout
         self._probe = 0  # the ladder layout the next status frame goes up in, while probing (without `probe`)
         self.probe = probe
         self.session = session
@@ -144,12 +159,12 @@ class ScreenWriter(Actor):
         self.screen.show(layout.render_idle(self.codec.layout, self.screen_w, self.screen_h))
         await self.run_beside(self._present())
 
-    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | LayoutChosen | FrameTiming
-                     | VoidCollectives) -> None:
+    async def handle(self, msg: PostTransfer | AcksChanged | PeerAcks | HoldsKnown | LayoutChosen | LayoutAsks
+                     | LayoutAsked | FrameTiming | VoidCollectives) -> None:
         if isinstance(msg, VoidCollectives):
             gone = self.plan.void(msg.first_seq)
             for b in gone:
-                self._out.pop(b.tid, None)
+                self._drop(b.tid)
             self.results["transfers_voided"] += len(gone)
             return
         if isinstance(msg, FrameTiming):
@@ -159,11 +174,27 @@ class ScreenWriter(Actor):
             return
         if isinstance(msg, LayoutChosen):
             if self.ladder is not None:
+                self._room = msg.layout
                 self.codec, self.hold_s = self.ladder[msg.layout]
                 self.ladder = None
                 self._log_layout(measured=True)
             return
-        if isinstance(msg, HoldsKnown):
+        if isinstance(msg, LayoutAsks):
+            self._asks = msg.asks[:self.world]
+            self._status_due = STATUS_REPEATS  # the readers it asks hear it even when the screen is idle
+        elif isinstance(msg, LayoutAsked):
+            if self.layouts is None or self.ladder is not None or not 0 <= msg.layout < len(self.layouts):
+                return  # one layout (pinned), or still probing: nothing to choose
+            was = self._layout_for(1 << msg.origin)
+            self._asked[msg.origin] = msg.layout
+            if self._layout_for(1 << msg.origin) != was:
+                codec, hold_s = self.layouts[msg.layout]
+                self.log.info("layout_used", rows=codec.layout.rows, cols=codec.layout.cols,
+                              colours=codec.layout.colours, cell_px=codec.layout.cell_px, hold_s=hold_s,
+                              measured=True, reader=self.names[msg.origin] if msg.origin < len(self.names) else
+                              msg.origin, was=self.layouts[was][0].layout.words(self.layouts[was][1]))
+            self._relayout()
+        elif isinstance(msg, HoldsKnown):
             holds = tuple(max(a, b) for a, b in zip(self._holds, msg.holds))
             if holds == self._holds:
                 return
@@ -191,15 +222,58 @@ class ScreenWriter(Actor):
             # skips it (protocols.receiver), and a listener takes it like any other.
             header = transfer.TransferHeader(self.session, self.rank, msg.tid, msg.seq, msg.op, msg.dtype,
                                              msg.numel, 0, b"", msg.part, msg.dest or 1 << self.rank)
-            out = self._out[msg.tid] = transfer.outgoing(
-                header, msg.payload, message_bytes=self.codec.message_bytes, ranks=self.world, key=self.key,
-                run_nonce=self.run_nonce, repair=lambda k: max(4, int(k * REPAIR_SHARE)))
+            out = self._make(header, msg.payload, self._layout_for(msg.dest))
             k = out.source
             self.plan.book(msg.tid, msg.dest, k, background=msg.background,
                            collective=msg.seq if msg.op in transfer.COLLECTIVE_OPS else -1,
                            linger=OVERHEARD_FRAMES * k + 2 if msg.overheard else 0)
             self._last_tid = msg.tid
         self._wake.set()
+
+    def _layout_for(self, dest: int) -> int:
+        """The layout a frame for the readers in `dest` goes up in: the most robust any of them asked for
+        (0 for every reader: a status frame's), else the room's."""
+        asked = [k for r, k in self._asked.items() if dest >> r & 1 or not dest]
+        return max(asked, default=self._room)
+
+    def _showing(self) -> int:
+        """The layouts this screen shows frames in now, one bit each (its booked transfers' and its status
+        frames'), said in every frame so that cameras try them; 0 with one layout, or while probing."""
+        if self.layouts is None or self.ladder is not None:
+            return 0
+        mask = 1 << self._layout_for(0)
+        for b in self.plan.bookings:
+            made = self._made.get(b.tid)
+            if made is not None:
+                mask |= 1 << made[2]
+        return mask
+
+    def _codec(self, k: int) -> tuple[LinkCodec, float]:
+        """Layout k of the ladder (codec and hold); the one layout when there is no ladder."""
+        return (self.codec, self.hold_s) if self.layouts is None or self.ladder is not None else self.layouts[k]
+
+    def _make(self, header: transfer.TransferHeader, payload: bytes, k: int) -> transfer.Outgoing:
+        """The transfer cut for frames of layout k (kept with its payload: a new layout cuts it again)."""
+        out = self._out[header.tid] = transfer.outgoing(
+            header, payload, message_bytes=self._codec(k)[0].message_bytes, ranks=self.world, key=self.key,
+            run_nonce=self.run_nonce, repair=lambda n: max(4, int(n * REPAIR_SHARE)))
+        self._made[header.tid] = (header, payload, k)
+        return out
+
+    def _relayout(self) -> None:
+        """Cut again each booked transfer whose readers now want a more robust layout, shown from its start
+        (one a reader reads in a denser layout now still reads in its own: it keeps what went up of it)."""
+        for b in self.plan.bookings:
+            made = self._made.get(b.tid)
+            if made is None or made[2] >= self._layout_for(b.dest):
+                continue
+            out = self._make(made[0], made[1], self._layout_for(b.dest))
+            self.plan.recut(b.tid, out.source)
+            self.results["transfers_recut"] = self.results.get("transfers_recut", 0) + 1
+
+    def _drop(self, tid: int) -> None:
+        self._out.pop(tid, None)
+        self._made.pop(tid, None)
 
     def _timing(self, shown_local: float) -> frames.Timing:
         """A frame's clock-sync fields: when it goes up (this node's own clock), and the next echo of a
@@ -232,30 +306,34 @@ class ScreenWriter(Actor):
             nxt = self.plan.next_lingering()  # (the screen is idle otherwise)
         if nxt is not None:
             tid, index = nxt
-            message = self._out[tid].message(index, message_bytes=self.codec.message_bytes, acks=self._acks,
+            codec, hold_s = self._codec(self._made[tid][2])
+            message = self._out[tid].message(index, message_bytes=codec.message_bytes, acks=self._acks,
                                              shown_us=shown_us, run_nonce=self.run_nonce, trusts=self._trusts,
-                                             holds=self._holds, clock_echo=clock_echo, key=self.key)
+                                             holds=self._holds, asks=self._asks, showing=self._showing(),
+                                             clock_echo=clock_echo, key=self.key)
             for done in self.plan.lingered:  # (done lingering: off the screen for good)
-                self._out.pop(done, None)
+                self._drop(done)
             self.plan.lingered.clear()
-            return message, self.codec, self.hold_s
+            return message, codec, hold_s
         if self._wants_status:
             self._status_due = max(0, self._status_due - 1)
             self._news = max(0, self._news - 1)
             self.results["status_frames"] += 1
-            codec, hold_s = self.codec, self.hold_s
+            codec, hold_s = self._codec(self._layout_for(0))
             if self.ladder is not None and self.probe is not None:  # probing: the layout of its time slot
                 k, until = self.probe(shown_us / 1e6)
                 codec, hold_s = self.ladder[k][0], until - shown_us / 1e6
             elif self.ladder is not None:  # probing: each status frame in the next layout of the ladder
                 codec, hold_s = self.ladder[self._probe]
                 self._probe = (self._probe + 1) % len(self.ladder)
-            first = self._pages.first(codec.message_bytes, len(self._rows), len(self._acks), self._layouts)
+            showing = self._showing()
+            first = self._pages.first(codec.message_bytes, len(self._rows), len(self._acks), self._layouts,
+                                      adapt=bool(self._asks or showing))
             message = transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                               message_bytes=codec.message_bytes, shown_us=shown_us,
                                               run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,
                                               rows=self._rows, first=first, holds=self._holds,
-                                              layouts=self._layouts, clock_echo=clock_echo, floor=self._floor(),
+                                              asks=self._asks, showing=showing, layouts=self._layouts, clock_echo=clock_echo, floor=self._floor(),
                                               key=self.key)
             return message, codec, hold_s
         return None
@@ -269,7 +347,7 @@ class ScreenWriter(Actor):
         """Bookings every reader has: off the screen for good (once done lingering, if they linger)."""
         for b in finished:
             if b.linger <= 0:
-                self._out.pop(b.tid, None)
+                self._drop(b.tid)
             self.results["transfers_acked"] += 1
 
     def _floor(self) -> int:

@@ -64,6 +64,11 @@ class GridLayout:
         object.__setattr__(self, "pilot_symbols", (np.arange(n_pilots) % self.colours).astype(np.uint8))
 
     # -- geometry -------------------------------------------------------------
+    def words(self, hold_s: float | None = None) -> str:
+        """The layout in a person's words: `68x124 cells of 10 px, 8 colours, frames held 50 ms`."""
+        held = "" if hold_s is None else f", frames held {hold_s * 1000:.0f} ms"
+        return f"{self.rows}x{self.cols} cells of {self.cell_px} px, {self.colours} colours{held}"
+
     @property
     def parity_rows(self) -> list[int]:
         k = max(3, self.rows // 6)

@@ -251,11 +251,29 @@ class AcksChanged(Message):
 
 
 class LayoutChosen(Message):
-    """The layout this node's screen shows from now on (its index in the start-up ladder): the room's
-    choice (protocols.discovery), known to a rank in the room when the sight is, and to a rank that joins
-    later from the room's rows."""
+    """The room's layout (its index in the start-up ladder): the room's choice (protocols.discovery), known
+    to a rank in the room when the sight is, and to a rank that joins later from the room's rows. This
+    node's screen shows it from now on, to each reader until that reader asks for another (`LayoutAsked`)."""
 
     control: ClassVar[bool] = True
+    layout: int
+
+
+class LayoutAsks(Message):
+    """The layout this node's camera asks each rank's screen to show it its frames in, one per rank (an
+    index into the start-up ladder; protocols.transfer.NO_ASK: none asked), shown in every frame from now on
+    (protocols.adapt)."""
+
+    control: ClassVar[bool] = True
+    asks: tuple[int, ...]
+
+
+class LayoutAsked(Message):
+    """Rank `origin` asks this node's screen to show it its frames in `layout` (an index into the start-up
+    ladder; protocols.adapt)."""
+
+    control: ClassVar[bool] = True
+    origin: int
     layout: int
 
 

@@ -104,6 +104,16 @@ class ScreenPlan:
         self.bookings.append(b)
         return b
 
+    def recut(self, tid: int, source: int) -> None:
+        """Transfer `tid` was cut again into `source` packets (its frames' layout changed): shown from its
+        first packet, with a new budget."""
+        for b in self.bookings:
+            if b.tid == tid:
+                b.source, b.shown = source, 0
+                b.budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
+                return
+        raise KeyError(f"transfer {tid} is not booked")
+
     def next(self) -> tuple[int, int] | None:
         """(tid, packet index) of the next frame to show, or None when every transfer is acknowledged."""
         open_ = [b for b in self.bookings if not b.done]

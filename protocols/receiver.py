@@ -64,6 +64,7 @@ class Received:
     restarted: bool = False  # the sender is a new incarnation (a new run nonce proven fresh): its old transfers forgotten
     acks_changed: bool = False  # this rank's acknowledgement of the sender changed without a transfer (a floor)
     behind: bool = False
+    asked: int | None = None  # the layout the sender now asks this rank to show it (protocols.adapt), if changed
 
 
 class TransferReceiver:
@@ -79,6 +80,7 @@ class TransferReceiver:
         self._heard: dict[int, tuple[int, int]] = {}  # a listener's: sender -> (its run nonce, latest shown_us)
         self.assembler = assembler or transfer.TransferAssembler()
         self._peer_acks: dict[int, transfer.Ack] = {}
+        self._asked: dict[int, int] = {}  # peer -> the layout it asks this rank for (protocols.adapt)
         self.holds: tuple[int, ...] = (0,) * world  # how many collectives each rank is known to hold
         self.restarts: dict[int, int] = {}  # peer -> new incarnations of it met
 
@@ -131,23 +133,29 @@ class TransferReceiver:
         holds = tuple(max(a, b) for a, b in zip(self.holds, f.holds))
         more = holds != self.holds
         self.holds = holds
+        asked = f.asks[self.rank]
+        if asked == transfer.NO_ASK or self._asked.get(f.sender) == asked:
+            asked = None
+        else:
+            self._asked[f.sender] = asked
         if f.header is None:
             settled = self.assembler.settle(f.sender, f.floor)
             st = hs.sight
             behind = (f.rows is not None and st is not None and st.known and st.reads(f.sender, self.rank)
                       and st.lacks_mine(f.rows))
             return Received(f, None, peer_ack, changed, holds_changed=more, restarted=restarted,
-                            acks_changed=settled, behind=behind)
+                            acks_changed=settled, behind=behind, asked=asked)
         if f.header.dest and not f.header.dest >> self.rank & 1:
             # Meant for other readers (a camera films every screen in view): never delivered here, but
             # counted as had, so that a transfer this rank never needed leaves no gap in its
             # acknowledgement of the sender, which would hold back those of later transfers meant for it.
             self.assembler.skip(f.header.sender, f.header.tid)
-            return Received(f, None, peer_ack, changed, holds_changed=more, restarted=restarted)
+            return Received(f, None, peer_ack, changed, holds_changed=more, restarted=restarted, asked=asked)
         data = self.assembler.add(f, self.key)
         if data is transfer.DUPLICATE:
-            return Received(f, None, peer_ack, changed, duplicate=True, holds_changed=more, restarted=restarted)
-        return Received(f, None, peer_ack, changed, data, holds_changed=more, restarted=restarted)
+            return Received(f, None, peer_ack, changed, duplicate=True, holds_changed=more, restarted=restarted,
+                            asked=asked)
+        return Received(f, None, peer_ack, changed, data, holds_changed=more, restarted=restarted, asked=asked)
 
     def _overheard(self, f: transfer.TransferFrame) -> Received:
         """A listener's frame (checked, of this session, from a rank of the room)."""

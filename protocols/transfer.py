@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 15) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 17) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -23,7 +23,11 @@ lose. Every frame also carries what the sender knows of every rank's
 has every part of; its own count, and the others' as read from their frames,
 relayed camera to camera): a rank applies collective `seq` only once every
 rank is known to hold it (actors.collectives), so a frame that reached some
-cameras and not others never leaves the ranks disagreeing. A *status* frame
+cameras and not others never leaves the ranks disagreeing. And every frame says, for each peer, which
+layout of the start-up ladder the sender asks that peer to show its frames to it in (`asks`: the sender's
+camera reads the peer's screen best there, protocols.adapt; NO_ASK: nothing asked), and which layouts of
+the ladder the sender's screen shows frames in now (`showing`, one bit a layout; 0: not said), so that a
+camera tries those. A *status* frame
 (no transfer: a header of its own) carries acknowledgements, the sender's
 echo of every rank's run nonce (the handshake of protocols.security), its
 discovery table: which screens each rank reads (protocols.discovery), and
@@ -45,17 +49,20 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 15 | session u16 | sender u8 | flags u8 | n u8 | tid u32 | seq u32 | op u8 |
+      magic 0xC7 | version 17 | session u16 | sender u8 | flags u8 | n u8 | tid u32 | seq u32 | op u8 |
       dtype u8 | part u32 | dest u16 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes,
       frames.digest) | packet_size u16 | shown_us i64 | run_nonce u64 | trusts u16 | echo_peer u8 |
-      echo_shown_us i64 | echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32
-    (n: the group's size, 0 to 16; `dest` and `trusts` one bit a rank; any flag bit but 0x01 is refused)
+      echo_shown_us i64 | echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32 |
+      showing u8 | asks: n x u8
+    (n: the group's size, 0 to 16; `dest` and `trusts` one bit a rank; any flag bit but 0x01 and 0x02 is refused)
     packet (packet_size bytes: RaptorQ payload id + symbol)
 
     a status frame's header (flag 0x01; no transfer, so none of a transfer's fields)
-      magic 0xC7 | version 15 | session u16 | sender u8 | flags u8 | n u8 | floor u32 | layouts u8 (1 to 7: L,
+      magic 0xC7 | version 17 | session u16 | sender u8 | flags u8 | n u8 | floor u32 | layouts u8 (1 to 7: L,
       what its discovery table measures) | page u16 (first row << 8 | rows) | shown_us i64 | run_nonce u64 |
-      trusts u16 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | acks and holds as above
+      trusts u16 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | acks and holds as above |
+      with flag 0x02 only: showing and asks as above (a status frame carries them where they leave room
+      for a row of the discovery table: not while a ladder is measured)
     packet (its size follows from n, L and the page: status_packet): the echo, n x u64 run nonces, then
       that page of the discovery table, 7 + (n x L + 1) / 2 bytes a row (the qualities of the n ranks)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
@@ -82,8 +89,9 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 16
+VERSION = 17
 MAX_RANKS = 16
+NO_ASK = 0xFF  # an `asks` entry: this sender asks that peer for no layout (it does not read it, or not yet)
 _HEAD = struct.Struct(">BBHBBBIIBBIHII8sHqQHBqq")
 _STATUS_HEAD = struct.Struct(">BBHBBBIBHqQHBqq")  # a status frame's: no transfer's fields
 _FLAGS_AT = 5  # where the flags are in either header (and the group's size after them)
@@ -107,20 +115,34 @@ def entry_bytes(ranks: int) -> int:
     return ranks * _ENTRY
 
 
-def header_bytes(ranks: int = MAX_RANKS, status: bool = False) -> int:
-    """A transfer frame's header (or a status frame's, shorter) with the entries of `ranks` ranks."""
-    return (_STATUS_HEAD if status else _HEAD).size + entry_bytes(ranks)
+def adapt_bytes(ranks: int) -> int:
+    """The layouts a screen shows and the layout asked of each of `ranks` ranks (protocols.adapt)."""
+    return 1 + ranks
+
+
+def header_bytes(ranks: int = MAX_RANKS, status: bool = False, adapt: bool = False) -> int:
+    """A transfer frame's header (with what protocols.adapt says) or a status frame's (shorter; with it if
+    `adapt`) with the entries of `ranks` ranks."""
+    if status:
+        return _STATUS_HEAD.size + entry_bytes(ranks) + (adapt_bytes(ranks) if adapt else 0)
+    return _HEAD.size + entry_bytes(ranks) + adapt_bytes(ranks)
 
 
 HEADER_BYTES = header_bytes()  # the largest
 OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 
 
-def status_rows(message_bytes: int, ranks: int, layouts: int) -> int:
+def status_rows(message_bytes: int, ranks: int, layouts: int, adapt: bool = False) -> int:
     """How many rows of a discovery table measuring `layouts` layouts a status frame of `message_bytes`
-    with the entries of `ranks` ranks has room for."""
-    room = message_bytes - header_bytes(ranks, status=True) - CHECK_BYTES - ranks * _NONCE.size
+    with the entries of `ranks` ranks (and what protocols.adapt says, if `adapt`) has room for."""
+    room = message_bytes - header_bytes(ranks, status=True, adapt=adapt) - CHECK_BYTES - ranks * _NONCE.size
     return max(0, room // discovery.row_bytes(layouts, ranks))
+
+
+def status_adapts(message_bytes: int, ranks: int, layouts: int, rows: int) -> bool:
+    """Does a status frame of `message_bytes` with `rows` rows to page carry what protocols.adapt says (it
+    leaves room for a row, or there is no row to show)?"""
+    return rows == 0 or status_rows(message_bytes, ranks, layouts, adapt=True) >= 1
 
 
 @dataclass
@@ -133,17 +155,20 @@ class StatusPages:
 
     _next: dict[int, int] = field(default_factory=dict)  # frame size -> the row its next page starts at
 
-    def first(self, message_bytes: int, rows: int, ranks: int, layouts: int) -> int:
-        """The first row of the next frame of `message_bytes` (a table of `rows` rows), and move on."""
+    def first(self, message_bytes: int, rows: int, ranks: int, layouts: int, adapt: bool = False) -> int:
+        """The first row of the next frame of `message_bytes` (a table of `rows` rows; with what
+        protocols.adapt says if `adapt` and it fits, `status_adapts`), and move on."""
         first = self._next.get(message_bytes, 0)
         first = first if first < rows else 0
-        self._next[message_bytes] = first + status_rows(message_bytes, ranks, layouts)
+        adapt = adapt and status_adapts(message_bytes, ranks, layouts, rows)
+        self._next[message_bytes] = first + status_rows(message_bytes, ranks, layouts, adapt)
         return first
 
 
 ACK_WINDOW = 32
 
 FLAG_STATUS = 0x01  # acknowledgements only: no packet
+FLAG_ADAPT = 0x02  # a status frame that says what protocols.adapt says (a transfer frame always does)
 
 OPS = {"status": 0, "allreduce": 1, "broadcast": 2, "allgather": 3, "reduce_scatter": 4, "barrier": 5,
        # the built-in run's (protocols.streams): a worker's gradient, the server's average, a snapshot, sync
@@ -173,7 +198,7 @@ DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS) -> int:
     """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds, with
-    the acknowledgements and holdings of `ranks` ranks."""
+    the acknowledgements, holdings and asked layouts of `ranks` ranks."""
     overhead = header_bytes(ranks) + CHECK_BYTES
     symbol = (message_bytes - overhead - PAYLOAD_ID_BYTES) // frames.SYMBOL_ALIGN * frames.SYMBOL_ALIGN
     if symbol < frames.MIN_SYMBOL:
@@ -251,6 +276,8 @@ class TransferFrame:
     echo: tuple[int, ...] | None = None  # status frames: the sender's echo of each rank's run nonce
     rows: tuple | None = None  # status frames: the sender's discovery table (protocols.discovery.Row each)
     holds: tuple[int, ...] = (0,) * MAX_RANKS  # how many collectives each rank is known to hold
+    asks: tuple[int, ...] = (NO_ASK,) * MAX_RANKS  # the ladder layout the sender asks each rank to show it
+    showing: int = 0  # the ladder layouts the sender's screen shows frames in now, one bit each (0: not said)
     clock_echo: tuple[int, int, int] = NO_ECHO  # (echo_peer, echo_shown_us, echo_captured_us)
     floor: int = 0  # status frames: every transfer of the sender up to this one is settled (not shown again)
 
@@ -264,15 +291,21 @@ class TransferFrame:
         return int.from_bytes(self.packet[:PAYLOAD_ID_BYTES], "big")
 
 
-def _entries(acks: tuple[Ack, ...], holds: tuple[int, ...], at_least: int = 0) -> tuple[int, bytes]:
-    """How many ranks' acknowledgements and holdings a frame carries (as many as either gives, and at least
+def _entries(acks: tuple[Ack, ...], holds: tuple[int, ...], asks: tuple[int, ...] = (),
+             at_least: int = 0) -> tuple[int, bytes]:
+    """How many ranks' acknowledgements and holdings a frame carries (as many as any gives, and at least
     `at_least`), packed."""
-    n = max(len(acks), len(holds), at_least)
+    n = max(len(acks), len(holds), len(asks), at_least)
     if n > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     acks = tuple(acks) + NO_ACKS[len(acks):n]
     holds = tuple(holds) + (0,) * (n - len(holds))
     return n, b"".join(_ACK.pack(a.cum, a.mask) for a in acks) + struct.pack(f">{n}I", *holds)
+
+
+def _adapt(n: int, showing: int, asks: tuple[int, ...]) -> bytes:
+    """What protocols.adapt says, for a group of `n` ranks, packed."""
+    return struct.pack(f">B{n}B", showing, *(tuple(asks) + (NO_ASK,) * (n - len(asks)))[:n])
 
 
 def aad(header: TransferHeader) -> bytes:
@@ -328,16 +361,16 @@ def outgoing(header: TransferHeader, payload: bytes, *, message_bytes: int, rank
 
 def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, message_bytes: int,
                   acks: tuple[Ack, ...] = (), shown_us: int = 0, run_nonce: int = 0, trusts: int = 0,
-                  holds: tuple[int, ...] = (), clock_echo: tuple[int, int, int] = NO_ECHO,
-                  key: RoomKey = NO_KEY) -> bytes:
+                  holds: tuple[int, ...] = (), asks: tuple[int, ...] = (), showing: int = 0,
+                  clock_echo: tuple[int, int, int] = NO_ECHO, key: RoomKey = NO_KEY) -> bytes:
     """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
-    n, entries = _entries(acks, holds)
+    n, entries = _entries(acks, holds, asks)
     head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, 0, n, header.tid, header.seq,
                       OPS[header.op], DTYPES[header.dtype], header.part, header.dest, header.length, header.numel,
                       header.digest, transfer.packet_size, shown_us, run_nonce, trusts, *clock_echo)
-    body = head + entries + transfer.packets[index]
+    body = head + entries + _adapt(n, showing, asks) + transfer.packets[index]
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"frame message of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
     return _padded(body, key.check(body, PERSON), message_bytes)
@@ -345,22 +378,25 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
 
 def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_bytes: int,
                    shown_us: int = 0, run_nonce: int = 0, trusts: int = 0, echo: tuple[int, ...] = (),
-                   rows: tuple = (), first: int = 0, holds: tuple[int, ...] = (), layouts: int = 1,
-                   clock_echo: tuple[int, int, int] = NO_ECHO, floor: int = 0, key: RoomKey = NO_KEY) -> bytes:
+                   rows: tuple = (), first: int = 0, holds: tuple[int, ...] = (), asks: tuple[int, ...] = (),
+                   showing: int = 0, layouts: int = 1, clock_echo: tuple[int, int, int] = NO_ECHO, floor: int = 0, key: RoomKey = NO_KEY) -> bytes:
     """A status frame's message: acknowledgements, the echo of every rank's run nonce, the discovery
     table (`rows`, protocols.discovery.Row each, one per rank of the group) measuring `layouts` layouts of
-    the start-up ladder, and the sender's `floor` (its transfers up to it are settled). A frame too small
+    the start-up ladder, and the sender's `floor` (its transfers up to it are settled); what
+    protocols.adapt says (`showing`, `asks`) when given and it fits (`status_adapts`). A frame too small
     for every row shows a page: as many rows as fit (`status_rows`) from row `first` on."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
-    n, entries = _entries(acks, holds, max(len(echo), len(rows)))
-    count = min(status_rows(message_bytes, n, layouts), len(rows) - first) if rows else 0
+    n, entries = _entries(acks, holds, asks, max(len(echo), len(rows)))
+    adapt = bool(asks or showing) and status_adapts(message_bytes, n, layouts, len(rows))
+    count = min(status_rows(message_bytes, n, layouts, adapt), len(rows) - first) if rows else 0
     if rows and count < 1:
         raise ValueError(f"a status frame of {message_bytes} bytes holds no row of the discovery table")
     page = tuple(rows[first:first + count])
-    head = _STATUS_HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS, n, floor, layouts,
-                             first << 8 | count, shown_us, run_nonce, trusts, *clock_echo)
-    body = (head + entries + struct.pack(f">{n}Q", *(tuple(echo) + (0,) * (n - len(echo))))
+    head = _STATUS_HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | (FLAG_ADAPT if adapt else 0), n, floor,
+                             layouts, first << 8 | count, shown_us, run_nonce, trusts, *clock_echo)
+    body = (head + entries + (_adapt(n, showing, asks) if adapt else b"")
+            + struct.pack(f">{n}Q", *(tuple(echo) + (0,) * (n - len(echo))))
             + (discovery.pack_rows(page, layouts, n) if page else b""))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
@@ -408,7 +444,8 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
          shown, nonce, trusts, echo_peer, echo_shown, echo_captured) = _HEAD.unpack_from(msg)
     clock_echo = (echo_peer, echo_shown, echo_captured)
     head = _STATUS_HEAD.size if status else _HEAD.size
-    start = header_bytes(ranks, status)
+    adapt = not status or bool(flags & FLAG_ADAPT)
+    start = header_bytes(ranks, status, adapt)
     end = start + psize
     if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES):
         raise FrameError("bad_length", f"packet_size {psize}")
@@ -420,17 +457,22 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     # Fields below are only meaningful once the check vouched for them.
     if version != VERSION:
         raise FrameError("bad_version", str(version))
-    if flags & ~FLAG_STATUS or msg[_FLAGS_AT + 1] > MAX_RANKS:
+    if flags & ~(FLAG_STATUS | FLAG_ADAPT) or flags == FLAG_ADAPT or msg[_FLAGS_AT + 1] > MAX_RANKS:
         raise FrameError("bad_flags", f"{flags}, {msg[_FLAGS_AT + 1]} ranks")
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
     acks = tuple(Ack(*_ACK.unpack_from(msg, head + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
     holds = struct.unpack_from(f">{ranks}I", msg, head + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
+    showing, asks = 0, (NO_ASK,) * MAX_RANKS
+    if adapt:
+        at = head + entry_bytes(ranks)
+        showing = msg[at]
+        asks = struct.unpack_from(f">{ranks}B", msg, at + 1) + (NO_ASK,) * (MAX_RANKS - ranks)
     if status:
         echo = struct.unpack_from(f">{ranks}Q", msg, start) + (0,) * (MAX_RANKS - ranks)
         rows = discovery.unpack_rows(msg[start + ranks * _NONCE.size:end], dtype, first, count, ranks)
-        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, clock_echo,
-                             floor=seq)
+        return TransferFrame(session, sender, None, b"", acks, shown, nonce, trusts, echo, rows, holds, asks,
+                             showing, clock_echo, floor=seq)
     if op not in OP_NAMES or op == OPS["status"]:
         raise FrameError("unknown_op", str(op))
     if dtype not in DTYPE_NAMES:
@@ -440,7 +482,7 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     header = TransferHeader(session, sender, tid, seq, OP_NAMES[op], DTYPE_NAMES[dtype], numel, length, dig,
                             part, dest)
     return TransferFrame(session, sender, header, bytes(msg[start:end]), acks, shown, nonce, trusts,
-                         holds=holds, clock_echo=clock_echo)
+                         holds=holds, asks=asks, showing=showing, clock_echo=clock_echo)
 
 
 @dataclass
@@ -450,6 +492,7 @@ class TransferAssembler:
     `add` returns the transfer's bytes once any sufficient set of its packets arrived, the bytes
     match the digest and open under the room key (else None); a frame of a transfer already rebuilt
     is counted in `duplicates` and flagged by `add` returning `DUPLICATE`, so the caller can show its acknowledgement again.
+    A transfer whose packets change size (its sender cut it again for another layout) starts afresh.
     `acks()` is this rank's acknowledgement of every sender. Losses are counted by reason.
     """
 
@@ -458,6 +501,7 @@ class TransferAssembler:
     _received: dict = field(default_factory=dict)  # sender -> (floor, set of tids above it)
     losses: Counter = field(default_factory=Counter)
     duplicates: int = 0
+    recut: int = 0  # transfers started afresh because their sender cut them again for another layout
     last_packets: int = 0
 
     def has(self, sender: int, tid: int) -> bool:
@@ -474,6 +518,12 @@ class TransferAssembler:
         key = (h.sender, h.tid)
         meta = (h.length, h.digest, len(f.packet), h.seq, h.op, h.dtype, h.numel, h.part)
         entry = self._decoders.get(key)
+        if entry is not None and entry[0][:2] + entry[0][3:] == meta[:2] + meta[3:] and entry[0][2] != meta[2]:
+            # The same transfer cut again for frames of another layout (the sender's layout changed): its
+            # packets so far do not combine with the new ones; start afresh with these.
+            self.recut += 1
+            del self._decoders[key]
+            entry = None
         if entry is not None and entry[0] != meta:
             self.losses["conflicting_frames"] += 1  # two different transfers claim one number: trust neither
             del self._decoders[key]

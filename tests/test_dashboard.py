@@ -261,6 +261,23 @@ def test_page_in_chromium_follows_a_run_live(tmp_path):
                 assert any(n["text"].startswith(f"{e['node']}'s screen: {words}")
                            for n in page.evaluate("() => wccl.events"))
             assert {e["node"] for e in out.named("layout_used")} == {"alice", "bob"}
+            # A reader that asks for another layout mid-run: the screen's card says what it shows that reader,
+            # and the events say who asked and why (the records a run logs then, fed to the page's handler).
+            page.evaluate("""() => {
+              handle({event: "layout_asked", node: "bob", direction: "alice -> bob", read: "31%", why: "worse",
+                      layout: "56x103 cells of 12 px, 8 colours, frames held 66 ms",
+                      was: "68x124 cells of 10 px, 8 colours, frames held 50 ms"});
+              handle({event: "layout_used", node: "alice", reader: "bob", rows: 56, cols: 103, cell_px: 12,
+                      colours: 8, hold_s: 0.066, measured: true,
+                      was: "68x124 cells of 10 px, 8 colours, frames held 50 ms"});
+            }""")
+            page.wait_for_function("() => document.querySelector('#node-alice .layout').textContent.includes('to bob')")
+            assert page.inner_text("#node-alice .layout") == ("screen: 56x103 cells of 12 px, 8 colours, frames held "
+                                                              "66 ms to bob")
+            texts = [n["text"] for n in page.evaluate("() => wccl.events")]
+            assert any(t.startswith("alice -> bob: asks for 56x103 cells of 12 px") and "31% of its captures read" in t
+                       for t in texts), texts[-3:]
+            assert "alice's screen to bob: 56x103 cells of 12 px, 8 colours, frames held 66 ms (was 68x124" in " ".join(texts)
             # A page opened after the run gets the whole history.
             late = browser.new_page()
             late.goto(url)

@@ -327,12 +327,12 @@ def test_each_change_scenario_is_a_valid_room_and_moves_what_it_says():
     import tomllib
 
     from wccl.config import parse_config
-    from wccl.lab.changes import _step_s, scenarios
+    from wccl.lab.changes import _back, _step_s, scenarios
     from wccl.room import SimulatedRoom
 
     data = tomllib.loads((ROOT / "config.toml").read_text())
     got = scenarios(data, 20.0)
-    assert set(got) == {"none", "lamp", "nudge", "hand", "dimmed", "slow camera", "turned away"}
+    assert set(got) == {"none", "lamp", "nudge", "nudge away", "hand", "dimmed", "slow camera", "turned away"}
     for name, (node, extra, over) in got.items():
         d = json.loads(json.dumps(data))
         next(n for n in d["room"]["nodes"] if n["name"] == node).update(extra)
@@ -344,7 +344,9 @@ def test_each_change_scenario_is_a_valid_room_and_moves_what_it_says():
         room.follow_changes(over + 0.1)
         if name == "nudge":
             assert room.params[node].yaw_deg == pytest.approx(before.yaw_deg - 8.0)
-        if name in ("lamp", "nudge"):
+        if name == "nudge away":
+            assert room.params[node].yaw_deg == pytest.approx(before.yaw_deg + 8.0)
+        if name in ("lamp", "nudge", "nudge away"):
             assert room.params[node] != before
         if name == "turned away":
             assert mid[0].yaw_deg == pytest.approx(before.yaw_deg + 60.0) and "alice" not in mid[2]
@@ -358,6 +360,10 @@ def test_each_change_scenario_is_a_valid_room_and_moves_what_it_says():
         if name == "hand":
             assert room.covered(node, 21.0) and not room.covered(node, 23.5)
     assert _step_s([1.0, 1.5, 2.0, 2.4, 9.0], 1.0, 3.0) == (0.5, 4) and _step_s([1.0], 0.0, 3.0) == (None, 1)
+    # a change at 10 s: updates every 0.5 s, a 3 s wait, then every 0.6 s: back 3.2 s after the change
+    times = [9.0, 9.5, 10.2, 13.2] + [13.2 + 0.6 * i for i in range(1, 20)]
+    assert _back(times, 10.0, 10.0) == (3.0, 3.2)
+    assert _back([9.0, 10.5, 11.0, 11.5, 12.0], 10.0, 10.0) == (0.5, 0.0) and _back([11.0], 10.0, 10.0) == (None, None)
 
 
 def test_the_reports_fashion_row_compares_with_one_laptop_that_has_all_the_data():

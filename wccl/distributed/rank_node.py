@@ -234,7 +234,7 @@ class CollectiveNode(NodeSupervisor):
             "frame_decoder": dict(codec=codec, session=room.session, node_names=self.ranks,
                                   transfers=transfer.TransferAssembler(), key=key,
                                   handshake=self.handshake, lens=cfg.lens_of(self.node), ladder=[c for c, _ in ladder],
-                                  layout_cost=cost, view=self.camera_view),
+                                  holds=[h for _, h in ladder], layout_cost=cost, view=self.camera_view),
             "screen_writer": dict(screen=screen, codec=codec, screen_w=cfg.screen.width, screen_h=cfg.screen.height,
                                   hold_s=hold_s, session=room.session, rank=self.rank, world=self.world,
                                   loss=col.loss, margin_frames=col.margin_frames, key=key,

@@ -71,7 +71,7 @@ class StatusChannel:
                            "cell_px": event.get("cell_px"),
                            "reads": {k[len(prefix):]: q for k, q in (event.get("edges") or {}).items()
                                      if k.startswith(prefix)}}
-        elif name == "layout_used":
+        elif name == "layout_used" and not event.get("reader"):  # (not a reader's ask mid-run)
             sight = self._sight or {k: event.get(k) for k in ("rows", "cols", "colours", "cell_px")}
             self.send("layout", **sight, hold_s=event.get("hold_s"), t=event.get("t"))
 

@@ -113,8 +113,17 @@ const HANDLERS = {
   layout_used(r) {
     const n = wccl.nodes[r.node];
     const text = layoutWords(r);
+    if (r.reader) {  // one reader asked for another layout: what this screen shows it from now on
+      if (n) n.layout = `${text} to ${r.reader}`;
+      note(`${r.node}'s screen to ${r.reader}: ${text} (was ${r.was})`);
+      return;
+    }
     if (n) n.layout = text;
     note(`${r.node}'s screen: ${text} (${r.measured ? "measured at start-up" : "the room file's"})`);
+  },
+  layout_asked(r) {
+    note(`${r.direction}: asks for ${r.layout} (was ${r.was}: ${r.read} of its captures read)`,
+         r.why === "better" ? "good" : "bad");
   },
   screen_lost(r) { note(`${r.direction}: the screen is lost: ${r.problem}`, "bad"); },
   screen_unread(r) { note(`${r.direction}: the screen is seen but not read: ${r.problem}`, "bad"); },

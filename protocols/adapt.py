@@ -1,0 +1,156 @@
+"""Which layout a reader asks each screen it reads to show its frames to it in, while the run goes.
+
+Start-up chooses one layout of the ladder for the room (protocols.discovery). Then every reader keeps
+its own choice per sender (`LayoutAdapter`), the way Wi-Fi rate control keeps one per link (Minstrel):
+from what its camera made of the sender's screen, capture by capture (`outcome`: the sender's code was
+read, or found and not read in any layout tried). It asks for the next more robust layout of the ladder
+when reads fall (under DOWN_BELOW of the captures over the last WINDOW_S, once SETTLE_S has passed since
+its last ask: the sender needs that long to hear the ask and switch), and for the next denser one when
+reads have been good (at least UP_ABOVE) for `up_after` seconds; a denser layout that then reads under
+TRY_BELOW within PROBE_S is asked back down and not tried again for twice as long (up to UP_AFTER_MAX_S). A screen
+the camera does not find at all (a hand over it, the screen out of view) changes nothing: no layout
+reads a screen that is not there. A screen captured again after LOST_S without a capture of it (a lid
+turned away and back), or read again after LOST_S without a read, not just after an ask (a screen partly
+out of view put back): what fell on the way is no measure of the room now, so it is asked for the last
+layout it read well in, at once, and captures of a screen coming back into view judge nothing for
+SETTLE_S. The asks travel in every frame this reader shows (protocols.transfer
+`asks`), and the sender shows what each reader needs in the most robust layout any of its readers asked
+for (actors/screen_writer.py); a reader tries the layout it last read a screen in first, then the one it
+asked for, so a change needs no agreement on when it takes effect.
+
+Pure: no clocks (times are passed in), no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+WINDOW_S = 1.5  # the captures of a sender's screen that judge its layout: the latest this many seconds
+MIN_OUTCOMES = 8  # fewer captures in the window judge nothing
+DOWN_BELOW = 0.6  # read in fewer than this share of the window's captures: ask the next more robust layout
+UP_ABOVE = 0.85  # read in at least this share since the last ask for `up_after` seconds: ask the next denser
+# A denser layout on trial must read at least this share to stay: one that reads a capture in two carries
+# less than the layout before it (fewer frames whole, each transfer waiting for repairs)
+TRY_BELOW = 0.75
+SETTLE_S = 1.0  # after an ask, the window judges only captures from this long on (the sender switches)
+UP_AFTER_S = 10.0  # good reads this long before the first try of a denser layout
+UP_AFTER_MAX_S = 120.0  # the longest a sender's denser layout waits for another try
+PROBE_S = 15.0  # a denser layout that reads badly this soon after it was asked for failed its try
+LOST_S = 1.0  # a screen not captured (or not read) this long, then again, gets its last good layout
+
+
+@dataclass(frozen=True)
+class Change:
+    """A reader asks `sender` for `layout` (was `was`), its screen read in `share` of the window's
+    captures; `why`: "worse" (reads fell), "better" (good for a while), "back" (a denser try failed)."""
+
+    sender: int
+    layout: int
+    was: int
+    share: float
+    why: str  # (and "found again": back in view after LOST_S, asked for its last good layout)
+
+
+@dataclass
+class _Sender:
+    asked: int
+    since: float
+    best: int  # the densest layout this reader may ask of the sender (start-up read it there)
+    outcomes: deque = field(default_factory=deque)  # (time, read) of its screen's captures since the last ask
+    up_after: float = UP_AFTER_S
+    trying: int | None = None  # the layout a try of a denser one came from, until it holds PROBE_S
+    good: int | None = None  # the last layout asked whose window read at least TRY_BELOW (at first: the start's)
+    last_seen: float | None = None  # the latest capture of its screen
+    last_read: float | None = None  # the latest capture of its screen that read
+    back_at: float = -1e9  # when its screen was last captured again after LOST_S without
+    found_again: bool = False  # captured, or read, again after LOST_S without (not after an ask)
+
+    def share(self, now: float) -> tuple[int, float]:
+        while self.outcomes and self.outcomes[0][0] < now - WINDOW_S:
+            self.outcomes.popleft()
+        n = len(self.outcomes)
+        return n, (sum(ok for _, ok in self.outcomes) / n if n else 1.0)
+
+
+class LayoutAdapter:
+    """One reader's asks: per sender, the layout (an index into the ladder of `layouts`, densest first)."""
+
+    def __init__(self, layouts: int) -> None:
+        self.layouts = layouts
+        self._senders: dict[int, _Sender] = {}
+
+    def start(self, sender: int, layout: int, now: float, best: int | None = None) -> None:
+        """Ask `sender` for `layout` from `now` on (the room's, at start-up); `best`: the densest this reader
+        may ever ask of it (default: any)."""
+        if not 0 <= layout < self.layouts:
+            raise ValueError(f"layout {layout} not in a ladder of {self.layouts}")
+        self._senders[sender] = _Sender(layout, now, min(layout, 0 if best is None else best), good=layout)
+
+    def asked(self, sender: int) -> int | None:
+        s = self._senders.get(sender)
+        return None if s is None else s.asked
+
+    def asks(self, world: int, none: int) -> tuple[int, ...]:
+        """Each rank's asked layout, `none` for a rank not asked."""
+        return tuple(self._senders[r].asked if r in self._senders else none for r in range(world))
+
+    def outcome(self, sender: int, read: bool, now: float) -> None:
+        """One capture of `sender`'s screen: its code read (a frame, a repeat or an idle screen) or found and
+        not read."""
+        s = self._senders.get(sender)
+        if s is None:
+            return
+        if s.last_seen is not None and now - s.last_seen >= LOST_S:
+            s.found_again, s.back_at = True, now
+            s.outcomes.clear()
+        s.last_seen = now
+        if read:
+            if s.last_read is not None and now - s.last_read >= LOST_S and now - s.since >= SETTLE_S + LOST_S:
+                s.found_again = True
+            s.last_read = now
+        if now >= max(s.since, s.back_at) + SETTLE_S:
+            s.outcomes.append((now, read))
+
+    def decide(self, now: float) -> list[Change]:
+        """The asks that change now."""
+        out = []
+        for sender, s in self._senders.items():
+            if s.found_again:
+                s.found_again = False
+                if s.good is not None and s.good < s.asked:
+                    s.trying = None
+                    out.append(self._ask(sender, s, s.good, s.share(now)[1], "found again", now))
+                    continue
+            n, share = s.share(now)
+            if n < MIN_OUTCOMES:
+                continue
+            if share >= TRY_BELOW and now - s.outcomes[0][0] >= WINDOW_S * 0.9:
+                s.good = s.asked
+            trial = s.trying is not None and now - s.since <= SETTLE_S + PROBE_S
+            if (share < DOWN_BELOW or trial and share < TRY_BELOW) and s.asked < self.layouts - 1:
+                back = trial
+                if back:
+                    s.up_after = min(UP_AFTER_MAX_S, s.up_after * 2)
+                out.append(self._ask(sender, s, (s.trying if back else s.asked + 1), share, "back" if back else "worse",
+                                     now))
+            elif (share >= UP_ABOVE and s.asked > s.best and now - s.since >= SETTLE_S + s.up_after
+                  and now - s.outcomes[0][0] >= WINDOW_S * 0.9):
+                came = s.asked
+                out.append(self._ask(sender, s, s.asked - 1, share, "better", now))
+                s.trying = came
+            elif s.trying is not None and now - s.since > SETTLE_S + PROBE_S:
+                s.trying = None  # the denser layout held
+        return out
+
+    def _ask(self, sender: int, s: _Sender, layout: int, share: float, why: str, now: float) -> Change:
+        change = Change(sender, layout, s.asked, share, why)
+        s.asked, s.since = layout, now
+        s.outcomes.clear()
+        if why != "better":
+            s.trying = None
+        return change
+
+
+__all__ = ["LayoutAdapter", "Change", "WINDOW_S", "DOWN_BELOW", "UP_ABOVE", "TRY_BELOW", "SETTLE_S", "UP_AFTER_S",
+           "PROBE_S", "LOST_S"]
