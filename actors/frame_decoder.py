@@ -262,6 +262,7 @@ class FrameDecoder(Actor):
         self._read_at: dict[tuple[int, int], int] = {}
         self._read_when: dict[tuple[int, int], float] = {}  # per place: when a frame last read there
         self._recent: dict[tuple[int, int], dict[int, float]] = {}  # per place: layout -> when last read there
+        self._searched: dict[tuple[int, int], float] = {}  # per place: when every layout was last tried there
         self._sender_at: dict[tuple[int, int], int] = {}  # per place: the sender last read there
         self._showing: dict[int, int] = {}  # per sender: the layouts its latest frame says its screen shows
         self._trial = self.current is None  # the layout being tried may not be the code's (see _read)
@@ -435,7 +436,9 @@ class FrameDecoder(Actor):
             order.append(asked)
         showing = self._showing.get(sender, 0) if sender is not None else 0
         order += [k for k in range(len(self.ladder)) if showing >> k & 1 and k not in order]
-        if len(self.ladder) > len(order) and now - self._read_when.get(place, now) >= SEARCH_AFTER_S:
+        if (len(self.ladder) > len(order) and now - self._read_when.get(place, now) >= SEARCH_AFTER_S
+                and now - self._searched.get(place, -SEARCH_AFTER_S) >= SEARCH_AFTER_S):
+            self._searched[place] = now  # (at most once every SEARCH_AFTER_S there: a screen that reads seldom)
             order += [k for k in range(len(self.ladder)) if k not in order]
         return order
 

@@ -4,7 +4,8 @@ Start-up chooses one layout of the ladder for the room (protocols.discovery). Th
 its own choice per sender (`LayoutAdapter`), the way Wi-Fi rate control keeps one per link (Minstrel):
 from what its camera made of the sender's screen, capture by capture (`outcome`: the sender's code was
 read, or found and not read in any layout tried). It asks for the next more robust layout of the ladder
-when reads fall (under DOWN_BELOW of the captures over the last WINDOW_S, once SETTLE_S has passed since
+when reads fall (under DOWN_BELOW of the captures over the last WINDOW_S, or under 60 % of the share its
+first window read where that is lower, once SETTLE_S has passed since
 its last ask: the sender needs that long to hear the ask and switch), and for the next denser one when
 reads have been good (at least UP_ABOVE) for `up_after` seconds; a denser layout that then reads under
 TRY_BELOW within PROBE_S is asked back down and not tried again for twice as long (up to UP_AFTER_MAX_S). A screen
@@ -58,6 +59,7 @@ class _Sender:
     since: float
     best: int  # the densest layout this reader may ask of the sender (start-up read it there)
     outcomes: deque = field(default_factory=deque)  # (time, read) of its screen's captures since the last ask
+    base: float | None = None  # the share its first full window read (what this room gives that layout)
     up_after: float = UP_AFTER_S
     trying: int | None = None  # the layout a try of a denser one came from, until it holds PROBE_S
     good: int | None = None  # the last layout asked whose window read at least TRY_BELOW (at first: the start's)
@@ -125,10 +127,16 @@ class LayoutAdapter:
             n, share = s.share(now)
             if n < MIN_OUTCOMES:
                 continue
-            if share >= TRY_BELOW and now - s.outcomes[0][0] >= WINDOW_S * 0.9:
+            full = now - s.outcomes[0][0] >= WINDOW_S * 0.9
+            if s.base is None and full:
+                s.base = share
+            if share >= TRY_BELOW and full:
                 s.good = s.asked
             trial = s.trying is not None and now - s.since <= SETTLE_S + PROBE_S
-            if (share < DOWN_BELOW or trial and share < TRY_BELOW) and s.asked < self.layouts - 1:
+            # (a room whose cameras read this screen in fewer captures from the start, a slow or harsh one,
+            # falls from where it was: under 60 % of its first share, or DOWN_BELOW, whichever is lower)
+            down = min(DOWN_BELOW, 0.6 * (s.base if s.base is not None else 1.0))
+            if (share < down or trial and share < TRY_BELOW) and s.asked < self.layouts - 1:
                 back = trial
                 if back:
                     s.up_after = min(UP_AFTER_MAX_S, s.up_after * 2)
