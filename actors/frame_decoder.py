@@ -351,7 +351,7 @@ class FrameDecoder(Actor):
             self.stats["codes_seen"] += 1
             place = tuple(int(v) // 32 for v in quad.corners.mean(axis=0))
             if self.current is not None:
-                order = self._order_chosen(place, msg.time)
+                order = self._order_chosen(place, quad.corners.mean(axis=0), msg.time)
             elif place in self._read_at:
                 k = self._read_at[place]
                 order = list(range(k, len(self.ladder))) + list(range(k))
@@ -388,9 +388,7 @@ class FrameDecoder(Actor):
                 self.stats["idle_screens"] += 1
                 done = True
             if self.adapter is not None:
-                sender = self._sender_at.get(place)
-                if sender is None:  # (a screen that moved: the one read nearest, within half its size)
-                    sender = self.watch.sender_near(quad.corners.mean(axis=0))
+                sender = self._sender_of(place, quad.corners.mean(axis=0))
                 if sender is not None:
                     self.adapter.outcome(sender, done, msg.time)
             centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
@@ -422,7 +420,13 @@ class FrameDecoder(Actor):
                 if problem is not None:
                     self.log.warning("camera_reads_nothing", problem=problem)
 
-    def _order_chosen(self, place: tuple[int, int], now: float) -> list[int]:
+    def _sender_of(self, place: tuple[int, int], centre: np.ndarray) -> int | None:
+        """The sender last read at `place`; for a screen that moved, the one read nearest `centre`, within
+        half its size (None: none)."""
+        sender = self._sender_at.get(place)
+        return sender if sender is not None else self.watch.sender_near(centre)
+
+    def _order_chosen(self, place: tuple[int, int], centre: np.ndarray, now: float) -> list[int]:
         """The layouts to try a code at `place` in once the room's is chosen: those read there in the last
         RECENT_S, latest first (else the room's), then the one this camera asked its sender for, then those its
         sender's latest frame says its screen shows; every other once nothing read there for SEARCH_AFTER_S
@@ -430,7 +434,7 @@ class FrameDecoder(Actor):
         recent = {k: t for k, t in self._recent.get(place, {}).items() if now - t < RECENT_S}
         self._recent[place] = recent
         order = sorted(recent, key=recent.get, reverse=True) or [self.current]
-        sender = self._sender_at.get(place, self.watch.sender_near(np.array(place) * 32 + 16))
+        sender = self._sender_of(place, centre)
         asked = None if self.adapter is None or sender is None else self.adapter.asked(sender)
         if asked is not None and asked not in order:
             order.append(asked)
