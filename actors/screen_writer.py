@@ -255,10 +255,20 @@ class ScreenWriter(Actor):
     def _make(self, header: transfer.TransferHeader, payload: bytes, k: int) -> transfer.Outgoing:
         """The transfer cut for frames of layout k (kept with its payload: a new layout cuts it again)."""
         out = self._out[header.tid] = transfer.outgoing(
-            header, payload, message_bytes=self._codec(k)[0].message_bytes, ranks=self.world, key=self.key,
+            header, payload, message_bytes=self._codec(k)[0].message_bytes, ranks=self.world,
+            present=self._entries_present(), key=self.key,
             run_nonce=self.run_nonce, repair=lambda n: max(4, int(n * REPAIR_SHARE)))
         self._made[header.tid] = (header, payload, k)
         return out
+
+    def _entries_present(self) -> int | None:
+        """How many ranks this screen's frames give an entry now (protocols.transfer.present_mask), what a
+        transfer's packets are sized beside: once this camera asks each screen it reads for a layout (every
+        rank it acknowledges is one of them), those and any other it acknowledges; before, or with no
+        asks at all (one layout), the most (None), so that no acknowledgement waits for a turn."""
+        if all(k == transfer.NO_ASK for k in self._asks):
+            return None
+        return bin(transfer.present_mask(self._acks, self._asks)).count("1")
 
     def _relayout(self) -> None:
         """Cut again each booked transfer whose readers now want a more robust layout, shown from its start
@@ -328,7 +338,8 @@ class ScreenWriter(Actor):
                 self._probe = (self._probe + 1) % len(self.ladder)
             showing = self._showing()
             first = self._pages.first(codec.message_bytes, len(self._rows), len(self._acks), self._layouts,
-                                      adapt=bool(self._asks or showing))
+                                      adapt=bool(self._asks or showing),
+                                      present=bin(transfer.present_mask(self._acks, self._asks)).count("1"))
             message = transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                               message_bytes=codec.message_bytes, shown_us=shown_us,
                                               run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,

@@ -127,6 +127,8 @@ class TransferReceiver:
             # neither its transfer nor its acknowledgements are used (the sender shows them again).
             return Received(f, refused, handshake_changed=changed, restarted=restarted)
         ack = f.acks[self.rank]
+        if ack is None:  # (no entry of this rank in the frame: no news; none heard yet is none had)
+            ack = self._peer_acks.get(f.sender, transfer.Ack())
         peer_ack = None
         if self._peer_acks.get(f.sender) != ack:
             self._peer_acks[f.sender] = peer_ack = ack

@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 17) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 18) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -13,9 +13,11 @@ tensors the same way (protocols.streams): its ops name what a transfer is
 for (a worker's gradient, the server's average, a snapshot, a sync payload)
 and `seq` the step.
 
-Every frame also carries the sender's *acknowledgements*: for each peer rank,
-which of that peer's transfers it has rebuilt (`Ack`: all tids up to `cum`,
-plus a bitmap of the 32 after `cum + 1`). A sender keeps showing a transfer
+Every frame also carries the sender's *acknowledgements*: for each peer rank
+whose transfers it has rebuilt some of, which (`Ack`: all tids up to `cum`,
+plus a bitmap of the 32 after `cum + 1`; a peer it has none of, whose screen
+it does not read, and of which it asks nothing takes no room: `present` says
+which ranks have an entry, and a rank without one in a frame is no news). A sender keeps showing a transfer
 (source packets, then fresh repair packets) until every rank it is meant for
 acknowledges it, so no schedule has to guess how many frames a camera will
 lose. Every frame also carries what the sender knows of every rank's
@@ -49,20 +51,23 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 17 | session u16 | sender u8 | flags u8 | n u8 | tid u32 | seq u32 | op u8 |
+      magic 0xC7 | version 18 | session u16 | sender u8 | flags u8 | n u8 | tid u32 | seq u32 | op u8 |
       dtype u8 | part u32 | dest u16 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes,
       frames.digest) | packet_size u16 | shown_us i64 | run_nonce u64 | trusts u16 | echo_peer u8 |
-      echo_shown_us i64 | echo_captured_us i64 | acks: n x (cum u32, mask u32) | holds: n x u32 |
-      showing u8 | asks: n x u8
-    (n: the group's size, 0 to 16; `dest` and `trusts` one bit a rank; any flag bit but 0x01 and 0x02 is refused)
+      echo_shown_us i64 | echo_captured_us i64 | entries
+    entries: present u16 (the ranks with an entry, a bit each) | holds: n x u32 | showing u8 |
+      for each rank in `present`, in rank order: cum u32 | mask u32 | ask u8
+    (n: the group's size, 0 to 16; `dest` and `trusts` one bit a rank; any flag bit but 0x01 and 0x02 is refused;
+    a rank has an entry when the sender acknowledges some of its transfers or asks it for a layout; where the
+    entries do not all fit beside the transfer's packet, the frame carries as many as fit, in turn)
     packet (packet_size bytes: RaptorQ payload id + symbol)
 
     a status frame's header (flag 0x01; no transfer, so none of a transfer's fields)
-      magic 0xC7 | version 17 | session u16 | sender u8 | flags u8 | n u8 | floor u32 | layouts u8 (1 to 7: L,
+      magic 0xC7 | version 18 | session u16 | sender u8 | flags u8 | n u8 | floor u32 | layouts u8 (1 to 7: L,
       what its discovery table measures) | page u16 (first row << 8 | rows) | shown_us i64 | run_nonce u64 |
-      trusts u16 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | acks and holds as above |
-      with flag 0x02 only: showing and asks as above (a status frame carries them where they leave room
-      for a row of the discovery table: not while a ladder is measured)
+      trusts u16 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | entries as above, but
+      `showing` and each entry's `ask` only with flag 0x02 (a status frame carries them where they leave
+      room for a row of the discovery table: not while a ladder is measured)
     packet (its size follows from n, L and the page: status_packet): the echo, n x u64 run nonces, then
       that page of the discovery table, 7 + (n x L + 1) / 2 bytes a row (the qualities of the n ranks)
     check (8 bytes: keyed BLAKE2b-64 of header + packet)
@@ -89,13 +94,14 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 17
+VERSION = 18
 MAX_RANKS = 16
 NO_ASK = 0xFF  # an `asks` entry: this sender asks that peer for no layout (it does not read it, or not yet)
 _HEAD = struct.Struct(">BBHBBBIIBBIHII8sHqQHBqq")
 _STATUS_HEAD = struct.Struct(">BBHBBBIBHqQHBqq")  # a status frame's: no transfer's fields
 _FLAGS_AT = 5  # where the flags are in either header (and the group's size after them)
 _ACK = struct.Struct(">II")
+_PRESENT = struct.Struct(">H")
 _NONCE = struct.Struct(">Q")
 
 
@@ -107,42 +113,63 @@ def status_packet(layouts: int = 1, rows: int = MAX_RANKS, ranks: int = MAX_RANK
 
 _AAD = struct.Struct(">HBIIBBII")
 PERSON = b"wccl-xfer"
-_ENTRY = _ACK.size + 4  # one rank's acknowledgement and holdings
+_HOLD = 4  # one rank's holdings (u32)
 
 
-def entry_bytes(ranks: int) -> int:
-    """What follows the fixed header: per rank an acknowledgement and its holdings."""
-    return ranks * _ENTRY
+def entry_bytes(ranks: int, present: int | None = None, adapt: bool = False) -> int:
+    """The entries after the fixed header: which ranks have one, every rank's holdings, and an
+    acknowledgement for each of `present` ranks (default: the most, every rank but the sender); with
+    `adapt`, also the layouts shown and each present rank's ask."""
+    p = max(0, ranks - 1) if present is None else present
+    return _PRESENT.size + ranks * _HOLD + (1 + p if adapt else 0) + p * _ACK.size
 
 
 def adapt_bytes(ranks: int) -> int:
-    """The layouts a screen shows and the layout asked of each of `ranks` ranks (protocols.adapt)."""
-    return 1 + ranks
+    """What protocols.adapt adds to a frame of a group of `ranks` ranks where every rank but the sender has an
+    entry: the layouts a screen shows and the layout asked of each."""
+    return 1 + max(0, ranks - 1)
 
 
-def header_bytes(ranks: int = MAX_RANKS, status: bool = False, adapt: bool = False) -> int:
+def header_bytes(ranks: int = MAX_RANKS, status: bool = False, adapt: bool = False,
+                 present: int | None = None) -> int:
     """A transfer frame's header (with what protocols.adapt says) or a status frame's (shorter; with it if
-    `adapt`) with the entries of `ranks` ranks."""
+    `adapt`) in a group of `ranks` ranks, `present` of them with an entry (default: every rank but the
+    sender, the largest)."""
     if status:
-        return _STATUS_HEAD.size + entry_bytes(ranks) + (adapt_bytes(ranks) if adapt else 0)
-    return _HEAD.size + entry_bytes(ranks) + adapt_bytes(ranks)
+        return _STATUS_HEAD.size + entry_bytes(ranks, present, adapt)
+    return _HEAD.size + entry_bytes(ranks, present, adapt=True)
 
 
 HEADER_BYTES = header_bytes()  # the largest
 OVERHEAD_BYTES = HEADER_BYTES + CHECK_BYTES
 
 
-def status_rows(message_bytes: int, ranks: int, layouts: int, adapt: bool = False) -> int:
+def status_rows(message_bytes: int, ranks: int, layouts: int, adapt: bool = False,
+                present: int | None = None) -> int:
     """How many rows of a discovery table measuring `layouts` layouts a status frame of `message_bytes`
-    with the entries of `ranks` ranks (and what protocols.adapt says, if `adapt`) has room for."""
-    room = message_bytes - header_bytes(ranks, status=True, adapt=adapt) - CHECK_BYTES - ranks * _NONCE.size
+    in a group of `ranks` ranks, `present` of them with an entry (default: the most), has room for (with what
+    protocols.adapt says, if `adapt`)."""
+    room = (message_bytes - header_bytes(ranks, status=True, adapt=adapt, present=present) - CHECK_BYTES
+            - ranks * _NONCE.size)
     return max(0, room // discovery.row_bytes(layouts, ranks))
 
 
-def status_adapts(message_bytes: int, ranks: int, layouts: int, rows: int) -> bool:
+def status_adapts(message_bytes: int, ranks: int, layouts: int, rows: int, present: int | None = None) -> bool:
     """Does a status frame of `message_bytes` with `rows` rows to page carry what protocols.adapt says (it
     leaves room for a row, or there is no row to show)?"""
-    return rows == 0 or status_rows(message_bytes, ranks, layouts, adapt=True) >= 1
+    return rows == 0 or status_rows(message_bytes, ranks, layouts, adapt=True, present=present) >= 1
+
+
+def present_mask(acks: tuple[Ack, ...], asks: tuple[int, ...] = ()) -> int:
+    """The ranks a frame gives an entry (a bit each): those acknowledged in something, or asked for a layout."""
+    mask = 0
+    for r, a in enumerate(acks):
+        if a.cum or a.mask:
+            mask |= 1 << r
+    for r, k in enumerate(asks):
+        if k != NO_ASK:
+            mask |= 1 << r
+    return mask
 
 
 @dataclass
@@ -155,13 +182,15 @@ class StatusPages:
 
     _next: dict[int, int] = field(default_factory=dict)  # frame size -> the row its next page starts at
 
-    def first(self, message_bytes: int, rows: int, ranks: int, layouts: int, adapt: bool = False) -> int:
-        """The first row of the next frame of `message_bytes` (a table of `rows` rows; with what
-        protocols.adapt says if `adapt` and it fits, `status_adapts`), and move on."""
+    def first(self, message_bytes: int, rows: int, ranks: int, layouts: int, adapt: bool = False,
+              present: int | None = None) -> int:
+        """The first row of the next frame of `message_bytes` (a table of `rows` rows, `present` of the
+        `ranks` ranks with an entry, default the most; with what protocols.adapt says if `adapt` and it fits,
+        `status_adapts`), and move on."""
         first = self._next.get(message_bytes, 0)
         first = first if first < rows else 0
-        adapt = adapt and status_adapts(message_bytes, ranks, layouts, rows)
-        self._next[message_bytes] = first + status_rows(message_bytes, ranks, layouts, adapt)
+        adapt = adapt and status_adapts(message_bytes, ranks, layouts, rows, present)
+        self._next[message_bytes] = first + status_rows(message_bytes, ranks, layouts, adapt, present)
         return first
 
 
@@ -196,10 +225,10 @@ DTYPES = {"float32": 1, "float16": 2, "bfloat16": 3, "int64": 4, "int32": 5, "ui
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
-def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS) -> int:
-    """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds, with
-    the acknowledgements, holdings and asked layouts of `ranks` ranks."""
-    overhead = header_bytes(ranks) + CHECK_BYTES
+def packet_size_for(message_bytes: int, ranks: int = MAX_RANKS, present: int | None = None) -> int:
+    """The largest packet (payload id + aligned symbol) a transfer frame of `message_bytes` holds beside
+    the entries of a group of `ranks` ranks, `present` of them with one (default: the most)."""
+    overhead = header_bytes(ranks, present=present) + CHECK_BYTES
     symbol = (message_bytes - overhead - PAYLOAD_ID_BYTES) // frames.SYMBOL_ALIGN * frames.SYMBOL_ALIGN
     if symbol < frames.MIN_SYMBOL:
         raise ValueError(f"a frame message of {message_bytes} bytes is too small for a packet "
@@ -262,14 +291,15 @@ NO_ECHO = (NO_PEER, 0, 0)  # a frame that echoes no peer's frame
 @dataclass(frozen=True, slots=True)
 class TransferFrame:
     """One trusted frame: its transfer's header (None for a status frame), its packet, the sender's
-    acknowledgements (one per rank), when the sender showed it (its own clock, microseconds), the
+    acknowledgements (one per rank; None where the frame has no entry of the rank: no news), when the
+    sender showed it (its own clock, microseconds), the
     sender's run nonce and trust mask, and (status frames) its echo of every rank's run nonce."""
 
     session: int
     sender: int
     header: TransferHeader | None
     packet: bytes
-    acks: tuple[Ack, ...]
+    acks: tuple[Ack | None, ...]
     shown_us: int = 0
     run_nonce: int = 0
     trusts: int = 0
@@ -291,21 +321,29 @@ class TransferFrame:
         return int.from_bytes(self.packet[:PAYLOAD_ID_BYTES], "big")
 
 
-def _entries(acks: tuple[Ack, ...], holds: tuple[int, ...], asks: tuple[int, ...] = (),
-             at_least: int = 0) -> tuple[int, bytes]:
-    """How many ranks' acknowledgements and holdings a frame carries (as many as any gives, and at least
-    `at_least`), packed."""
+def _entries(acks: tuple[Ack, ...], holds: tuple[int, ...], asks: tuple[int, ...] = (), at_least: int = 0,
+             adapt: bool = True, showing: int = 0, most: int = MAX_RANKS, turn: int = 0) -> tuple[int, bytes]:
+    """How many ranks a frame speaks of (as many as any gives, and at least `at_least`), and its entries
+    packed: the ranks with one (`present_mask`; at most `most` of them, taking turns by `turn` where more
+    have one), every rank's holdings, and with `adapt` what protocols.adapt says."""
     n = max(len(acks), len(holds), len(asks), at_least)
     if n > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     acks = tuple(acks) + NO_ACKS[len(acks):n]
     holds = tuple(holds) + (0,) * (n - len(holds))
-    return n, b"".join(_ACK.pack(a.cum, a.mask) for a in acks) + struct.pack(f">{n}I", *holds)
-
-
-def _adapt(n: int, showing: int, asks: tuple[int, ...]) -> bytes:
-    """What protocols.adapt says, for a group of `n` ranks, packed."""
-    return struct.pack(f">B{n}B", showing, *(tuple(asks) + (NO_ASK,) * (n - len(asks)))[:n])
+    asks = (tuple(asks) + (NO_ASK,) * (n - len(asks)))[:n]
+    mask = present_mask(acks, asks)
+    ranks = [r for r in range(n) if mask >> r & 1]
+    if len(ranks) > most:  # (acknowledgements and asks stand until changed: a frame without one is no news)
+        at = turn * most % len(ranks)
+        ranks = sorted((ranks + ranks)[at:at + max(0, most)])
+        mask = sum(1 << r for r in ranks)
+    out = [_PRESENT.pack(mask), struct.pack(f">{n}I", *holds)]
+    if adapt:
+        out.append(struct.pack(">B", showing))
+    for r in ranks:
+        out.append(_ACK.pack(acks[r].cum, acks[r].mask) + (struct.pack(">B", asks[r]) if adapt else b""))
+    return n, b"".join(out)
 
 
 def aad(header: TransferHeader) -> bytes:
@@ -343,15 +381,16 @@ class Outgoing:
 
 
 def outgoing(header: TransferHeader, payload: bytes, *, message_bytes: int, ranks: int = MAX_RANKS,
-             key: RoomKey = NO_KEY, run_nonce: int = 0, count: int | None = None,
+             present: int | None = None, key: RoomKey = NO_KEY, run_nonce: int = 0, count: int | None = None,
              repair: int | Callable[[int], int] = 0, sealed: bool = False) -> Outgoing:
     """The one way a transfer is made: `payload` sealed under `key` for the sender's run `run_nonce` (bound
     to what `header` says: `aad`; `sealed`: it already is, or is made up), cut by the fountain code into
-    packets sized for frames of `message_bytes` that carry the entries of `ranks` ranks, `count` of them
+    packets sized for frames of `message_bytes` that carry the entries of `ranks` ranks, `present` of them
+    with one (default: the most; a frame where more have one carries them in turn), `count` of them
     (default: the source packets and `repair` more, or `repair(source packets)` more), and `header`
     completed with the length and digest the frames carry."""
     data = payload if sealed else key.seal(run_nonce, header.tid, payload, aad(header))
-    psize = packet_size_for(message_bytes, ranks)
+    psize = packet_size_for(message_bytes, ranks, present)
     if count is None:
         k = frames.source_packets(len(data), psize)
         count = k + (repair(k) if callable(repair) else repair)
@@ -366,11 +405,14 @@ def frame_message(header: TransferHeader, transfer: Transfer, index: int, *, mes
     """The message (header, packet `index` of `transfer`, check, padding) of one transfer frame."""
     if header.length != transfer.length or header.digest != transfer.digest:
         raise ValueError("header and transfer disagree")
-    n, entries = _entries(acks, holds, asks)
+    n = max(len(acks), len(holds), len(asks))
+    packet = transfer.packets[index]
+    room = message_bytes - CHECK_BYTES - _HEAD.size - entry_bytes(n, 0, adapt=True) - len(packet)
+    n, entries = _entries(acks, holds, asks, showing=showing, most=room // (_ACK.size + 1), turn=index)
     head = _HEAD.pack(MAGIC, VERSION, header.session, header.sender, 0, n, header.tid, header.seq,
                       OPS[header.op], DTYPES[header.dtype], header.part, header.dest, header.length, header.numel,
                       header.digest, transfer.packet_size, shown_us, run_nonce, trusts, *clock_echo)
-    body = head + entries + _adapt(n, showing, asks) + transfer.packets[index]
+    body = head + entries + packet
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"frame message of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
     return _padded(body, key.check(body, PERSON), message_bytes)
@@ -387,16 +429,17 @@ def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_
     for every row shows a page: as many rows as fit (`status_rows`) from row `first` on."""
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
-    n, entries = _entries(acks, holds, asks, max(len(echo), len(rows)))
-    adapt = bool(asks or showing) and status_adapts(message_bytes, n, layouts, len(rows))
-    count = min(status_rows(message_bytes, n, layouts, adapt), len(rows) - first) if rows else 0
+    n = max(len(acks), len(holds), len(asks), len(echo), len(rows))
+    present = bin(present_mask(tuple(acks)[:n], tuple(asks)[:n])).count("1")
+    adapt = bool(asks or showing) and status_adapts(message_bytes, n, layouts, len(rows), present)
+    count = min(status_rows(message_bytes, n, layouts, adapt, present), len(rows) - first) if rows else 0
     if rows and count < 1:
         raise ValueError(f"a status frame of {message_bytes} bytes holds no row of the discovery table")
+    n, entries = _entries(acks, holds, asks, n, adapt=adapt, showing=showing)
     page = tuple(rows[first:first + count])
     head = _STATUS_HEAD.pack(MAGIC, VERSION, session, sender, FLAG_STATUS | (FLAG_ADAPT if adapt else 0), n, floor,
                              layouts, first << 8 | count, shown_us, run_nonce, trusts, *clock_echo)
-    body = (head + entries + (_adapt(n, showing, asks) if adapt else b"")
-            + struct.pack(f">{n}Q", *(tuple(echo) + (0,) * (n - len(echo))))
+    body = (head + entries + struct.pack(f">{n}Q", *(tuple(echo) + (0,) * (n - len(echo))))
             + (discovery.pack_rows(page, layouts, n) if page else b""))
     if len(body) + CHECK_BYTES > message_bytes:
         raise ValueError(f"status frame of {len(body) + CHECK_BYTES} bytes exceeds {message_bytes}")
@@ -445,7 +488,11 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
     clock_echo = (echo_peer, echo_shown, echo_captured)
     head = _STATUS_HEAD.size if status else _HEAD.size
     adapt = not status or bool(flags & FLAG_ADAPT)
-    start = header_bytes(ranks, status, adapt)
+    if len(msg) < head + _PRESENT.size:
+        raise FrameError("short_frame", f"{len(msg)} bytes")
+    (mask,) = _PRESENT.unpack_from(msg, head)
+    present = [r for r in range(ranks) if mask >> r & 1]
+    start = head + entry_bytes(ranks, len(present), adapt)
     end = start + psize
     if end + CHECK_BYTES > len(msg) or (not status and psize <= PAYLOAD_ID_BYTES):
         raise FrameError("bad_length", f"packet_size {psize}")
@@ -459,15 +506,26 @@ def parse_message(msg: bytes, key: RoomKey = NO_KEY) -> TransferFrame:
         raise FrameError("bad_version", str(version))
     if flags & ~(FLAG_STATUS | FLAG_ADAPT) or flags == FLAG_ADAPT or msg[_FLAGS_AT + 1] > MAX_RANKS:
         raise FrameError("bad_flags", f"{flags}, {msg[_FLAGS_AT + 1]} ranks")
+    if mask >> ranks:
+        raise FrameError("bad_flags", f"an entry of rank {mask.bit_length() - 1} in a group of {ranks}")
     if sender >= MAX_RANKS:
         raise FrameError("unknown_sender", str(sender))
-    acks = tuple(Ack(*_ACK.unpack_from(msg, head + i * _ACK.size)) for i in range(ranks)) + NO_ACKS[ranks:]
-    holds = struct.unpack_from(f">{ranks}I", msg, head + ranks * _ACK.size) + (0,) * (MAX_RANKS - ranks)
-    showing, asks = 0, (NO_ASK,) * MAX_RANKS
+    at = head + _PRESENT.size
+    holds = struct.unpack_from(f">{ranks}I", msg, at) + (0,) * (MAX_RANKS - ranks)
+    at += ranks * _HOLD
+    showing = 0
     if adapt:
-        at = head + entry_bytes(ranks)
         showing = msg[at]
-        asks = struct.unpack_from(f">{ranks}B", msg, at + 1) + (NO_ASK,) * (MAX_RANKS - ranks)
+        at += 1
+    acks: list[Ack | None] = [None] * MAX_RANKS  # (None: no entry, no news)
+    asks = [NO_ASK] * MAX_RANKS
+    for r in present:
+        acks[r] = Ack(*_ACK.unpack_from(msg, at))
+        at += _ACK.size
+        if adapt:
+            asks[r] = msg[at]
+            at += 1
+    acks, asks = tuple(acks), tuple(asks)
     if status:
         echo = struct.unpack_from(f">{ranks}Q", msg, start) + (0,) * (MAX_RANKS - ranks)
         rows = discovery.unpack_rows(msg[start + ranks * _NONCE.size:end], dtype, first, count, ranks)

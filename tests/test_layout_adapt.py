@@ -167,7 +167,8 @@ def test_a_recut_booking_is_shown_from_its_first_packet_with_a_new_budget():
 def test_a_lamp_that_takes_the_layouts_edge_away_mid_run_costs_a_few_steps_not_the_rest(_quiet_logs):
     """The default room with a lamp switched on over bob's laptop 6 s in (rooms/lamp.toml's, sooner): bob's
     camera stops reading alice's frames in the layout start-up chose, asks her for a more robust one, she
-    shows him her frames in it, and every step is applied, the replicas and the observer identical."""
+    shows him her frames in it, and every step is applied, the replicas and the observer identical. (12
+    steps from 4.2 s, about 0.45 s apart: about 5 before the lamp, the rest, at least 4, after alice switched.)"""
     import json
     import tomllib
     from pathlib import Path
@@ -178,7 +179,7 @@ def test_a_lamp_that_takes_the_layouts_edge_away_mid_run_costs_a_few_steps_not_t
     data = tomllib.loads((ROOT / "rooms" / "lamp.toml").read_text())
     bob = next(n for n in data["room"]["nodes"] if n["name"] == "bob")
     bob["changes"][0]["at_s"] = 6.0
-    data["training"] = {"steps": 22, "eval_every": 0}
+    data["training"] = {"steps": 12, "eval_every": 0}
     data["logging"] = {"level": "info", "format": "json"}
     result = run_room(parse_config(data, "lamp-sooner", Path(ROOT)))
     events = [json.loads(line) for line in _quiet_logs.getvalue().splitlines()]
@@ -187,20 +188,24 @@ def test_a_lamp_that_takes_the_layouts_edge_away_mid_run_costs_a_few_steps_not_t
     assert asked[0]["t"] > 6.0 and asked[0]["was"].startswith("68x124 cells of 10 px")
     shown = [e for e in events if e["event"] == "layout_used" and e.get("reader") == "bob"]
     assert shown and shown[0]["node"] == "alice" and shown[0]["was"].startswith("68x124 cells of 10 px")
-    assert result["applied"] == 22 and result["replicas_identical"] and result["observer_identical"], result
+    # the run went on in the new layout: bob applied several steps after alice switched
+    after = [e for e in events if e["event"] == "step_applied" and e["node"] == "bob" and e["t"] > shown[0]["t"]]
+    assert len(after) >= 4, after
+    assert result["applied"] == 12 and result["replicas_identical"] and result["observer_identical"], result
 
 
 def test_a_status_frame_says_what_adapt_says_only_where_it_leaves_room_for_a_row():
     """Start-up's status frames (no asks yet) are as small as ever: the ladder's big cells still hold a
     row of six ranks' table. Once asks are given, a status frame carries them where a row still fits."""
     rows = tuple(discovery.Row(1 + r, discovery.FINAL, 0, 0) for r in range(6))
+    asks = (transfer.NO_ASK,) + (2,) * 5  # rank 0 asks each of the five others (each then has an entry)
     tight = transfer.header_bytes(6, status=True) + frames.CHECK_BYTES + transfer.status_packet(7, 1, 6)
     f = transfer.parse_message(transfer.status_message(session=1, sender=0, acks=(), rows=rows, layouts=7,
-                                                       message_bytes=tight, asks=(2,) * 6, showing=0b1))
+                                                       message_bytes=tight, asks=asks, showing=0b1))
     assert f.asks == (transfer.NO_ASK,) * transfer.MAX_RANKS and f.showing == 0 and f.rows[0].version == 1
     roomy = tight + transfer.adapt_bytes(6)
     f = transfer.parse_message(transfer.status_message(session=1, sender=0, acks=(), rows=rows, layouts=7,
-                                                       message_bytes=roomy, asks=(2,) * 6, showing=0b110))
-    assert f.asks[:6] == (2,) * 6 and f.showing == 0b110 and f.rows[0].version == 1
+                                                       message_bytes=roomy, asks=asks, showing=0b110))
+    assert f.asks[:6] == asks and f.showing == 0b110 and f.rows[0].version == 1
     pages = transfer.StatusPages()
     assert [pages.first(roomy, 6, 6, 7, adapt=True) for _ in range(3)] == [0, 1, 2]

@@ -334,11 +334,12 @@ def test_frames_of_a_sixteen_rank_room_carry_every_ranks_fields():
     fnt = frames.fountain(data, message_bytes=1500, count=2, packet_size=transfer.packet_size_for(1500, n))
     header = transfer.TransferHeader(session=3, sender=15, tid=9, seq=4, op="relay", dtype="uint8", numel=len(data),
                                      length=fnt.length, digest=fnt.digest, part=0x1F00A, dest=1 << 15)
-    acks = tuple(transfer.Ack(cum=r, mask=r << 3) for r in range(n))
+    # every rank but the sender acknowledged in something: an entry each (none of its own)
+    acks = tuple(transfer.Ack(cum=r + 1, mask=r << 3) for r in range(n - 1)) + (transfer.Ack(),)
     holds = tuple(100 + r for r in range(n))
     got = transfer.parse_message(transfer.frame_message(header, fnt, 0, message_bytes=1500, acks=acks, holds=holds,
                                                         trusts=0xFFFE, run_nonce=77, key=key), key)
-    assert got.header == header and got.acks == acks and got.holds == holds and got.trusts == 0xFFFE
+    assert got.header == header and got.acks == acks[:-1] + (None,) and got.holds == holds and got.trusts == 0xFFFE
     assert transfer.peek(transfer.frame_message(header, fnt, 1, message_bytes=1500, run_nonce=77, key=key)) == (77, 9)
     q = tuple(tuple((r + k) % 16 for k in range(discovery.MAX_LAYOUTS)) for r in range(n))
     qs = [tuple(qr[:2] + (0,) * (discovery.MAX_LAYOUTS - 2) for qr in q) for _ in range(n)]

@@ -41,7 +41,9 @@ def test_transfer_frames_round_trip(data, acks):
         assert len(msg) == MSG and transfer.is_transfer_message(msg)
         f = transfer.parse_message(msg)
         assert f.header == header and f.shown_us == 123
-        assert f.acks[: len(ack_t)] == ack_t and all(a == transfer.Ack() for a in f.acks[len(ack_t):])
+        # a rank acknowledged in nothing has no entry (None: no news), nor has a rank beyond the group
+        assert f.acks[: len(ack_t)] == tuple(a if a != transfer.Ack() else None for a in ack_t)
+        assert all(a is None for a in f.acks[len(ack_t):])
         got = asm.add(f)
         if got is not None and got is not transfer.DUPLICATE:
             out = got
@@ -64,7 +66,7 @@ def test_a_flipped_bit_is_never_trusted(data, pos, bit):
 def test_status_frames_carry_acknowledgements_only():
     acks = (transfer.Ack(5, 0b101), transfer.Ack(0, 0))
     f = transfer.parse_message(transfer.status_message(session=1, sender=0, acks=acks, message_bytes=MSG))
-    assert f.header is None and f.acks[:2] == acks and f.packet == b""
+    assert f.header is None and f.acks[:2] == (acks[0], None) and f.packet == b""  # (nothing of rank 1: no entry)
 
 
 def test_acknowledgement_sets():
@@ -320,3 +322,37 @@ def test_every_frame_is_filled_to_look_random_and_its_filler_is_checked():
     with pytest.raises(frames.FrameError) as e:
         transfer.parse_message(bytes(zeroed))
     assert e.value.reason == "bad_padding"
+
+
+def test_a_frame_gives_entries_only_to_the_ranks_it_speaks_of_and_takes_turns_when_they_do_not_fit():
+    """Eight ranks, frames that acknowledge two of them and ask one: three entries, not eight (the others
+    come out None: no news). A transfer cut for frames with room for two entries carries them in turn where
+    they do not fit; one whose sender acknowledges five ranks carries as many as fit in each frame, in turn: every rank's goes up within
+    three frames (a receiver takes a frame without its entry as no news, protocols.receiver)."""
+    acks = (transfer.Ack(),) * 2 + (transfer.Ack(3, 0),) + (transfer.Ack(),) * 4 + (transfer.Ack(1, 1),)
+    asks = (transfer.NO_ASK,) * 5 + (2,) + (transfer.NO_ASK,) * 2
+    data = bytes(range(200)) * 4
+    out = transfer.outgoing(transfer.TransferHeader(session=1, sender=0, tid=1, seq=0, op="allgather",
+                                                    dtype="uint8", numel=len(data), length=0, digest=b"", dest=2),
+                            data, message_bytes=MSG, ranks=8, present=2, repair=4, sealed=True)
+    assert out.fountain.packet_size == transfer.packet_size_for(MSG, 8, 2) > transfer.packet_size_for(MSG, 8)
+    union: set[int] = set()
+    for i in range(3):
+        f = transfer.parse_message(out.message(i, message_bytes=MSG, acks=acks, asks=asks))
+        have = {r for r in range(8) if f.acks[r] is not None}
+        assert 2 <= len(have) <= 3 and have <= {2, 5, 7}  # (room for two beside the packet, or three)
+        assert all(f.asks[r] == asks[r] for r in have) and all(f.asks[r] == transfer.NO_ASK for r in range(8)
+                                                                if r not in have)
+        union |= have
+    assert union == {2, 5, 7} and f.acks[2] in (None, transfer.Ack(3, 0))
+    or_two = transfer.parse_message(transfer.frame_message(out.header, out.fountain, 0, message_bytes=MSG,
+                                                           acks=acks[:3] + (transfer.Ack(),) * 5))
+    assert [r for r in range(8) if or_two.acks[r] is not None] == [2]
+    five = tuple(transfer.Ack(10 + r, 0) if r else transfer.Ack() for r in range(6)) + (transfer.Ack(),) * 2
+    seen: dict[int, transfer.Ack] = {}
+    for i in range(3):
+        g = transfer.parse_message(out.message(i, message_bytes=MSG, acks=five))
+        got = {r: a for r, a in enumerate(g.acks) if a is not None}
+        assert 1 <= len(got) <= 3
+        seen.update(got)
+    assert seen == {r: transfer.Ack(10 + r, 0) for r in range(1, 6)}
