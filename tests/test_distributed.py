@@ -230,14 +230,16 @@ def test_ddp_with_three_ranks_is_identical_and_close_to_gloo(tmp_path):
 
 @pytest.mark.slow
 def test_a_20_mb_ddp_model_seeded_alike_starts_in_seconds(tmp_path):
-    room = room_file(tmp_path)
-    proc, lines = launch(room, SCRIPTS / "big_ddp.py")
+    # One launch, two DDP models one after the other (`--both`): the 20 MB one seeded alike, then a small one
+    # rank 1 seeds otherwise, whose bytes cross (each measured from its own DDP constructor's start)
+    proc, both = launch(room_file(tmp_path), SCRIPTS / "big_ddp.py", "--both")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [(d["rank"], d["phase"]) for d in both] == [(0, "alike"), (0, "differ"), (1, "alike"), (1, "differ")]
+    lines = [d for d in both if d["phase"] == "alike"]
     assert len({d["params_sha256"] for d in lines}) == 1 and lines[0]["model_bytes"] >= 20e6
     assert all(d["start_s"] < 10 and d["posted"] < 1000 for d in lines), lines
-    proc, lines = launch(room, SCRIPTS / "big_ddp.py", "--differ")  # rank 1 seeded otherwise: the bytes cross
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert len({d["params_sha256"] for d in lines}) == 1
+    lines = [d for d in both if d["phase"] == "differ"]  # rank 1 seeded otherwise: the bytes cross
+    assert len({d["params_sha256"] for d in lines}) == 1 and lines[0]["model_bytes"] < 1e6
     assert lines[0]["posted"] >= lines[0]["model_bytes"]
 
 
@@ -398,35 +400,46 @@ def test_ctrl_c_stops_every_process_the_launcher_started(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+CHARGE_PHASES = "inline:0.4,callback:0.4,callback:0"  # tests/dist_scripts/charge.py: one launch, three measurements
+
+
+@pytest.fixture(scope="module")
+def charged(tmp_path_factory):
+    """tests/dist_scripts/charge.py's three phases in one launch with compute_scale 1: each rank's
+    [inline 0.4 s, in a callback 0.4 s, in a callback 0 s], in simulated seconds (a list a rank)."""
+    cfg = room_file(tmp_path_factory.mktemp("charged"), extra="[collectives]\ncompute_scale = 1.0\n")
+    proc, lines = launch(cfg, SCRIPTS / "charge.py", env={"PHASES": CHARGE_PHASES})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [d["rank"] for d in lines] == [0, 1] and all(len(d["took_s"]) == 3 for d in lines), lines
+    return [d["took_s"] for d in lines]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", [1.0, 0.0])
-def test_a_ranks_compute_is_charged_to_the_room_time(tmp_path, scale):
+def test_a_ranks_compute_is_charged_to_the_room_time(tmp_path, scale, request):
     """Rank 0 computes 0.4 s of CPU between two all-reduces: with compute_scale 1 its second all-reduce
     ends at least 0.4 simulated seconds after the first, and rank 1's nearly so (it waits for rank 0's
     part, shown 0.4 s after rank 0 had the first result, which rank 1 may have had a frame or two later);
-    with compute_scale 0 the compute is free."""
-    cfg = room_file(tmp_path, extra=f"[collectives]\ncompute_scale = {scale}\n")
-    proc, lines = launch(cfg, SCRIPTS / "charge.py", env={"CPU_S": "0.4"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    took = [d["took_s"] for d in lines]
+    with compute_scale 0 the compute is free. (compute_scale 1: the first phase of the `charged` launch.)"""
     if scale:
+        took = [t[0] for t in request.getfixturevalue("charged")]
         assert 0.4 <= took[0] < 0.4 + 1.0 and 0.3 <= took[1] < 0.4 + 1.0, took
     else:
-        assert all(t < 0.4 for t in took), took
+        cfg = room_file(tmp_path, extra=f"[collectives]\ncompute_scale = {scale}\n")
+        proc, lines = launch(cfg, SCRIPTS / "charge.py", env={"PHASES": "inline:0.4"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        took = [d["took_s"][0] for d in lines]
+        assert len(took) == 2 and all(t < 0.4 for t in took), took
 
 
 @pytest.mark.slow
-def test_a_callbacks_compute_is_charged_too(tmp_path):
+def test_a_callbacks_compute_is_charged_too(charged):
     """The same 0.4 s of CPU inside a callback on the first all-reduce's future (where a comm hook such as
     PowerSGD computes), with the second all-reduce issued from the callback: it goes up 0.4 s later, so
     rank 0's second all-reduce ends 0.4 s later than with no compute, and rank 1's nearly so (each rank
-    counts from its own first result, which rank 1 may have had a frame later)."""
-    cfg = room_file(tmp_path)
-    took = {}
-    for cpu in ("0.4", "0"):
-        proc, lines = launch(cfg, SCRIPTS / "charge.py", env={"CPU_S": cpu, "MODE": "callback"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        took[cpu] = [d["took_s"] for d in lines]
+    counts from its own first result, which rank 1 may have had a frame later). (The second and third
+    phases of the `charged` launch: each begins with an all-reduce that brings the ranks together.)"""
+    took = {"0.4": [t[1] for t in charged], "0": [t[2] for t in charged]}
     assert 0.35 <= took["0.4"][0] - took["0"][0] < 0.4 + 0.5, took
     assert 0.2 <= took["0.4"][1] - took["0"][1] < 0.4 + 0.5, took
 
@@ -450,38 +463,54 @@ def _check_compressed(lines: list[dict], world: int) -> None:
     assert ov["syncs"] == len(syncs) + 2 and ov["sha"] != lines[0]["local"]["sha"]
 
 
-@pytest.mark.slow
-def test_codec_hooks_and_local_steps_over_gloo():
-    _check_compressed(gloo_reference(SCRIPTS / "compressed.py", 2), 2)
+@pytest.fixture(scope="module")
+def compressed_gloo():
+    """tests/dist_scripts/compressed.py over gloo with every codec, 3 steps (each codec's hook trains a model of
+    its own, from the same seed and batches: int8's and topk_ef's are those of a run of those two alone)."""
+    return gloo_reference(SCRIPTS / "compressed.py", 2)
 
 
-@pytest.mark.slow
-def test_codec_hooks_and_local_steps_over_light_frame_exactly_the_codec_bytes(tmp_path):
-    proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--codecs", "int8,topk_ef")
+@pytest.fixture(scope="module")
+def compressed_light(tmp_path_factory):
+    """compressed.py over the light with the int8 and topk_ef hooks, all in one launch: the run of 3 steps,
+    then the same of 5 (its "more"), then the local steps with rank 1 started apart (its "error")."""
+    proc, lines = launch(room_file(tmp_path_factory.mktemp("compressed"), 2), SCRIPTS / "compressed.py",
+                         "--codecs", "int8,topk_ef", "--steps", "3,5", "--then-mismatch")
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return lines
+
+
+@pytest.mark.slow
+def test_codec_hooks_and_local_steps_over_gloo(compressed_gloo):
+    _check_compressed(compressed_gloo, 2)
+
+
+@pytest.mark.slow
+def test_codec_hooks_and_local_steps_over_light_frame_exactly_the_codec_bytes(compressed_light, compressed_gloo):
+    lines = compressed_light
     _check_compressed(lines, 2)
     # the same bits as under gloo: the hooks' models, the local steps' and the overlapped local steps'
-    gloo = gloo_reference(SCRIPTS / "compressed.py", 2, "--codecs", "int8,topk_ef")[0]
+    gloo = compressed_gloo[0]
     d = lines[0]
-    assert {k: h["sha"] for k, h in d["hooks"].items()} == {k: h["sha"] for k, h in gloo["hooks"].items()}
+    assert set(d["hooks"]) == {"int8", "topk_ef"}
+    assert {k: h["sha"] for k, h in d["hooks"].items()} == {k: gloo["hooks"][k]["sha"] for k in d["hooks"]}
     assert (d["local"]["sha"], d["overlap"]["sha"]) == (gloo["local"]["sha"], gloo["overlap"]["sha"])
     # what the node framed = DDP's constructor collectives + the codec bytes + the start checks (32 B each)
-    # + the local-steps extras (8 B a sync); the constructor's share is the same for both runs below
+    # + the local-steps extras (8 B a sync); the constructor's share is the same for both runs below (each
+    # run's `bytes_posted` counts from its own start: the 5-step run follows the 3-step one in the launch)
     def codec_bytes_of(d):
         return (sum(h["bytes"] for h in d["hooks"].values()) + sum(d[k]["bytes"] + 32 + 8 * d[k]["syncs"]
                                                                    for k in ("local", "overlap")))
 
     codec_bytes = codec_bytes_of(d)
     assert d["bytes_posted"] > codec_bytes
-    proc2, lines2 = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--codecs", "int8,topk_ef",
-                           "--steps", "5")
-    assert proc2.returncode == 0, proc2.stderr[-4000:]
-    d2 = lines2[0]
-    assert d2["bytes_posted"] - d["bytes_posted"] == codec_bytes_of(d2) - codec_bytes
+    (d2,) = d["more"]
+    assert d2["steps"] == 5 and all(h["bytes"] == h["expected_bytes"] > 0 for h in d2["hooks"].values()), d2
+    assert d2["bytes_posted"] - d["bytes_posted"] == codec_bytes_of(d2) - codec_bytes > 0
 
 
 @pytest.mark.slow
-def test_local_steps_refuse_ranks_that_start_apart(tmp_path):
-    proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "compressed.py", "--mismatch")
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert all("rank(s) [1] start from other parameters" in d["error"] for d in lines)
+def test_local_steps_refuse_ranks_that_start_apart(compressed_light):
+    # (the last part of the `compressed_light` launch: LocalSteps around a model rank 1 built from another seed)
+    assert [d["rank"] for d in compressed_light] == [0, 1]
+    assert all("rank(s) [1] start from other parameters" in d["error"] for d in compressed_light)

@@ -38,7 +38,11 @@ def test_startup_picks_the_fastest_layout_the_cameras_read(profile, cell_px, _qu
 
 
 def test_a_pinned_layout_is_used_as_it_is(_quiet_logs):
-    cfg = make_config(training={"steps": 2, "eval_every": 0}, link={"choose": "pinned"}, room={"nodes": TWO})
+    # The `exact` room: what is tested is that start-up takes the pinned layout without measuring the ladder,
+    # not what a webcam reads of it (the shipped pinned layout through the webcam room: test_transfer.py's
+    # all-reduce and broadcast [webcam]; another pinned there: test_many_laptops.py's eight laptops)
+    cfg = make_config(training={"steps": 2, "eval_every": 0}, link={"choose": "pinned"},
+                      room={"nodes": TWO, "profile": "exact"})
     result = run_room(cfg)
     known = _events(_quiet_logs, "sight_known")
     assert known and all(e["layout"] == 0 and "ladder" not in e for e in known)

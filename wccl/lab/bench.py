@@ -63,12 +63,7 @@ async def _bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int, repair: float,
     wall0 = time.perf_counter()
     medium = REGISTRY.create("medium", cfg.room.medium, config=cfg)
     names = [n.name for n in cfg.room.nodes]
-    rx, tx = receiver or names[0], sender or names[1]
-    for who, name in (("--sender", tx), ("--receiver", rx)):
-        if name not in names:
-            raise ValueError(f"{who} {name}: not a node of the room ({', '.join(names)})")
-    if rx == tx:
-        raise ValueError("the sender and the receiver must be two different nodes")
+    rx, tx = pair_of(cfg, sender, receiver)
     clock = NodeClock(origin=0.0)
     codec = cfg.link.codec()
     hold = cfg.link.hold_s
@@ -210,6 +205,19 @@ def zero_reason(tx: str, rx: str, link: dict) -> str:
             f"{worst[1]}")
 
 
+def pair_of(cfg: WcclConfig, sender: str | None, receiver: str | None) -> tuple[str, str]:
+    """(receiver, sender): the nodes named, by default the room's first and second; ValueError naming the
+    room's nodes for a name that is not one."""
+    names = [n.name for n in cfg.room.nodes]
+    rx, tx = receiver or names[0], sender or names[1]
+    for who, name in (("--sender", tx), ("--receiver", rx)):
+        if name not in names:
+            raise ValueError(f"{who} {name}: not a node of the room ({', '.join(names)})")
+    if rx == tx:
+        raise ValueError("the sender and the receiver must be two different nodes")
+    return rx, tx
+
+
 def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: float | None = 0.25,
               extra: int | None = 2, seed: int = 0, sender: str | None = None, receiver: str | None = None,
               choose: bool = False) -> dict:
@@ -219,6 +227,7 @@ def run_bench(cfg: WcclConfig, nbytes: int, tensor_bytes: int = 65536, repair: f
     start-up chooses (`choose_layout`; `layout_choice` says what it found); otherwise the config's [link]
     layout. `repair` None: the repair frames a tensor gets are chosen from the frame loss measured in that
     layout (`spare_frames`)."""
+    pair_of(cfg, sender, receiver)  # (a name that is no node's fails here, before the start-up's seconds)
     choice = None
     per_tensor = None
     if choose and cfg.link.choose == "auto":
