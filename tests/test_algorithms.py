@@ -194,6 +194,11 @@ def test_the_trees_use_every_screen_a_camera_reads():
             assert s.reads(r, p)
         depth = max(len(_path(parent, r, root)) for r in parent)
         assert depth <= 4  # against 7 hops round the ring
+    # the relaying shared out: each screen shows its own part and at most four others (built one root after
+    # the other, the trees had two screens show six parts and 40 in all; a screen shows a part once whatever
+    # number of its readers take it, so a rank moved onto a screen that relays that part already costs nothing)
+    shows = [1 + sum(1 for root, parent in tr.items() if root != s_ and s_ in parent.values()) for s_ in range(8)]
+    assert max(shows) <= 5 and sum(shows) <= 34, shows
     # small tensors go down the trees (fewer rounds), a big all_reduce round the ring (fewer bytes a screen)
     assert choose(s, "allgather", 1340).name == "tree"
     assert choose(s, "broadcast", 2680, root=3).name == "tree"
