@@ -373,12 +373,13 @@ class Collectives(Actor):
         req = pend.req
         for s in sends:
             dest = sum(1 << r for i, r in enumerate(pend.ranks) if s.dest >> i & 1)
-            await self._post_one(req.seq, req.op, req.dtype, req.numel, s.part, dest, s.payload)
+            await self._post_one(req.seq, req.op, req.dtype, req.numel, s.part, dest, s.payload, priority=s.priority)
 
     async def _post_one(self, seq: int, op: str, dtype: str, numel: int, part: int, dest: int, payload: bytes,
-                        background: bool = False, overheard: bool = False) -> None:
+                        background: bool = False, overheard: bool = False, priority: int = 0) -> None:
         """Number one transfer (this node's next tid) and hand it to the screen until `dest` acknowledges it
-        (`background`: in the screen time the others leave; `overheard`: lingering after, for observers)."""
+        (`background`: in the screen time the others leave; `overheard`: lingering after, for observers;
+        `priority`: the hops its bytes still go beyond `dest`, protocols.algorithms.Send)."""
         tid = self._next_tid
         self._next_tid += 1
         self._dests[tid] = dest
@@ -386,7 +387,7 @@ class Collectives(Actor):
             self._collective_of[tid] = seq
         await self.emit(PostTransfer(sender=self.ctx.node, time=self.clock.now(), tid=tid, seq=seq, op=op,
                                      dtype=dtype, numel=numel, part=part, dest=dest, payload=payload,
-                                     background=background, overheard=overheard))
+                                     background=background, overheard=overheard, priority=priority))
         self.results["transfers_posted"] += 1
         self.results["bytes_posted"] += len(payload)
 

@@ -224,7 +224,7 @@ class ScreenWriter(Actor):
                                              msg.numel, 0, b"", msg.part, msg.dest or 1 << self.rank)
             out = self._make(header, msg.payload, self._layout_for(msg.dest))
             k = out.source
-            self.plan.book(msg.tid, msg.dest, k, background=msg.background,
+            self.plan.book(msg.tid, msg.dest, k, background=msg.background, priority=msg.priority,
                            collective=msg.seq if msg.op in transfer.COLLECTIVE_OPS else -1,
                            linger=OVERHEARD_FRAMES * k + 2 if msg.overheard else 0)
             self._last_tid = msg.tid

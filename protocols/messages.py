@@ -212,6 +212,7 @@ class PostTransfer(Message):
     payload: bytes
     background: bool = False  # shown in the screen time the other transfers leave (protocols.planner)
     overheard: bool = False  # also read by nodes that acknowledge nothing: it lingers once its readers have it
+    priority: int = Field(default=0, ge=0)  # hops its bytes still go beyond `dest`: the most go up first
 
     @model_validator(mode="after")
     def _has_readers(self) -> PostTransfer:

@@ -9,7 +9,9 @@ Collectives are booked on demand: a transfer is booked when its collective is
 issued, with a budget of `ceil(K / (1 - loss)) + margin` frames (K source
 packets; `loss` the share of frames the cameras lost, measured from how many
 frames earlier transfers took until they were acknowledged). Transfers are
-shown oldest first, each up to its budget; a transfer that used its budget
+shown each up to its budget, the one whose bytes still go farthest beyond its
+readers first (`priority`: a part a tree relays to ranks that relay it on
+before one whose readers are its last), the oldest first among equals; a transfer that used its budget
 and is still unacknowledged a few slots later (the acknowledgement's usual
 delay) gets a fresh repair packet, taking turns with the oldest transfer not
 yet shown in full; once every transfer has used its budget, the ones still
@@ -65,6 +67,7 @@ class Booking:
     background: bool = False  # shown only in slots the others leave (and one in BACKGROUND_EVERY)
     collective: int = -1  # the collective (its seq) whose part it is; -1: not a collective's
     linger: int = 0  # frames still to show once its readers have it, for nodes that overhear it
+    priority: int = 0  # hops its bytes still go beyond its readers: of the transfers not shown in full, the most first
 
     @property
     def done(self) -> bool:
@@ -89,10 +92,11 @@ class ScreenPlan:
     lingered: list[int] = field(default_factory=list)  # transfers done lingering since the caller last took them
 
     def book(self, tid: int, dest: int, source: int, background: bool = False, collective: int = -1,
-             linger: int = 0) -> Booking:
+             linger: int = 0, priority: int = 0) -> Booking:
         """Book a transfer of `source` packets for the ranks in `dest` (`background`: behind every other
         transfer; `collective`: the seq of the collective it is part of; `linger`: frames to show once they
-        have it; with `dest` 0, for nodes that overhear it only: once shown in full). Returns its booking."""
+        have it; with `dest` 0, for nodes that overhear it only: once shown in full; `priority`: the hops
+        its bytes still go beyond `dest`, the most shown first). Returns its booking."""
         if dest < 0 or dest == 0 and linger <= 0:
             raise ValueError("a transfer needs at least one reader (a rank, or nodes that overhear it: `linger`)")
         if tid <= self._last_tid:
@@ -100,7 +104,7 @@ class ScreenPlan:
         self._last_tid = tid
         budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
         b = Booking(tid, dest, source, budget, last_slot=self._slot, background=background, collective=collective,
-                    linger=max(0, linger))
+                    linger=max(0, linger), priority=priority)
         self.bookings.append(b)
         return b
 
@@ -153,13 +157,15 @@ class ScreenPlan:
         return any(b.done and b.linger > 0 for b in self.bookings)
 
     def _pick(self, open_: list[Booking]) -> Booking:
-        fresh = next((b for b in open_ if b.shown < b.budget), None)
+        # (the transfer not yet shown in full whose bytes go farthest, the oldest of those: `open_` is in
+        # booking order)
+        fresh = max((b for b in open_ if b.shown < b.budget), key=lambda b: b.priority, default=None)
         # Used its budget and still not acknowledged after the acknowledgement's usual delay: a fresh repair
         # packet now, before younger transfers go on (a small tensor queued behind a large one is never
         # starved of repairs) ...
         due = next((b for b in open_ if b.shown >= b.budget and self._slot - b.last_slot > self.repair_after), None)
         if due is not None and fresh is not None:
-            # ... but taking turns with the oldest transfer not yet shown in full: transfers whose readers'
+            # ... but taking turns with the next transfer not yet shown in full: transfers whose readers'
             # acknowledgements this camera cannot see (they come as holdings, `held`) never hold the rest up.
             self._repair_turn = not self._repair_turn
             return due if self._repair_turn else fresh

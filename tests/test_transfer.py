@@ -356,3 +356,19 @@ def test_a_frame_gives_entries_only_to_the_ranks_it_speaks_of_and_takes_turns_wh
         assert 1 <= len(got) <= 3
         seen.update(got)
     assert seen == {r: transfer.Ack(10 + r, 0) for r in range(1, 6)}
+
+
+def test_a_transfer_whose_bytes_go_farther_goes_up_first():
+    """Three transfers booked in turn, the last with readers that relay it on (priority 2): it goes up
+    first, then the others oldest first; one booked later with the same priority waits its turn."""
+    from protocols.planner import ScreenPlan
+
+    plan = ScreenPlan(loss=0.0, margin=0)
+    plan.book(1, 0b10, 2)
+    plan.book(2, 0b10, 2)
+    plan.book(3, 0b10, 2, priority=2)
+    order = [plan.next()[0] for _ in range(4)]
+    plan.book(4, 0b10, 2, priority=2)
+    order += [plan.next()[0] for _ in range(2)]
+    assert order == [3, 3, 1, 1, 4, 4]  # (then 2, taking turns with repairs of those not yet acknowledged)
+    assert 2 in [plan.next()[0] for _ in range(2)]

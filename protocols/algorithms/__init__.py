@@ -44,11 +44,14 @@ class AlgorithmError(ValueError):
 
 @dataclass(frozen=True)
 class Send:
-    """One transfer to show: its part number in the collective, the ranks that must read it, its bytes."""
+    """One transfer to show: its part number in the collective, the ranks that must read it, its bytes, and
+    how many hops its bytes still go beyond those readers (`priority`: of the transfers waiting for the
+    screen, the one with the most still to go goes up first; the oldest first among equals)."""
 
     part: int
     dest: int
     payload: bytes
+    priority: int = 0
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,12 @@ def _balance(sight: Sight, tr: dict[int, dict[int, int]]) -> None:
                         break
 
 
+def _height(parent: dict[int, int], r: int) -> int:
+    """The hops from `r` down to the farthest rank below it in the tree (0: a leaf)."""
+    kids = [c for c, p in parent.items() if p == r]
+    return 1 + max(_height(parent, c) for c in kids) if kids else 0
+
+
 def _depth(parent: dict[int, int], r: int, root: int) -> int:
     d = 0
     while r != root:
@@ -167,10 +173,12 @@ class Tree(Plan):
         self.children: dict[int, int] = {}  # root -> the ranks this rank relays its part to (a bit mask)
         self.needed: dict[int, int] = {}  # root -> the parent this rank reads its part from
         tr = trees(self.sight, roots)
+        self.below: dict[int, int] = {}  # root -> the hops its part still goes beyond this rank's children
         for r0, parent in tr.items():
             self.children[r0] = sum(1 << c for c, p in parent.items() if p == self.rank)
             if self.rank != r0:
                 self.needed[r0] = parent[self.rank]
+            self.below[r0] = _height(parent, self.rank) - 1
         self.parts: dict[int, bytes] = {self.rank: self.payload}
         if self.op == "broadcast":
             # The root's tensor in chunks, each a part (its number), each passed on as soon as it arrives.
@@ -183,7 +191,7 @@ class Tree(Plan):
 
     def _relay(self, r0: int) -> list[Send]:
         dest = self.children.get(r0, 0)
-        return [Send(r0, dest, self.parts[r0])] if dest else []
+        return [Send(r0, dest, self.parts[r0], max(0, self.below[r0]))] if dest else []
 
     def start(self) -> list[Send]:
         if self.op == "broadcast":
