@@ -452,7 +452,10 @@ class FrameDecoder(Actor):
         if self.listen or len(self.ladder) < 2:
             return None
         me, now = st.rank, self.clock.now()
-        self.adapter = adapt.LayoutAdapter(len(self.ladder))
+        holds = self.holds or [1.0] * len(self.ladder)
+        world = len(self.node_names)
+        self.adapter = adapt.LayoutAdapter(len(self.ladder), tuple(
+            transfer.packet_size_for(c.message_bytes, world) / h for c, h in zip(self.ladder, holds)))
         graphs = [st.graph(j, st.min_ok) for j in range(len(self.ladder))]
         for s in range(len(self.node_names)):
             if s != me and st.reads(me, s):

@@ -6,8 +6,8 @@ from what its camera made of the sender's screen, capture by capture (`outcome`:
 read, or found and not read in any layout tried). It asks for the next more robust layout of the ladder
 when reads fall (under DOWN_BELOW of the captures over the last WINDOW_S, or under 60 % of the share its
 first window read where that is lower, once SETTLE_S has passed since
-its last ask: the sender needs that long to hear the ask and switch), and for the next denser one when
-reads have been good (at least UP_ABOVE) for `up_after` seconds; a denser layout that then reads under
+its last ask: the sender needs that long to hear the ask and switch), and for the next denser one that
+carries more (`rates`) when reads have been good (at least UP_ABOVE) for `up_after` seconds; a denser layout that then reads under
 TRY_BELOW within PROBE_S is asked back down and not tried again for twice as long (up to UP_AFTER_MAX_S). A screen
 the camera does not find at all (a hand over it, the screen out of view) changes nothing: no layout
 reads a screen that is not there. A screen captured again after LOST_S without a capture of it (a lid
@@ -78,9 +78,19 @@ class _Sender:
 class LayoutAdapter:
     """One reader's asks: per sender, the layout (an index into the ladder of `layouts`, densest first)."""
 
-    def __init__(self, layouts: int) -> None:
+    def __init__(self, layouts: int, rates: tuple[float, ...] | None = None) -> None:
+        """`rates`: what each layout carries (bytes a second of frames read whole; default: each more than the
+        next). A denser layout is asked for only where it carries more: in a big room's frames, whose entries
+        take much of a small frame, a layout of finer cells held longer can carry less than the one after it."""
         self.layouts = layouts
+        self.rates = tuple(rates) if rates is not None else tuple(float(layouts - k) for k in range(layouts))
+        if len(self.rates) != layouts:
+            raise ValueError(f"{len(self.rates)} rates for a ladder of {layouts}")
         self._senders: dict[int, _Sender] = {}
+
+    def _denser(self, k: int) -> int | None:
+        """The next layout before k in the ladder that carries more than k (None: none)."""
+        return next((j for j in range(k - 1, -1, -1) if self.rates[j] > self.rates[k]), None)
 
     def start(self, sender: int, layout: int, now: float, best: int | None = None) -> None:
         """Ask `sender` for `layout` from `now` on (the room's, at start-up); `best`: the densest this reader
@@ -142,10 +152,10 @@ class LayoutAdapter:
                     s.up_after = min(UP_AFTER_MAX_S, s.up_after * 2)
                 out.append(self._ask(sender, s, (s.trying if back else s.asked + 1), share, "back" if back else "worse",
                                      now))
-            elif (share >= UP_ABOVE and s.asked > s.best and now - s.since >= SETTLE_S + s.up_after
-                  and now - s.outcomes[0][0] >= WINDOW_S * 0.9):
+            elif (share >= UP_ABOVE and (denser := self._denser(s.asked)) is not None and denser >= s.best
+                  and now - s.since >= SETTLE_S + s.up_after and now - s.outcomes[0][0] >= WINDOW_S * 0.9):
                 came = s.asked
-                out.append(self._ask(sender, s, s.asked - 1, share, "better", now))
+                out.append(self._ask(sender, s, denser, share, "better", now))
                 s.trying = came
             elif s.trying is not None and now - s.since > SETTLE_S + PROBE_S:
                 s.trying = None  # the denser layout held

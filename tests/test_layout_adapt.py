@@ -209,3 +209,24 @@ def test_a_status_frame_says_what_adapt_says_only_where_it_leaves_room_for_a_row
     assert f.asks[:6] == asks and f.showing == 0b110 and f.rows[0].version == 1
     pages = transfer.StatusPages()
     assert [pages.first(roomy, 6, 6, 7, adapt=True) for _ in range(3)] == [0, 1, 2]
+
+
+def test_a_denser_layout_that_carries_less_is_never_asked_for():
+    """A big room's ladder where layout 1 (finer cells held longer) carries less than layout 2: a screen
+    read well in layout 2 is asked for layout 0 once it has been good a while, never for layout 1; with
+    layout 0 out of reach (start-up read it only in 1 and 2), it stays in 2."""
+    rates = (9000.0, 2000.0, 3000.0, 1000.0)
+    a = LayoutAdapter(4, rates)
+    a.start(1, 2, 0.0, best=0)
+    asked = []
+    for i in range(1, 60 * 30):
+        t = i / 30
+        a.outcome(1, True, t)
+        asked += [c.layout for c in a.decide(t)]
+    assert asked and asked[0] == 0 and 1 not in asked, asked
+    b = LayoutAdapter(4, rates)
+    b.start(1, 2, 0.0, best=1)
+    for i in range(1, 60 * 30):
+        b.outcome(1, True, i / 30)
+        assert b.decide(i / 30) == []
+    assert b.asked(1) == 2
