@@ -268,7 +268,7 @@ class ScreenWriter(Actor):
         asks at all (one layout), the most (None), so that no acknowledgement waits for a turn."""
         if all(k == transfer.NO_ASK for k in self._asks):
             return None
-        return bin(transfer.present_mask(self._acks, self._asks)).count("1")
+        return transfer.present_mask(self._acks, self._asks).bit_count()
 
     def _relayout(self) -> None:
         """Cut again each booked transfer whose readers now want a more robust layout, shown from its start
@@ -339,7 +339,7 @@ class ScreenWriter(Actor):
             showing = self._showing()
             first = self._pages.first(codec.message_bytes, len(self._rows), len(self._acks), self._layouts,
                                       adapt=bool(self._asks or showing),
-                                      present=bin(transfer.present_mask(self._acks, self._asks)).count("1"))
+                                      present=transfer.present_mask(self._acks, self._asks).bit_count())
             message = transfer.status_message(session=self.session, sender=self.rank, acks=self._acks,
                                               message_bytes=codec.message_bytes, shown_us=shown_us,
                                               run_nonce=self.run_nonce, trusts=self._trusts, echo=self._echo,

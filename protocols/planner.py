@@ -102,8 +102,7 @@ class ScreenPlan:
         if tid <= self._last_tid:
             raise ValueError(f"transfer {tid} booked after {self._last_tid}")
         self._last_tid = tid
-        budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
-        b = Booking(tid, dest, source, budget, last_slot=self._slot, background=background, collective=collective,
+        b = Booking(tid, dest, source, self._budget(source), last_slot=self._slot, background=background, collective=collective,
                     linger=max(0, linger), priority=priority)
         self.bookings.append(b)
         return b
@@ -113,10 +112,13 @@ class ScreenPlan:
         first packet, with a new budget."""
         for b in self.bookings:
             if b.tid == tid:
-                b.source, b.shown = source, 0
-                b.budget = math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
+                b.source, b.shown, b.budget = source, 0, self._budget(source)
                 return
         raise KeyError(f"transfer {tid} is not booked")
+
+    def _budget(self, source: int) -> int:
+        """The frames booked for a transfer of `source` packets: enough for the loss measured, and `margin`."""
+        return math.ceil(source / max(0.05, 1.0 - self.loss)) + self.margin
 
     def next(self) -> tuple[int, int] | None:
         """(tid, packet index) of the next frame to show, or None when every transfer is acknowledged."""

@@ -430,7 +430,7 @@ def status_message(*, session: int, sender: int, acks: tuple[Ack, ...], message_
     if len(echo) > MAX_RANKS or len(rows) > MAX_RANKS:
         raise ValueError(f"at most {MAX_RANKS} ranks")
     n = max(len(acks), len(holds), len(asks), len(echo), len(rows))
-    present = bin(present_mask(tuple(acks)[:n], tuple(asks)[:n])).count("1")
+    present = present_mask(tuple(acks)[:n], tuple(asks)[:n]).bit_count()
     adapt = bool(asks or showing) and status_adapts(message_bytes, n, layouts, len(rows), present)
     count = min(status_rows(message_bytes, n, layouts, adapt, present), len(rows) - first) if rows else 0
     if rows and count < 1:

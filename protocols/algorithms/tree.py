@@ -111,6 +111,7 @@ def _height(parent: dict[int, int], r: int) -> int:
 
 
 def _depth(parent: dict[int, int], r: int, root: int) -> int:
+    """The hops from `root` down to `r`."""
     d = 0
     while r != root:
         r, d = parent[r], d + 1
@@ -119,13 +120,7 @@ def _depth(parent: dict[int, int], r: int, root: int) -> int:
 
 def depth(parent: dict[int, int], root: int) -> int:
     """The hops from `root` to the rank of its tree farthest from it."""
-    deepest = 0
-    for r in parent:
-        d, x = 0, r
-        while x != root:
-            x, d = parent[x], d + 1
-        deepest = max(deepest, d)
-    return deepest
+    return max((_depth(parent, r, root) for r in parent), default=0)
 
 
 def broadcast_chunks(nbytes: int, hops: int, world: int) -> int:
