@@ -111,7 +111,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 MAX_RANKS = 16
-MAX_LAYOUTS = 7  # layouts of the start-up ladder a row measures
+MAX_LAYOUTS = 8  # layouts of the start-up ladder a row measures (a frame's `showing` has a bit for each)
 QUALITY_LEVELS = 15  # a quality is sent in 4 bits: 0..15 fifteenths
 # A row: version, flags, reads, trusts, then the quality of each rank in each layout measured (a nibble
 # each: rank r, layout k at r * layouts + k; on a frame, the group's ranks only, to a whole byte). A table
@@ -132,7 +132,7 @@ def table_bytes(layouts: int) -> int:
     return MAX_RANKS * row_bytes(layouts)
 
 
-# Flags: FINAL (frozen), COMPLETE (handshake complete), in bits 3-5 how many layouts at the end of the ladder
+# Flags: FINAL (frozen), COMPLETE (handshake complete), in bits 2-5 how many layouts at the end of the ladder
 # the row left out (0: it measured every layout), and in bits 6-7 the rank's stage (Row.stage): in the room from the start (0), ABSENT (the lead's row for a rank
 # the room started without), JOINING (the row of such a rank, which now runs and asks to join) or ADMITTED
 # (the lead's answer: the row of a rank that joined after the room started, and every later row of it).
@@ -144,7 +144,7 @@ ROUNDS = 4
 STAGE_SHIFT, STAGE_MASK = 6, 0xC0
 ABSENT, JOINING, ADMITTED = 1 << STAGE_SHIFT, 2 << STAGE_SHIFT, 3 << STAGE_SHIFT
 ABSENT_VERSION = 0x4000  # an ABSENT row's version: newer than any a rank makes in its first hours
-UNMEASURED_SHIFT, UNMEASURED_MASK = 3, 0x38
+UNMEASURED_SHIFT, UNMEASURED_MASK = 2, 0x3C  # 0 to MAX_LAYOUTS
 MIN_QUALITY = 0.25  # a screen read less often than this is not an edge of the sight graph
 MIN_FRAMES = 4  # frames of a peer before its quality is measured
 # A frame read with at least this share of its code's error correction to spare counts whole in a quality;

@@ -899,10 +899,23 @@ def test_a_classroom_tries_the_default_ladders_layouts_its_frames_fit_and_says_w
         collective_ladder(room(16, ladder=[d for d in DEFAULT_LADDER if d["rows"] in (28, 61, 68)]))
 
 
+def test_a_row_that_has_measured_none_of_the_longest_ladder_keeps_its_stage():
+    """A row says how many layouts at the end of the ladder it left out (0 to MAX_LAYOUTS) beside the
+    rank's stage in the same flags byte: the most it can say does not spill into the stage."""
+    for stage in (0, discovery.ABSENT, discovery.JOINING, discovery.ADMITTED):
+        for left in (0, discovery.MAX_LAYOUTS):
+            row = discovery.Row(3, discovery.FINAL | stage | left << discovery.UNMEASURED_SHIFT, 0, 0,
+                                discovery.EMPTY.quality)
+            got = discovery.unpack_table(discovery.pack_table((row,), discovery.MAX_LAYOUTS))[0]
+            assert (got.unmeasured, got.stage, got.final) == (left, stage >> discovery.STAGE_SHIFT, True)
+
+
 def test_a_small_groups_status_frame_carries_its_ranks_qualities_only():
     """Two ranks measuring seven layouts: a row on the frame holds the two ranks' fourteen qualities (15
     bytes a row, not 64), the status header has no transfer's fields, and the table crosses whole."""
-    q = tuple(tuple((r + 2 * k + 1) % 16 for k in range(7)) if r < 2 else (0,) * 7 for r in range(discovery.MAX_RANKS))
+    pad = (0,) * (discovery.MAX_LAYOUTS - 7)
+    q = tuple(tuple((r + 2 * k + 1) % 16 for k in range(7)) + pad if r < 2 else (0,) * discovery.MAX_LAYOUTS
+              for r in range(discovery.MAX_RANKS))
     rows = tuple(discovery.Row(5 + r, discovery.FINAL, 0b11, 0b11, q) for r in range(2))
     assert discovery.row_bytes(7, 2) == 15 and discovery.row_bytes(7, 16) == 64
     size = transfer.header_bytes(2, status=True) + transfer.CHECK_BYTES + transfer.status_packet(7, 2, 2)

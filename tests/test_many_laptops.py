@@ -29,7 +29,7 @@ def _events(stderr: str, event: str) -> list[dict]:
 
 # The layout start-up picks at the eight-laptop table (`python -m wccl.lab startup --config
 # rooms/table-8.toml`), pinned in the test's copy: measuring the whole ladder there takes four more minutes.
-TABLE_LINK = ('\n[link]\nchoose = "pinned"\nrows = 28\ncols = 50\ncolours = 8\ncell_px = 22\nhold_s = 0.083\n'
+TABLE_LINK = ('\n[link]\nchoose = "pinned"\nrows = 40\ncols = 73\ncolours = 8\ncell_px = 17\nhold_s = 0.083\n'
               'code_rate = 0.8\n')
 
 

@@ -108,7 +108,8 @@ def test_two_rows_each_camera_reads_across_and_diagonally_not_its_own_row(path):
     cfg = load_config(path)
     from wccl.distributed.rank_node import collective_ladder
 
-    # the ladder's 22 px cells, which start-up picks here (`python -m wccl.lab startup`)
+    # the ladder's 22 px cells (start-up picks its 17 px cells here, which read a little smaller than the
+    # placement table's 4.5 camera px on the diagonals' foreshortened sides: `python -m wccl.lab startup`)
     layout = next(c.layout for c, _ in collective_ladder(cfg) if c.layout.cell_px == 22)
     h, w = layout.size_px
     W, H = r.screen_w, r.screen_h

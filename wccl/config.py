@@ -430,20 +430,22 @@ NODE_NAMES = ("alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"
 # 1260 x 700 px of the screen: a camera's auto exposure meters the screen's light, so a layout that lit
 # less of it would be filmed brighter (whites clipped) in the run than during start-up, when the ladder's
 # layouts take turns, and would not read as well as it measured there. 68 x 124 cells of 10 px held 50 ms,
-# 61 x 112 of 11 px held 67 ms, 56 x 103 of 12 px held 83 ms, 48 x 88 of 14 px held 100 ms; then, for
-# hard rooms, 42 x 78 of 16 px in 4 colours held 200 ms (the whole 1280 x 720 screen); last, big cells for
-# screens seen small or at a slant (the far diagonals of a table of laptops): 28 x 50 of 22 px held 83 ms,
-# 1144 x 660 px, which also fits a screen a little smaller. Its frames hold too little for the whole
-# discovery table of a big room: status frames show it a page at a time. Last, 20 x 37 of 32 px held
-# 100 ms (1248 x 704 px) reads a 13.3-inch screen 1.2 m away, turned 30 degrees, through a 78-degree lens
-# (rooms/far-slanted.toml); its 206-byte frames hold the frames of up to six ranks, and a bigger room
-# leaves it out. (Every layout of a ladder has its own grid: a frame's grid says which it is.)
+# 61 x 112 of 11 px held 67 ms, 56 x 103 of 12 px held 83 ms; 40 x 73 of 17 px held 83 ms, which the
+# diagonal neighbours at a table of laptops (20 to 40 degrees off a camera's axis) read, twice what 22 px
+# cells carry a frame, and a screen a fifth farther off than 14 px cells would read, at 83 % of their rate;
+# then, for hard rooms, 42 x 78 of 16 px in 4 colours held 200 ms (the whole 1280 x 720 screen); last, big
+# cells for screens seen smaller or at more of a slant: 28 x 50 of 22 px held 83 ms, 1144 x 660 px, which
+# also fits a screen a little smaller. Its frames hold too little for the whole discovery table of a big
+# room: status frames show it a page at a time. Last, 20 x 37 of 32 px held 100 ms (1248 x 704 px) reads a
+# 13.3-inch screen 1.2 m away, turned 30 degrees, through a 78-degree lens (rooms/far-slanted.toml); its
+# 206-byte frames hold the frames of up to six ranks, and a bigger room leaves it out. (Every layout of a
+# ladder has its own grid: a frame's grid says which it is.)
 
 DEFAULT_LADDER: tuple[dict[str, Any], ...] = (
     dict(rows=68, cols=124, colours=8, cell_px=10, hold_s=0.05, code_rate=0.8),
     dict(rows=61, cols=112, colours=8, cell_px=11, hold_s=0.067, code_rate=0.8),
     dict(rows=56, cols=103, colours=8, cell_px=12, hold_s=0.083, code_rate=0.8),
-    dict(rows=48, cols=88, colours=8, cell_px=14, hold_s=0.1, code_rate=0.8),
+    dict(rows=40, cols=73, colours=8, cell_px=17, hold_s=0.083, code_rate=0.8),
     dict(rows=42, cols=78, colours=4, cell_px=16, hold_s=0.2, code_rate=0.8),
     dict(rows=28, cols=50, colours=8, cell_px=22, hold_s=0.083, code_rate=0.8),
     dict(rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8),
