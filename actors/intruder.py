@@ -15,7 +15,7 @@ correction is public; the key is not), keeps what it filmed, and every
 - `replayed`: a real frame filmed more than the replay window ago (or, with
   `replay_from`, one filmed in an earlier run and saved with `record_to`,
   shown again in the order filmed: its start-up and pairing while this
-  run's start up);
+  run's start up; then the two take turns);
 - `bit_flipped`: the latest real frame with 1 to 3 bits flipped (under the
   error correction, so the flips survive it).
 
@@ -69,6 +69,7 @@ class Intruder(Actor):
         self.results = ctx.results.setdefault("intruder", {f"shown_{k}": 0 for k in KINDS} | {"filmed": 0})
         self._turn = 0
         self._old_at = 0  # the next frame of the earlier run to show again
+        self._replay_turn = 0  # replays take turns: the earlier run's, then this run's
 
     async def handle(self, msg: Capture) -> None:
         for quad in self.tracker(msg.image):
@@ -111,7 +112,9 @@ class Intruder(Actor):
         if kind == "replayed":
             now = self.clock.now()
             old = [f for f in self.filmed if f[0] < now - self.replay_window_s - 1.0]
-            if self.old_run and (not old or self.rng.random() < 0.5):
+            # (once this run has frames old enough, the two kinds take turns)
+            self._replay_turn ^= 1
+            if self.old_run and (not old or self._replay_turn):
                 # The earlier run in the order it was filmed: its start-up (and pairing) while this run starts up
                 message = self.old_run[self._old_at % len(self.old_run)]
                 self._old_at += 1
