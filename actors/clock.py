@@ -3,9 +3,11 @@
 Consumes: `FrameTiming` (the timestamps of every frame read from a peer),
 `SightKnown` (discovery's layout and sight graph), `TensorReceived` on the
 "sync" stream (the server's `Announce`, the other nodes' `Hello`;
-protocols.sync).
+protocols.sync), `LayoutAsks` and `LayoutAsked` (the layouts in use: this
+camera's asks of each screen, and each reader's of this one; protocols.adapt).
 Emits: `SendTensor` (an announcement or a hello), `ScheduleKnown` once the
-schedule is known, `Tick` at the absolute start of every phase of every step
+schedule is known, `ScheduleChanged` when the server changed it while the
+run goes, `Tick` at the absolute start of every phase of every step
 this node takes part in, `ScheduleDone` at the last step's deadline
 (wccl.runtime.schedule.DEADLINE_STEPS), then `Drain` (the node ends once its peers
 acknowledged what it sent).
@@ -23,7 +25,12 @@ by hop along each worker's way to the server on the sight graph (where the
 server and a worker do not read each other's screens, their tensors go
 through laptops that do: each hop's screen queues the tensors it passes
 on), and step 0 comes `start_s` after the greeting for each hop of the
-longest way. Every other node says hello to the server when it has greeted
+longest way. While the run goes, when the layouts in use call for a period
+GROW_ABOVE longer or SHRINK_BELOW shorter (a camera asked a screen for a
+more robust layout, or a denser one), the server sizes the phases again in
+them and announces them from CHANGE_LEAD_STEPS steps on (the next
+`revision`; the steps before keep their times, wccl.runtime.schedule), and
+every node ticks them from there. Every other node says hello to the server when it has greeted
 (again when it joins after step 0, asking for a snapshot of the training
 state), estimates its clock against the server's from the frames'
 timestamps (wccl.runtime.clocksync: the server's frames it reads, and the server's
@@ -52,18 +59,29 @@ from typing import Any
 from protocols import sync
 from protocols.algorithms import Sight, chunks
 from protocols.algorithms.tree import broadcast_chunks
-from protocols.messages import Drain, FrameTiming, ScheduleDone, ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick
+from protocols.messages import (Drain, FrameTiming, LayoutAsked, LayoutAsks, ScheduleChanged, ScheduleDone, ScheduleKnown,
+                                SendTensor, SightKnown, TensorReceived, Tick)
+from protocols.transfer import NO_ASK
 from wccl.runtime.actor import Actor, ActorContext, GiveUp, Overflow
 from protocols.registry import REGISTRY
 from wccl.runtime.clocksync import FlightTimes, OffsetEstimator
 from wccl.runtime.schedule import DEADLINE_STEPS, Schedule
 
 ROUND_HOLDS = 1  # the least a frame's flight (screen to camera, read) is booked at, in frame holds
+# The share of frames booked as read on a hop in a layout other than the room's (a reader asked for it while
+# the run goes, protocols.adapt: it keeps a layout that reads at least DOWN_BELOW of the captures)
+OTHER_LAYOUT_SHARE = 0.75
+# The server changes the schedule when the layouts in use call for a period this much longer, or this much
+# shorter, than the one it runs; from the step CHANGE_LEAD_STEPS after the one running (every node hears of it
+# before it comes)
+GROW_ABOVE = 1.05
+SHRINK_BELOW = 0.8
+CHANGE_LEAD_STEPS = 2
 PUBLISH_S = 0.0005  # a node others sync against sends its estimate again once it moved this much
 
 
 class Clock(Actor):
-    consumes = (FrameTiming, SightKnown, TensorReceived)
+    consumes = (FrameTiming, SightKnown, TensorReceived, LayoutAsks, LayoutAsked)
     on_schedule = True
     mailbox = (16, Overflow.BLOCK)
 
@@ -109,6 +127,11 @@ class Clock(Actor):
         self.graph: Sight | None = None  # the sight graph over the ranks (reader, shown): each edge's share read
         self._sight = asyncio.Event()
         self.announce: sync.Announce | None = None
+        self.schedule: Schedule | None = None  # the one ticking (changed while the run goes: ScheduleChanged)
+        # The layouts in use (indices into `ladder`): this camera's asks of each rank's screen, and each rank's
+        # asks of this screen (protocols.adapt); a direction not in them shows the room's layout
+        self.asks_of: dict[int, int] = {}
+        self.asked_by: dict[int, int] = {}
         self._announced = asyncio.Event()
         self._synced = asyncio.Event()
         self.wants_snapshot = False
@@ -116,8 +139,18 @@ class Clock(Actor):
         self.state = ctx.results.setdefault("clock", {"residuals_ms": [], "syncs": 0})
 
     # ------------------------------------------------------------------ inbox
-    async def handle(self, msg: FrameTiming | SightKnown | TensorReceived) -> None:
-        if isinstance(msg, SightKnown):
+    async def handle(self, msg: FrameTiming | SightKnown | TensorReceived | LayoutAsks | LayoutAsked) -> None:
+        if isinstance(msg, LayoutAsks | LayoutAsked):
+            if isinstance(msg, LayoutAsks):
+                asks = {r: k for r, k in enumerate(msg.asks) if k != NO_ASK}
+                changed = asks != self.asks_of
+                self.asks_of = asks
+            else:
+                changed = self.asked_by.get(msg.origin) != msg.layout
+                self.asked_by[msg.origin] = msg.layout
+            if changed:
+                await self._layouts_changed()
+        elif isinstance(msg, SightKnown):
             self.sight = msg
             n = len(self.ranks)
             self.graph = Sight(n, {(r, c): q for r, c, q in msg.edges if r < n and c < n and q > 0}, 0.0)
@@ -171,10 +204,17 @@ class Clock(Actor):
             self.log.warning("sync_payload_rejected", origin=msg.origin, error=str(e))
             return
         if isinstance(payload, sync.Announce) and msg.origin == self.server and not self.is_server:
-            if payload != self.announce:
+            old = self.announce
+            if old is not None and (payload.epoch, payload.revision) < (old.epoch, old.revision):
+                return  # (an older word, overtaken)
+            if payload != old:
                 self.announce = payload
                 self.log.info("schedule_announced", t0=round(payload.t0_us / 1e6, 3), steps=payload.steps,
-                              epoch=payload.epoch, phases={n: round(s, 3) for n, s in payload.phases})
+                              epoch=payload.epoch, phases={n: round(s, 3) for n, s in payload.phases},
+                              **({"first_step": payload.first_step, "revision": payload.revision}
+                                 if payload.revision else {}))
+                if self.schedule is not None and old is not None and payload.epoch == old.epoch:
+                    await self._change(payload)  # (the schedule changed while it ticks)
             self._announced.set()
         elif isinstance(payload, sync.Hello) and self.is_server:
             self.log.info("hello_seen", origin=msg.origin, wants_snapshot=payload.wants_snapshot,
@@ -202,10 +242,10 @@ class Clock(Actor):
         except TimeoutError:
             raise GiveUp(self.greet_problem(self.greet_timeout_s)) from None
         if self.is_server:
-            schedule, join = await self._server_startup()
+            self.schedule, join = await self._server_startup()
         else:
-            schedule, join = await self._node_startup()
-        await self._tick(schedule, join)
+            self.schedule, join = await self._node_startup()
+        await self._tick(join)
 
     async def _send(self, payload: sync.Announce | sync.Hello | sync.ClockMap, to: tuple[str, ...]) -> None:
         await self.emit(SendTensor(sender=self.ctx.node, time=self.clock.now(), stream="sync", to=to,
@@ -213,7 +253,56 @@ class Clock(Actor):
 
     @staticmethod
     def _schedule_of(a: sync.Announce) -> Schedule:
-        return Schedule(t0=a.t0_us / 1e6, phases=a.phases)
+        return Schedule(t0=a.t0_us / 1e6, phases=a.phases, first_step=a.first_step)
+
+    async def _change(self, a: sync.Announce) -> None:
+        """Follow the server's changed schedule from its `first_step` on (the steps before keep theirs)."""
+        self.schedule = self.schedule.then(a.first_step, a.t0_us / 1e6, a.phases)
+        await self.emit(ScheduleChanged(sender=self.ctx.node, step=a.first_step, time=self.clock.now(),
+                                        first_step=a.first_step, t0=a.t0_us / 1e6, phases=a.phases))
+
+    async def _layouts_changed(self) -> None:
+        """The server's: where the layouts in use call for another period (longer: a reader asked a screen
+        for a more robust layout; shorter: for a denser one), size the phases again and announce them from
+        CHANGE_LEAD_STEPS steps on."""
+        if not self.is_server or self.fixed_phases is not None or self.schedule is None or self.announce is None:
+            return
+        now = self.clock.now()
+        first = max(0, self.schedule.step_at(now)) + CHANGE_LEAD_STEPS
+        if first >= self.steps:
+            return
+        phases = self._phases(log=False)
+        period, was = sum(x for _, x in phases), self.schedule.period
+        if SHRINK_BELOW * was <= period <= GROW_ABOVE * was:
+            return
+        old = self.announce
+        a = sync.Announce(round(self.schedule.start(first) * 1e6), phases, old.steps, old.epoch, old.applied, first,
+                          old.revision + 1)
+        self.announce = a
+        self.state.update(announce=a)
+        self.log.info("schedule_changed", first_step=first, period_s=round(period, 3), was_s=round(was, 3),
+                      layouts=self._layouts_words(), revision=a.revision)
+        await self._change(a)
+        await self._send(a, tuple(self.others))
+
+    def _layouts_words(self) -> dict[str, int]:
+        """The layouts in use that differ from the room's, by direction (for the log)."""
+        me, room = self.ctx.node, self.sight.layout
+        out = {f"{self.ranks[r]} -> {me}": k for r, k in self.asks_of.items() if k != room and r < len(self.ranks)}
+        out.update({f"{me} -> {self.ranks[r]}": k for r, k in self.asked_by.items()
+                    if k != room and r < len(self.ranks)})
+        return out
+
+    def _layout(self, shown: str, reader: str, readers: tuple[str, ...]) -> int:
+        """The layout (index into `ladder`) `shown`'s screen shows a transfer to `readers` in, as this node
+        knows: this camera's ask of a screen it reads; for this node's screen, the most robust any of the
+        readers asked for (actors/screen_writer.py); the room's elsewhere."""
+        room, me = self.sight.layout, self.ctx.node
+        if reader == me:
+            return self.asks_of.get(self.ranks.index(shown), room)
+        if shown == me:
+            return max(self.asked_by.get(self.ranks.index(r), room) for r in readers)
+        return room
 
     async def _known(self, a: sync.Announce, join: int) -> None:
         await self.emit(ScheduleKnown(sender=self.ctx.node, step=join, time=self.clock.now(), t0=a.t0_us / 1e6,
@@ -228,7 +317,7 @@ class Clock(Actor):
             # ticking it, go on in step; its epoch is the next.
             r = self.resume
             a = sync.Announce(r["t0_us"], tuple((n, float(s)) for n, s in r["phases"]), self.steps, r["epoch"] + 1,
-                              r["applied"])
+                              r["applied"], r.get("first_step", 0))
             self.log.info("schedule_resumed", epoch=a.epoch, applied=a.applied)
         elif a is None:  # (a restarted Clock keeps the schedule it announced)
             if self.fixed_phases is None:
@@ -241,7 +330,7 @@ class Clock(Actor):
         self.state.update(announce=a, epoch=a.epoch)
         schedule = self._schedule_of(a)
         now = self.clock.now()
-        join = 0 if now < schedule.t0 else max(0, schedule.step_at(now) + 1)
+        join = max(0, schedule.step_at(now) + 1)
         self.log.info("schedule_fixed", t0=round(schedule.t0, 3), period_s=round(schedule.period, 3),
                       phases={n: round(s, 3) for n, s in a.phases}, steps=a.steps, join_step=join, epoch=a.epoch)
         await self._send(a, tuple(self.others))
@@ -275,7 +364,7 @@ class Clock(Actor):
         self.state["epoch"] = a.epoch
         schedule = self._schedule_of(a)
         now = self.clock.now()
-        join = 0 if now < schedule.t0 else schedule.step_at(now) + 1
+        join = max(0, schedule.step_at(now) + 1)
         if join > 0:
             self.wants_snapshot = True
             self.log.info("joining_late", join_step=join, epoch=a.epoch)
@@ -294,44 +383,52 @@ class Clock(Actor):
             return 1
         return max([1] + [len(way) for w in self.others if (way := self._way(w, self.server))])
 
-    def _phases(self) -> tuple[tuple[str, float], ...]:
-        """The fixed phases, or (auto) the uplink and downlink each sized for its tensors in the layout
-        discovery chose: along each worker's way to the server (and back), per hop, the tensors that screen
-        shows in the phase times their frames, divided by the share of frames the next camera reads of it,
-        plus `margin_frames`, in frame holds, plus a frame's flight (half the slowest worker's measured round
-        trip, at least ROUND_HOLDS holds); the phase is the slowest way's time (Sight.route's ways, as the
-        tensors take them). Where every worker and the server read each other's screens, one hop each way.
-        A way of several hops carries its tensors in chunks, each passed on as it arrives
-        (actors/collectives.py): the first chunk's time on every hop, then the others', each at the pace of
-        the way's slowest hop."""
+    def _phases(self, log: bool = True) -> tuple[tuple[str, float], ...]:
+        """The fixed phases, or (auto) the uplink and downlink each sized for its tensors in the layouts in use
+        (at first the one discovery chose; then each direction's, as its reader asks, `_layout`): along each
+        worker's way to the server (and back), per hop, the tensors that screen shows in the phase times their
+        frames in the hop's layout, divided by the share of frames the next camera reads of it (measured at
+        start-up in the room's layout, OTHER_LAYOUT_SHARE in another), plus `margin_frames`, in frame holds,
+        plus a frame's flight (half the slowest worker's measured round trip, at least ROUND_HOLDS holds); the
+        phase is the slowest way's time (Sight.route's ways, as the tensors take them). Where every worker and
+        the server read each other's screens, one hop each way. A way of several hops carries its tensors in
+        chunks, each passed on as it arrives (actors/collectives.py): the first chunk's time on every hop,
+        then the others', each at the pace of the way's slowest hop."""
         if self.fixed_phases is not None:
             return self.fixed_phases
-        codec, hold = self.ladder[min(self.sight.layout, len(self.ladder) - 1)]
+        room = min(self.sight.layout, len(self.ladder) - 1)
         sight, me = self.graph, self.ctx.node
         index = {n: i for i, n in enumerate(self.ranks)}
         # A frame's way from a screen to the other camera, each way: half the slowest worker's measured round
         # trip, and never less than ROUND_HOLDS holds.
         trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
-        flight = max([ROUND_HOLDS * hold] + [t / 2 for t in trips])
         ranks = len(self.ranks)
-        whole = codec.frames_needed(self.tensor_bytes, ranks)
         ups = {w: [w] + (self._way(w, me) or [me]) for w in self.others}
         downs = {w: [me] + (self._way(me, w) or [w]) for w in self.others}
 
         def phase(ways: dict[str, list[str]], shows: dict[str, int]) -> tuple[float, float]:
             """The slowest way's time (hop by hop, each screen's queue of `shows` tensors), and the lowest
             share of frames read on any hop."""
+            readers = {a: tuple(sorted({b for way in ways.values() for x, b in zip(way, way[1:]) if x == a}))
+                       for a in self.ranks}
             # (no way at all, where the room started without every other worker: one hop read whole, for the
             # observers the word is shown to)
-            worst, low = (0.0 if ways else (whole + self.margin_frames) * hold + flight), 1.0
+            codec, hold = self.ladder[room]
+            worst = 0.0 if ways else ((codec.frames_needed(self.tensor_bytes, ranks) + self.margin_frames) * hold
+                                      + max([ROUND_HOLDS * hold] + [t / 2 for t in trips]))
+            low = 1.0
             for way in ways.values():
                 k = broadcast_chunks(self.tensor_bytes, len(way) - 1, ranks)
-                frames = codec.frames_needed(chunks(self.tensor_bytes, k)[0][1], ranks)  # the longest chunk's
-                hops = []
+                longest = chunks(self.tensor_bytes, k)[0][1]
+                hops, flight = [], 0.0
                 for a, b in zip(way, way[1:]):
-                    q = sight.rate(index[b], index[a])
+                    layout = min(self._layout(a, b, readers[a]), len(self.ladder) - 1)
+                    codec, hold = self.ladder[layout]
+                    q = sight.rate(index[b], index[a]) if layout == room else OTHER_LAYOUT_SHARE
                     low = min(low, q)
+                    frames = codec.frames_needed(longest, ranks)
                     hops.append((shows[a] * frames / max(q, 0.25) + self.margin_frames) * hold)
+                    flight = max([flight, ROUND_HOLDS * hold] + [t / 2 for t in trips])
                 worst = max(worst, sum(hops) + (k - 1) * max(hops) + len(hops) * flight)
             return round(worst, 4), low
 
@@ -346,10 +443,10 @@ class Clock(Actor):
         downlink, down = phase(downs, down_shows)
         phases = (("compute", self.work_s), ("uplink", uplink), ("reduce", self.work_s),
                   ("downlink", downlink), ("apply", self.work_s))
-        self.log.info("schedule_sized", layout=self.sight.layout, uplink_frames_ok=round(up, 3),
-                      downlink_frames_ok=round(down, 3), round_trip_s=round(max(trips), 3) if trips else None,
-                      hops=self._depth(),
-                      period_s=round(sum(x for _, x in phases), 3))
+        if log:
+            self.log.info("schedule_sized", layout=self.sight.layout, uplink_frames_ok=round(up, 3),
+                          downlink_frames_ok=round(down, 3), round_trip_s=round(max(trips), 3) if trips else None,
+                          hops=self._depth(), period_s=round(sum(x for _, x in phases), 3))
         return phases
 
     def _update_estimate(self, log: bool = False, step: int = -1) -> None:
@@ -391,10 +488,11 @@ class Clock(Actor):
                                         min(0xFFFFFFFF, round(self._err * 1e6)))
         await self._send(self._published, self.downstream)
 
-    async def _tick(self, schedule: Schedule, join: int) -> None:
-        first = max(join, schedule.step_at(self.clock.now()))
+    async def _tick(self, join: int) -> None:
+        first = max(join, self.schedule.step_at(self.clock.now()))
         for step in range(max(0, first), self.steps):
-            for w in schedule.windows(step):
+            for phase in [w.phase for w in self.schedule.windows(step)]:
+                w = self.schedule.window(step, phase)  # (the schedule may change while a step waits)
                 if w.start < self.clock.now() - 1e-6:
                     continue  # already past (a restart mid-step)
                 await self.clock.sleep_until(w.start)
@@ -403,6 +501,7 @@ class Clock(Actor):
                     await self._publish()
                 await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(),
                                      phase=w.phase, start=w.start, end=w.end))
+        schedule = self.schedule
         if "reduce" in dict(schedule.phases):
             # The last steps' deadlines lie past the last step: their reduce ticks still come, so each of
             # those steps is awaited until its own deadline, as every other step is.
@@ -413,7 +512,7 @@ class Clock(Actor):
                 await self.clock.sleep_until(w.start)
                 await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(), phase="reduce",
                                      start=w.start, end=w.end))
-        await self.clock.sleep_until(max(schedule.t0 + self.steps * schedule.period, schedule.deadline(self.steps - 1)))
+        await self.clock.sleep_until(max(schedule.start(self.steps), schedule.deadline(self.steps - 1)))
         await self.emit(ScheduleDone(sender=self.ctx.node, step=self.steps - 1, time=self.clock.now(),
                                      steps=self.steps))
         # The node ends once its peers have what it sent (the last word, the last gradient).

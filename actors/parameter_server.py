@@ -39,7 +39,7 @@ import torch
 
 from protocols import snapshot as snap
 from protocols import sync
-from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
+from protocols.messages import (AveragedGradient, LocalGradient, ScheduleChanged, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
                                 TensorReceived, Tick)
 from protocols.security import NO_KEY, RoomKey
 from wccl.compression import Codec, ErrorFeedback, get_codec
@@ -51,7 +51,7 @@ from wccl.runtime.schedule import DEADLINE_STEPS, Schedule
 
 
 class ParameterServer(Actor):
-    consumes = (ScheduleKnown, Tick, LocalGradient, TensorReceived, ScheduleDone)
+    consumes = (ScheduleKnown, ScheduleChanged, Tick, LocalGradient, TensorReceived, ScheduleDone)
     on_schedule = True
     mailbox = (256, Overflow.BLOCK)
 
@@ -82,7 +82,6 @@ class ParameterServer(Actor):
         self.observed = observed
         self.local_worker = ctx.node in workers
         self.schedule: Schedule | None = None
-        self.phases: tuple = ()
         self.epoch = 0
         self.applied = 0
         self._grads: dict[int, dict[str, tuple[int, bytes]]] = {}  # step -> worker -> (base, gradient)
@@ -97,6 +96,9 @@ class ParameterServer(Actor):
     async def handle(self, msg: Any) -> None:
         if isinstance(msg, ScheduleKnown):
             await self._schedule_known(msg)
+        elif isinstance(msg, ScheduleChanged):
+            if self.schedule is not None:
+                self.schedule = self.schedule.then(msg.first_step, msg.t0, msg.phases)
         elif isinstance(msg, LocalGradient):
             await self._gradient(self.ctx.node, msg.step, msg.epoch, msg.base, msg.payload)
         elif isinstance(msg, TensorReceived):
@@ -123,8 +125,7 @@ class ParameterServer(Actor):
                 await self._reduce(step)
 
     async def _schedule_known(self, msg: ScheduleKnown) -> None:
-        self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
-        self.phases = msg.phases
+        self.schedule = Schedule(t0=msg.t0, phases=msg.phases, first_step=msg.first_step)
         if msg.absent:  # (the room started without them: no step waits for them until they join)
             self.workers = [w for w in self.workers if w not in msg.absent]
         self.epoch = msg.epoch
@@ -242,7 +243,7 @@ class ParameterServer(Actor):
                       bytes=len(payload))
         if self.checkpoint is not None and self.checkpoint_every and self.applied % self.checkpoint_every == 0:
             meta = dict(session=self.session, node=self.ctx.node, t0_us=round(self.schedule.t0 * 1e6),
-                        phases=[list(p) for p in self.phases])
+                        first_step=self.schedule.first_step, phases=[list(p) for p in self.schedule.phases])
             state = snap.Snapshot(self.applied, self.epoch, self.replica.export_state())
             save_checkpoint(self.checkpoint, meta, state, bytes(torch.get_rng_state().numpy()), self.key)
             self.results["checkpoints"] += 1

@@ -42,7 +42,7 @@ from typing import Any
 import structlog
 
 from protocols import snapshot as snap
-from protocols.messages import (AveragedGradient, LocalGradient, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
+from protocols.messages import (AveragedGradient, LocalGradient, ScheduleChanged, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
                                 TensorReceived, Tick)
 from wccl.compression import Codec, CodecError, ErrorFeedback, get_codec
 from wccl.runtime.actor import Actor, ActorContext
@@ -55,7 +55,7 @@ KEEP_DIGESTS = 64  # digests of own states kept, to check snapshots against
 
 
 class Worker(Actor):
-    consumes = (ScheduleKnown, Tick, TensorReceived, AveragedGradient, Snapshot, ScheduleDone)
+    consumes = (ScheduleKnown, ScheduleChanged, Tick, TensorReceived, AveragedGradient, Snapshot, ScheduleDone)
     on_schedule = True
 
     def __init__(self, ctx: ActorContext, replica: Any, server: str, eval_every: int = 1,
@@ -89,6 +89,9 @@ class Worker(Actor):
     async def handle(self, msg: Any) -> None:
         if isinstance(msg, ScheduleKnown):
             self._schedule_known(msg)
+        elif isinstance(msg, ScheduleChanged):
+            if self.schedule is not None:
+                self.schedule = self.schedule.then(msg.first_step, msg.t0, msg.phases)
         elif isinstance(msg, Tick):
             if msg.phase == "compute":
                 structlog.contextvars.bind_contextvars(step=msg.step)
@@ -112,7 +115,7 @@ class Worker(Actor):
         await self._maybe_compute()
 
     def _schedule_known(self, msg: ScheduleKnown) -> None:
-        self.schedule = Schedule(t0=msg.t0, phases=msg.phases)
+        self.schedule = Schedule(t0=msg.t0, phases=msg.phases, first_step=msg.first_step)
         self._next = max(self._next, msg.join_step)
         if self.has_state and msg.epoch == self.epoch:
             return

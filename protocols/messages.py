@@ -100,7 +100,8 @@ class FrameTiming(Message):
 
 class ScheduleKnown(Message):
     """The step schedule (on the server's clock, as this node's Clock maps it) and the server's
-    state: step 0 starts at `t0`; `epoch` is the server's incarnation, `applied` its update count
+    state: step `first_step` starts at `t0` (the steps before it at the same pace, unless this node knew
+    them: a node told of the schedule after a change); `epoch` is the server's incarnation, `applied` its update count
     when it announced; `join_step` is the first step this node takes part in; `absent`: the nodes not in
     the room when the schedule became known here (the room started without them and they have not joined
     yet: a worker that joins later says hello to the server)."""
@@ -113,6 +114,18 @@ class ScheduleKnown(Message):
     applied: int
     join_step: int
     absent: tuple[str, ...] = ()
+    first_step: int = 0
+
+
+class ScheduleChanged(Message):
+    """The server changed the step schedule while the run goes (the layouts in use changed:
+    actors/clock.py): from step `first_step` on, which starts at `t0`, the phases are `phases`; the steps
+    before it keep theirs (wccl.runtime.schedule.Schedule.then)."""
+
+    control: ClassVar[bool] = True
+    first_step: int
+    t0: float
+    phases: tuple[tuple[str, float], ...]
 
 
 class TensorReceived(Message):

@@ -4,9 +4,12 @@ The header of every frame already carries the clock-sync timestamps
 (protocols.frames.Timing); these payloads carry the rest:
 
 - `Announce` (the parameter server): the schedule every node follows, on the
-  server's clock: step 0 starts at `t0_us`, the phases and their lengths, the
-  number of steps, the server's epoch (it grows when the server resumes from
-  a checkpoint) and how many updates its state has seen.
+  server's clock: step `first_step` starts at `t0_us`, the phases and their
+  lengths from that step on (the steps before it keep the schedule announced
+  before), the number of steps, the server's epoch (it grows when the server
+  resumes from a checkpoint), how many updates its state has seen, and the
+  revision (it grows each time the server changes the schedule while the
+  run goes: a node keeps the latest).
 - `Hello` (any other node): it is there, whether it wants a snapshot of the
   training state (it joins late or restarted), and its clock error as it
   estimates it.
@@ -30,7 +33,7 @@ import struct
 from dataclasses import dataclass
 
 PHASES = ("compute", "uplink", "reduce", "downlink", "apply", "guard")
-_ANNOUNCE = struct.Struct(">BqIHIB")
+_ANNOUNCE = struct.Struct(">BqIHIIHB")
 _PHASE = struct.Struct(">BI")
 _HELLO = struct.Struct(">BBiHI")
 _REGROUP = struct.Struct(">BIIIH")
@@ -48,9 +51,12 @@ class Announce:
     steps: int
     epoch: int
     applied: int
+    first_step: int = 0
+    revision: int = 0
 
     def encode(self) -> bytes:
-        out = [_ANNOUNCE.pack(1, self.t0_us, self.steps, self.epoch, self.applied, len(self.phases))]
+        out = [_ANNOUNCE.pack(1, self.t0_us, self.steps, self.epoch, self.applied, self.first_step, self.revision,
+                              len(self.phases))]
         for name, seconds in self.phases:
             out.append(_PHASE.pack(PHASES.index(name), round(seconds * 1e6)))
         return b"".join(out)
@@ -104,7 +110,7 @@ def decode(data: bytes) -> Announce | Hello | Regroup | ClockMap:
         raise SyncError("empty sync payload")
     try:
         if data[0] == 1:
-            _, t0, steps, epoch, applied, n = _ANNOUNCE.unpack_from(data)
+            _, t0, steps, epoch, applied, first_step, revision, n = _ANNOUNCE.unpack_from(data)
             if len(data) != _ANNOUNCE.size + n * _PHASE.size:
                 raise SyncError("announce: wrong length")
             phases = []
@@ -113,7 +119,7 @@ def decode(data: bytes) -> Announce | Hello | Regroup | ClockMap:
                 if pid >= len(PHASES):
                     raise SyncError(f"announce: unknown phase {pid}")
                 phases.append((PHASES[pid], us / 1e6))
-            return Announce(t0, tuple(phases), steps, epoch, applied)
+            return Announce(t0, tuple(phases), steps, epoch, applied, first_step, revision)
         if data[0] == 2:
             if len(data) != _HELLO.size:
                 raise SyncError("hello: wrong length")

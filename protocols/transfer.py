@@ -1,4 +1,4 @@
-"""Transfer frames: the one frame format (version 19) of collectives and of the built-in run.
+"""Transfer frames: the one frame format (version 20) of collectives and of the built-in run.
 
 A collective (all_reduce, broadcast, ...) moves tensors between ranks as
 *transfers*: one tensor's bytes from one sender, fountain coded over as many
@@ -51,7 +51,7 @@ room key (protocols.security), and the tensor bytes of a transfer are sealed
 sealed bytes'.
 
     header (big endian)
-      magic 0xC7 | version 19 | session u16 | sender u8 | flags u8 | n u8 | tid u32 | seq u32 | op u8 |
+      magic 0xC7 | version 20 | session u16 | sender u8 | flags u8 | n u8 | tid u32 | seq u32 | op u8 |
       dtype u8 | part u32 | dest u16 | transfer_len u32 | numel u32 | digest (8: BLAKE2b-64 of the sent bytes,
       frames.digest) | packet_size u16 | shown_us i64 | run_nonce u64 | trusts u16 | echo_peer u8 |
       echo_shown_us i64 | echo_captured_us i64 | entries
@@ -63,7 +63,7 @@ sealed bytes'.
     packet (packet_size bytes: RaptorQ payload id + symbol)
 
     a status frame's header (flag 0x01; no transfer, so none of a transfer's fields)
-      magic 0xC7 | version 19 | session u16 | sender u8 | flags u8 | n u8 | floor u32 | layouts u8 (1 to 8: L,
+      magic 0xC7 | version 20 | session u16 | sender u8 | flags u8 | n u8 | floor u32 | layouts u8 (1 to 8: L,
       what its discovery table measures) | page u16 (first row << 8 | rows) | shown_us i64 | run_nonce u64 |
       trusts u16 | echo_peer u8 | echo_shown_us i64 | echo_captured_us i64 | entries as above, but
       `showing` and each entry's `ask` only with flag 0x02 (a status frame carries them where they leave
@@ -94,7 +94,7 @@ from protocols.frames import CHECK_BYTES, MAGIC, NO_PEER, PAYLOAD_ID_BYTES, Fram
 from protocols.frames import digest as frame_digest
 from protocols.security import NO_KEY, RoomKey
 
-VERSION = 19
+VERSION = 20
 MAX_RANKS = 16
 NO_ASK = 0xFF  # an `asks` entry: this sender asks that peer for no layout (it does not read it, or not yet)
 _HEAD = struct.Struct(">BBHBBBIIBBIHII8sHqQHBqq")

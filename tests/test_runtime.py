@@ -254,3 +254,98 @@ def test_the_schedule_sizes_a_way_of_several_hops_for_its_chunks_passed_on_as_th
     # the downlink: the server's word, shown once to b, who passes it on to c, who passes it on to d
     one_by_one = 3 * ((whole + 1) * hold + hold)
     assert (whole + 1) * hold + 3 * hold < line["downlink"] < one_by_one
+
+
+def test_a_schedule_changed_from_a_step_on_keeps_every_earlier_step_where_it_was():
+    s = Schedule(t0=1.0, phases=(("compute", 0.5), ("reduce", 0.5)))  # a step a second
+    later = s.then(5, s.start(5), (("compute", 1.0), ("reduce", 1.0)))  # two seconds a step from step 5 on
+    assert [later.start(k) for k in (0, 4, 5, 6)] == [1.0, 5.0, 6.0, 8.0]
+    assert later.window(4, "reduce").end == 6.0 and later.window(6, "reduce").start == 9.0
+    assert [later.step_at(t) for t in (0.5, 5.9, 6.0, 7.9, 8.0)] == [-1, 4, 5, 5, 6]
+    assert later.deadline(3) == later.window(5, "reduce").start == 7.0  # across the change
+    assert later.deadline(0) == s.deadline(0) and later.period == 2.0
+    # a change announced again from an earlier step replaces the one after it
+    again = later.then(3, later.start(3), (("compute", 0.25), ("reduce", 0.25)))
+    assert again.start(5) == 4.0 + 2 * 0.5 and again.before is s
+    with pytest.raises(ValueError):
+        Schedule(t0=0, phases=(("a", 1.0),), first_step=2, before=again)
+
+
+def test_the_server_sizes_the_schedule_again_when_a_reader_asks_for_a_more_robust_layout():
+    """A reader asks a screen for a layout that carries less mid-run (protocols.adapt): the server books the
+    steps from two steps on at the period that layout needs, tells every node (an announcement of the next
+    revision), and ticks them there; the steps before keep theirs. Asked back, it shortens them again."""
+    from protocols.algorithms import Sight  # noqa: F401
+    from protocols.messages import LayoutAsks, ScheduleChanged, ScheduleKnown, SightKnown
+    from protocols.transfer import NO_ASK
+    from wccl.distributed.rank_node import collective_ladder
+    from conftest import make_config
+
+    dense = dict(choose="pinned", rows=28, cols=50, colours=8, cell_px=22, hold_s=0.083, code_rate=0.8)
+    robust = dict(choose="pinned", rows=20, cols=37, colours=8, cell_px=32, hold_s=0.1, code_rate=0.8)
+    ladder = [collective_ladder(make_config(link=lay))[0] for lay in (dense, robust)]
+    deps = clock_deps(Schedule(1.0, (("compute", 0.1),)), steps=12, phases=None, ladder=ladder,
+                      tensor_bytes=1346, margin_frames=1)
+
+    async def go():
+        async with ActorHarness(Clock, node="alice", **deps) as h:
+            await h.send(SightKnown(sender="alice", time=0.0, edges=((0, 1, 1.0), (1, 0, 1.0)), layout=0))
+            await h.send(LayoutAsks(sender="alice", time=0.0, asks=(NO_ASK, 0)))  # (start-up: the room's)
+            known = None
+            while known is None:
+                await asyncio.sleep(0.05)
+                known = next(iter(h.of_type(ScheduleKnown)), None)
+            first = Schedule(known.t0, known.phases)
+            await h.clock.sleep_until(first.start(3) + 0.01)  # step 3 runs: bob's screen reads badly
+            await h.send(LayoutAsks(sender="alice", time=h.clock.now(), asks=(NO_ASK, 1)))
+            await h.settle()
+            change = h.of_type(ScheduleChanged)[0]
+            now = first.then(change.first_step, change.t0, change.phases)
+            await h.clock.sleep_until(now.start(6) + 0.01)  # step 6 runs: reads are good again
+            await h.send(LayoutAsks(sender="alice", time=h.clock.now(), asks=(NO_ASK, 0)))
+            await h.task
+        return h.outputs, first
+
+    outs, first = run_virtual(go)
+    changes = [m for m in outs if isinstance(m, ScheduleChanged)]
+    assert [c.first_step for c in changes] == [5, 8]
+    slow, back = (sum(s for _, s in c.phases) for c in changes)
+    assert slow > 2 * first.period and back == pytest.approx(first.period)
+    # 15 frames of 32 px cells against 5 of 22 px: the uplink books three times the frames, each held longer
+    assert dict(changes[0].phases)["uplink"] > 3 * dict(first.phases)["uplink"]
+    announced = [sync.decode(m.payload) for m in outs if isinstance(m, SendTensor) and m.stream == "sync"]
+    assert [(a.first_step, a.revision) for a in announced] == [(0, 0), (5, 1), (8, 2)]
+    assert announced[1].t0_us == round(first.start(5) * 1e6)
+    ticks = {(m.step, m.phase): m.time for m in outs if isinstance(m, Tick)}
+    assert ticks[(4, "compute")] == pytest.approx(first.start(4))  # before the change: where it was
+    assert ticks[(6, "compute")] - ticks[(5, "compute")] == pytest.approx(slow)
+    assert ticks[(9, "compute")] - ticks[(8, "compute")] == pytest.approx(first.period)
+
+
+def test_a_node_follows_the_servers_changed_schedule_and_ignores_an_overtaken_one():
+    from protocols.messages import ScheduleChanged, ScheduleKnown, TensorReceived
+
+    phases = (("compute", 0.5), ("reduce", 0.5))
+    a0 = sync.Announce(1_000_000, phases, 8, 0, 0)
+    a1 = sync.Announce(5_000_000, (("compute", 1.0), ("reduce", 1.0)), 8, 0, 0, 4, 1)
+    deps = clock_deps(Schedule(1.0, phases), steps=8)
+
+    def word(a):
+        return TensorReceived(sender="bob", time=0.0, origin="alice", stream="sync", payload=a.encode(), frames=1)
+
+    async def go():
+        async with ActorHarness(Clock, node="bob", **deps) as h:
+            h.actor.estimator.estimate = lambda t: None  # (clock sync is not what this test is about)
+            h.actor._synced.set()
+            await h.send(word(a0))
+            await h.clock.sleep_until(2.2)
+            await h.send(word(a1))
+            await h.send(word(a0))  # (an older word that took longer: overtaken)
+            await h.task
+        return h.outputs
+
+    outs = run_virtual(go)
+    assert len(outs_of := [m for m in outs if isinstance(m, ScheduleKnown)]) == 1 and outs_of[0].first_step == 0
+    assert [(m.first_step, m.t0) for m in outs if isinstance(m, ScheduleChanged)] == [(4, 5.0)]
+    computes = [m.time for m in outs if isinstance(m, Tick) and m.phase == "compute"]
+    assert computes == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 9.0, 11.0])

@@ -77,10 +77,10 @@ def test_the_round_trip_of_a_frame_does_not_depend_on_the_clocks_offset(offset, 
 
 
 @given(t0=st.integers(-2**62, 2**62), steps=st.integers(0, 2**32 - 1), epoch=st.integers(0, 0xFFFF),
-       applied=st.integers(0, 2**32 - 1),
+       applied=st.integers(0, 2**32 - 1), first=st.integers(0, 2**32 - 1), revision=st.integers(0, 0xFFFF),
        phases=st.lists(st.tuples(st.sampled_from(sync.PHASES), st.integers(1, 2**32 - 1)), max_size=6))
-def test_announce_round_trips(t0, steps, epoch, applied, phases):
-    a = sync.Announce(t0, tuple((n, us / 1e6) for n, us in phases), steps, epoch, applied)
+def test_announce_round_trips(t0, steps, epoch, applied, first, revision, phases):
+    a = sync.Announce(t0, tuple((n, us / 1e6) for n, us in phases), steps, epoch, applied, first, revision)
     assert sync.decode(a.encode()) == a
 
 

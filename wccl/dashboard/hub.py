@@ -35,7 +35,7 @@ EVENTS = frozenset({
     "step_applied", "worker_finished", "average_missing", "gradients_averaged", "gradient_missing",
     "step_skipped", "link_report", "clock_synced", "observer_step", "observer_missed_step",
     "observer_recovered", "observer_finished", "observer_snapshot_checked", "dashboard_listening",
-    "actor_restarted", "actor_failed", "schedule_sized", "snapshot_shown", "snapshot_adopted",
+    "actor_restarted", "actor_failed", "schedule_sized", "schedule_changed", "snapshot_shown", "snapshot_adopted",
     "layout_used", "layout_asked", "screen_lost", "screen_unread", "screen_found_again", "camera_reads_nothing",
 })
 _SKIP_FIELDS = {"level", "timestamp", "actor", "exc_info"}

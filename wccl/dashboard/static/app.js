@@ -64,6 +64,10 @@ const HANDLERS = {
     wccl.stepPeriod = r.period_s;
     note(`schedule sized: ${r.period_s} s steps (frames through: up ${r.uplink_frames_ok}, down ${r.downlink_frames_ok})`);
   },
+  schedule_changed(r) {
+    wccl.stepPeriod = r.period_s;
+    note(`schedule changed from step ${r.first_step}: ${r.period_s} s steps (was ${r.was_s}), for the layouts in use`);
+  },
   snapshot_shown(r) { note(`step ${r.step}: ${r.node} shows a snapshot (${r.applied} updates, ${r.reason})`); },
   snapshot_adopted(r) { note(`${r.node} adopted a snapshot (${r.reason})`, "good"); },
   observer_snapshot_checked(r) {
