@@ -285,11 +285,17 @@ class Clock(Actor):
         await self._change(a)
         await self._send(a, tuple(self.others))
 
-    def _layouts_words(self) -> dict[str, int]:
-        """The layouts in use that differ from the room's, by direction (for the log)."""
+    def _layouts_words(self) -> dict[str, str]:
+        """The layouts in use that differ from the room's, by direction, in words (for the log)."""
         me, room = self.ctx.node, self.sight.layout
-        out = {f"{self.ranks[r]} -> {me}": k for r, k in self.asks_of.items() if k != room and r < len(self.ranks)}
-        out.update({f"{me} -> {self.ranks[r]}": k for r, k in self.asked_by.items()
+
+        def words(k: int) -> str:
+            codec, hold = self.ladder[min(k, len(self.ladder) - 1)]
+            return codec.layout.words(hold)
+
+        out = {f"{self.ranks[r]} -> {me}": words(k) for r, k in self.asks_of.items()
+               if k != room and r < len(self.ranks)}
+        out.update({f"{me} -> {self.ranks[r]}": words(k) for r, k in self.asked_by.items()
                     if k != room and r < len(self.ranks)})
         return out
 
@@ -307,7 +313,7 @@ class Clock(Actor):
     async def _known(self, a: sync.Announce, join: int) -> None:
         await self.emit(ScheduleKnown(sender=self.ctx.node, step=join, time=self.clock.now(), t0=a.t0_us / 1e6,
                                       phases=a.phases, steps=a.steps, epoch=a.epoch, applied=a.applied,
-                                      join_step=join, absent=tuple(self.ranks[r] for r in self.sight.absent)
+                                      join_step=join, first_step=a.first_step, absent=tuple(self.ranks[r] for r in self.sight.absent)
                                       if self.sight is not None else ()))
 
     async def _server_startup(self) -> tuple[Schedule, int]:

@@ -349,3 +349,27 @@ def test_a_node_follows_the_servers_changed_schedule_and_ignores_an_overtaken_on
     assert [(m.first_step, m.t0) for m in outs if isinstance(m, ScheduleChanged)] == [(4, 5.0)]
     computes = [m.time for m in outs if isinstance(m, Tick) and m.phase == "compute"]
     assert computes == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 9.0, 11.0])
+
+
+def test_a_node_told_the_schedule_after_a_change_ticks_each_step_where_the_server_does():
+    from protocols.messages import ScheduleKnown, TensorReceived
+
+    phases = (("compute", 0.5), ("reduce", 0.5))
+    a1 = sync.Announce(5_000_000, (("compute", 1.0), ("reduce", 1.0)), 8, 0, 0, 4, 1)  # step 4 at 5 s, 2 s a step
+    deps = clock_deps(Schedule(1.0, phases), steps=8)
+
+    async def go():
+        async with ActorHarness(Clock, node="bob", **deps) as h:
+            h.actor.estimator.estimate = lambda t: None  # (clock sync is not what this test is about)
+            h.actor._synced.set()
+            await h.clock.sleep_until(6.5)  # (it joins late: step 4 runs)
+            await h.send(TensorReceived(sender="bob", time=6.5, origin="alice", stream="sync", payload=a1.encode(),
+                                        frames=1))
+            await h.task
+        return h.outputs
+
+    outs = run_virtual(go)
+    known = [m for m in outs if isinstance(m, ScheduleKnown)]
+    assert [(m.first_step, m.t0, m.join_step) for m in known] == [(4, 5.0, 5)]
+    computes = [(m.step, m.time) for m in outs if isinstance(m, Tick) and m.phase == "compute"]
+    assert computes == [(5, 7.0), (6, 9.0), (7, 11.0)]
