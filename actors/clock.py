@@ -59,8 +59,8 @@ from typing import Any
 from protocols import sync
 from protocols.algorithms import Sight, chunks
 from protocols.algorithms.tree import broadcast_chunks
-from protocols.messages import (Drain, FrameTiming, LayoutAsked, LayoutAsks, ScheduleChanged, ScheduleDone, ScheduleKnown,
-                                SendTensor, SightKnown, TensorReceived, Tick)
+from protocols.messages import (Drain, FrameTiming, LayoutAsked, LayoutAsks, ScheduleChanged, ScheduleDone,
+                                ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick)
 from protocols.transfer import NO_ASK
 from wccl.runtime.actor import Actor, ActorContext, GiveUp, Overflow
 from protocols.registry import REGISTRY
@@ -140,15 +140,14 @@ class Clock(Actor):
 
     # ------------------------------------------------------------------ inbox
     async def handle(self, msg: FrameTiming | SightKnown | TensorReceived | LayoutAsks | LayoutAsked) -> None:
-        if isinstance(msg, LayoutAsks | LayoutAsked):
-            if isinstance(msg, LayoutAsks):
-                asks = {r: k for r, k in enumerate(msg.asks) if k != NO_ASK}
-                changed = asks != self.asks_of
+        if isinstance(msg, LayoutAsks):
+            asks = {r: k for r, k in enumerate(msg.asks) if k != NO_ASK}
+            if asks != self.asks_of:
                 self.asks_of = asks
-            else:
-                changed = self.asked_by.get(msg.origin) != msg.layout
+                await self._layouts_changed()
+        elif isinstance(msg, LayoutAsked):
+            if self.asked_by.get(msg.origin) != msg.layout:
                 self.asked_by[msg.origin] = msg.layout
-            if changed:
                 await self._layouts_changed()
         elif isinstance(msg, SightKnown):
             self.sight = msg
@@ -299,10 +298,10 @@ class Clock(Actor):
                     if k != room and r < len(self.ranks)})
         return out
 
-    def _layout(self, shown: str, reader: str, readers: tuple[str, ...]) -> int:
-        """The layout (index into `ladder`) `shown`'s screen shows a transfer to `readers` in, as this node
-        knows: this camera's ask of a screen it reads; for this node's screen, the most robust any of the
-        readers asked for (actors/screen_writer.py); the room's elsewhere."""
+    def _layout(self, shown: str, reader: str, readers: set[str]) -> int:
+        """The layout (index into `ladder`) `shown`'s screen shows a transfer to `reader` in, as this node
+        knows: this camera's ask of a screen it reads; for this node's screen, the most robust any of its
+        `readers` in the phase asked for (actors/screen_writer.py); the room's elsewhere."""
         room, me = self.sight.layout, self.ctx.node
         if reader == me:
             return self.asks_of.get(self.ranks.index(shown), room)
@@ -313,7 +312,8 @@ class Clock(Actor):
     async def _known(self, a: sync.Announce, join: int) -> None:
         await self.emit(ScheduleKnown(sender=self.ctx.node, step=join, time=self.clock.now(), t0=a.t0_us / 1e6,
                                       phases=a.phases, steps=a.steps, epoch=a.epoch, applied=a.applied,
-                                      join_step=join, first_step=a.first_step, absent=tuple(self.ranks[r] for r in self.sight.absent)
+                                      join_step=join, first_step=a.first_step,
+                                      absent=tuple(self.ranks[r] for r in self.sight.absent)
                                       if self.sight is not None else ()))
 
     async def _server_startup(self) -> tuple[Schedule, int]:
@@ -408,6 +408,7 @@ class Clock(Actor):
         # A frame's way from a screen to the other camera, each way: half the slowest worker's measured round
         # trip, and never less than ROUND_HOLDS holds.
         trips = [t for f in self.flights.values() if (t := f.round_trip()) is not None]
+        half_trip = max(trips) / 2 if trips else 0.0
         ranks = len(self.ranks)
         ups = {w: [w] + (self._way(w, me) or [me]) for w in self.others}
         downs = {w: [me] + (self._way(me, w) or [w]) for w in self.others}
@@ -415,26 +416,25 @@ class Clock(Actor):
         def phase(ways: dict[str, list[str]], shows: dict[str, int]) -> tuple[float, float]:
             """The slowest way's time (hop by hop, each screen's queue of `shows` tensors), and the lowest
             share of frames read on any hop."""
-            readers = {a: tuple(sorted({b for way in ways.values() for x, b in zip(way, way[1:]) if x == a}))
-                       for a in self.ranks}
+            mine = {way[1] for way in ways.values() if way[0] == me}  # (this screen's readers in the phase)
             # (no way at all, where the room started without every other worker: one hop read whole, for the
             # observers the word is shown to)
             codec, hold = self.ladder[room]
             worst = 0.0 if ways else ((codec.frames_needed(self.tensor_bytes, ranks) + self.margin_frames) * hold
-                                      + max([ROUND_HOLDS * hold] + [t / 2 for t in trips]))
+                                      + max(ROUND_HOLDS * hold, half_trip))
             low = 1.0
             for way in ways.values():
                 k = broadcast_chunks(self.tensor_bytes, len(way) - 1, ranks)
                 longest = chunks(self.tensor_bytes, k)[0][1]
                 hops, flight = [], 0.0
                 for a, b in zip(way, way[1:]):
-                    layout = min(self._layout(a, b, readers[a]), len(self.ladder) - 1)
+                    layout = min(self._layout(a, b, mine), len(self.ladder) - 1)
                     codec, hold = self.ladder[layout]
                     q = sight.rate(index[b], index[a]) if layout == room else OTHER_LAYOUT_SHARE
                     low = min(low, q)
                     frames = codec.frames_needed(longest, ranks)
                     hops.append((shows[a] * frames / max(q, 0.25) + self.margin_frames) * hold)
-                    flight = max([flight, ROUND_HOLDS * hold] + [t / 2 for t in trips])
+                    flight = max(flight, ROUND_HOLDS * hold, half_trip)
                 worst = max(worst, sum(hops) + (k - 1) * max(hops) + len(hops) * flight)
             return round(worst, 4), low
 

@@ -39,8 +39,8 @@ import torch
 
 from protocols import snapshot as snap
 from protocols import sync
-from protocols.messages import (AveragedGradient, LocalGradient, ScheduleChanged, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
-                                TensorReceived, Tick)
+from protocols.messages import (AveragedGradient, LocalGradient, ScheduleChanged, ScheduleDone, ScheduleKnown,
+                                SendTensor, Snapshot, TensorReceived, Tick)
 from protocols.security import NO_KEY, RoomKey
 from wccl.compression import Codec, ErrorFeedback, get_codec
 from wccl.runtime.actor import Actor, ActorContext, Overflow

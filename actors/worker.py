@@ -42,8 +42,8 @@ from typing import Any
 import structlog
 
 from protocols import snapshot as snap
-from protocols.messages import (AveragedGradient, LocalGradient, ScheduleChanged, ScheduleDone, ScheduleKnown, SendTensor, Snapshot,
-                                TensorReceived, Tick)
+from protocols.messages import (AveragedGradient, LocalGradient, ScheduleChanged, ScheduleDone, ScheduleKnown,
+                                SendTensor, Snapshot, TensorReceived, Tick)
 from wccl.compression import Codec, CodecError, ErrorFeedback, get_codec
 from wccl.runtime.actor import Actor, ActorContext
 from protocols.registry import REGISTRY
