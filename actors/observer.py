@@ -3,7 +3,8 @@
 Consumes: `TensorReceived` (from the server only, overheard: its transfers
 are meant for the workers; stream `avg`, its word on one step: the averaged
 gradient, or empty for a skipped step; stream `params`, a snapshot of the
-server's training state, protocols.snapshot).
+server's training state, protocols.snapshot; the last one, its step one
+past the last step, is the run's end state).
 Emits: nothing; it logs `observer_step` after every update it applies (test
 accuracy and loss on its own copy of the held-out digits, and its
 predictions for the first few of them), `observer_missed_step`,
@@ -26,8 +27,9 @@ in is checked against its own (`observer_snapshot_checked`); one that
 differs stalls it until a snapshot of a later state.
 
 It has no schedule of its own: its run ends once it has applied the last
-step's average (`steps` from config), or when its node is ended (the room's
-run is over) or stopped. A stalled observer waits until then; one that ends
+step's average (`steps` from config) or holds the run's end state (the
+final snapshot, checked against its own or taken), or when its node is
+ended (the room's run is over) or stopped. A stalled observer waits until then; one that ends
 before the last step's average says so (`observer_incomplete`, or
 `observer_interrupted` when the run was stopped).
 """
@@ -95,7 +97,7 @@ class Observer(Actor):
         if msg.stream == "avg":
             self._average(msg)
         elif msg.stream == "params":
-            self._snapshot(msg.payload)
+            self._snapshot(msg.payload, final=msg.step >= self.steps)
 
     # ------------------------------------------------------------------ averages
     def _average(self, msg: TensorReceived) -> None:
@@ -158,8 +160,9 @@ class Observer(Actor):
         return model(self.replica.dataset.test_x[: self.show_digits]).argmax(dim=1).tolist()
 
     # ------------------------------------------------------------------ snapshots
-    def _snapshot(self, payload: bytes) -> None:
-        """The server's state: recover from it when stalled or behind; otherwise check ours against it."""
+    def _snapshot(self, payload: bytes, final: bool = False) -> None:
+        """The server's state: recover from it when stalled or behind; otherwise check ours against it.
+        `final`: the run's end state; once the replica holds it, nothing more is to come."""
         r = self.results
         try:
             s = snap.decode_snapshot(payload)
@@ -181,6 +184,8 @@ class Observer(Actor):
             r["snapshots_checked"] += 1
             self.log.info("observer_snapshot_checked", applied=s.applied, identical=identical)
             if identical:
+                if final and s.applied == r["applied"]:
+                    r["last_step"] = self.steps - 1
                 return
             if s.applied < r["applied"]:
                 r["stalled"] = self._drifted = True  # drifted since then: wait for a snapshot of a later state
@@ -191,8 +196,10 @@ class Observer(Actor):
         self._drifted = False
         r["recovered"] += 1
         self._digests = {(s.epoch, s.applied): s.digest()}
-        self.log.info("observer_recovered", applied=s.applied, epoch=s.epoch, from_applied=was)
+        self.log.info("observer_recovered", applied=s.applied, epoch=s.epoch, from_applied=was, final=final)
         self._apply_kept()
+        if final:
+            r["last_step"] = self.steps - 1
 
     def _remember(self) -> None:
         r = self.results

@@ -24,8 +24,10 @@ what arrived if at least `quorum` workers made it, otherwise skips the step
 the node's clock at its CPU time (times `compute_scale`). The server keeps
 its own copy of the training state (it applies each average), sends it as a
 snapshot every `snapshot_every` steps and when a node asks (in the screen time
-the steps leave), and at once after resuming (ahead of the steps' words),
-and writes a checkpoint every `checkpoint_every` updates.
+the steps leave), at once after resuming (ahead of the steps' words), and,
+when the room has observers, once more after the last step (`final`, its
+step one past the last: the run's end state, for an observer that missed a
+word near the end), and writes a checkpoint every `checkpoint_every` updates.
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ class ParameterServer(Actor):
         elif isinstance(msg, ScheduleDone):
             for step in range(self._reduced + 1, msg.steps):  # the schedule ends at the last step's deadline
                 await self._reduce(step)
+            if self.observed:  # (shown while the node drains; one still due to a node goes as this one)
+                self._snapshot_due = ("final", self._snapshot_due[1] if self._snapshot_due else ())
+                await self._send_snapshot(msg.steps)
 
     async def _schedule_known(self, msg: ScheduleKnown) -> None:
         self.schedule = Schedule(t0=msg.t0, phases=msg.phases, first_step=msg.first_step)

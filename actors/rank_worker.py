@@ -31,7 +31,8 @@ rank shows, for them only (no rank reads it: protocols.transfer names the
 sender as its reader), each step's word as the parameter server's run does:
 the encoded average every rank applied (empty for a skipped step) with the
 state it applies to (`base`: updates applied before it), and a snapshot of
-its training state every `snapshot_every` steps (protocols.snapshot); they
+its training state every `snapshot_every` steps and after the last one
+(`final`, its step one past the last; protocols.snapshot); they
 linger for observers in the screen time the collectives leave and while
 they wait for acknowledgements (protocols.planner).
 An observer then rebuilds the ranks' model bit for bit, or says what it
@@ -423,15 +424,19 @@ class RankWorker(Actor):
 
     async def _show_observers(self, step: int, base: int, word: bytes) -> None:
         """The step's word (the encoded average applied to the state of `base` updates; empty: skipped) and,
-        every `snapshot_every` steps, the state after it: for observers only (no rank reads them)."""
+        every `snapshot_every` steps and after the last, the state after it: for observers only (no rank reads
+        them). The last step's snapshot goes as step `steps` (one past the last): the run's end state."""
         fields = dict(sender=self.ctx.node, time=self.clock.now(), step=step, to=(), epoch=0, overheard=True)
         await self.emit(SendTensor(**fields, stream="avg", payload=word, base=base))
         self.results["shown_to_observers"] += 1
-        if (step + 1) % self.snapshot_every == 0 and step + 1 < self.steps:
+        final = step + 1 >= self.steps
+        if final or (step + 1) % self.snapshot_every == 0:
             applied = self.results["applied"]
             state = snap.encode_snapshot(snap.Snapshot(applied, 0, self.replica.export_state()))
-            self.log.info("snapshot_shown", reason="periodic", applied=applied, epoch=0, bytes=len(state), to=[])
-            await self.emit(SendTensor(**fields, stream="params", payload=state, base=applied, background=True))
+            self.log.info("snapshot_shown", reason="final" if final else "periodic", applied=applied, epoch=0,
+                          bytes=len(state), to=[])
+            await self.emit(SendTensor(**{**fields, "step": step + 1 if final else step}, stream="params",
+                                       payload=state, base=applied, background=not final))
 
     def _apply(self, step: int, done: CollectiveDone) -> tuple[dict[str, Any] | None, bytes]:
         """Reduce every rank's gradient and apply the average: (what to log, or None if nothing was; the

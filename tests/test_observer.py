@@ -76,7 +76,9 @@ def test_an_observer_rebuilds_the_ranks_model_when_every_node_is_a_rank(_quiet_l
     seen = {e["step"]: e["test_accuracy"] for e in _events(_quiet_logs, "observer_step")}
     ranks = {e["step"]: e["test_accuracy"] for e in _events(_quiet_logs, "step_applied") if e["node"] == "alice"}
     assert sorted(seen) == list(range(9)) and seen == ranks
-    assert [e["applied"] for e in _events(_quiet_logs, "snapshot_shown")] == [4, 8]
+    # every 4 steps, and the end state after the last (observers only: a word missed near the end)
+    assert [(e["applied"], e["reason"]) for e in _events(_quiet_logs, "snapshot_shown")] == \
+        [(4, "periodic"), (8, "periodic"), (9, "final")]
     # bob rebuilt none of alice's words for observers: they name alice as their reader
     assert "tensors_avg" not in result["link"]["bob"] and result["link"]["carol"]["tensors_avg"] == 9
 
@@ -181,6 +183,34 @@ def test_an_average_read_late_lets_the_observer_catch_up_without_a_snapshot(_qui
     assert torch.equal(observer.parameters_flat(), server.parameters_flat())
     assert [e["step"] for e in _events(_quiet_logs, "observer_step")] == [0, 1, 2, 3]
     assert len(_events(_quiet_logs, "observer_caught_up")) == 1 and not _events(_quiet_logs, "observer_incomplete")
+
+
+def test_the_final_snapshot_ends_an_observer_that_missed_the_last_words(_quiet_logs):
+    """Steps 2 and 3's averages never read (the run is over for the server once its ranks have them): the
+    snapshot the server shows after the last step (its step one past the last) brings the observer to the
+    run's end state, and its run ends there, on the server's parameters bit for bit; a periodic snapshot of
+    the same state would not have ended it."""
+    cfg = make_config(training={"steps": 4})
+    avgs, server = _trained(cfg, 4)
+    observer = _fresh(cfg)
+
+    async def go():
+        async with ActorHarness(Observer, node="carol", replica=observer, server="alice", steps=4) as h:
+            for s in range(2):
+                await h.send(_avg(s, avgs[s]))
+            await h.send(_params(4, server))  # (as a periodic snapshot: step 3)
+            await h.settle()
+            periodic = dict(h.results["observer"])
+            final = _params(4, server).model_copy(update={"step": 4})
+            await h.send(final)
+            await asyncio.wait_for(h.task, 5)
+            return periodic, h.results["observer"]
+
+    periodic, final = run_virtual(go)
+    assert periodic["applied"] == 4 and periodic["last_step"] == 1  # taken, but the run's end not known
+    assert final["applied"] == 4 and final["last_step"] == 3 and not final["stalled"]
+    assert torch.equal(observer.parameters_flat(), server.parameters_flat())
+    assert not _events(_quiet_logs, "observer_incomplete")
 
 
 def test_snapshots_of_states_the_observer_went_through_are_checked_not_adopted(_quiet_logs):

@@ -578,7 +578,7 @@ class RecoveryConfig(_Strict):
     """Snapshots over the light (rejoining nodes) and checkpoints on disk (the server's; with exchange =
     "collectives", every rank's)."""
 
-    snapshot_every: int = Field(default=10, ge=1)  # the server shows its state every N steps (and on request)
+    snapshot_every: int = Field(default=10, ge=1)  # the server shows its state every N steps (and on request; with observers, after the last step too)
     checkpoint_every: int = Field(default=10, ge=0)  # the server (collectives: every rank) writes one every N steps (0: never)
     checkpoint_dir: str | None = None  # relative to the config file's folder (default: runs/<room file's name>)
     resume: bool = False  # the server (collectives: every rank) resumes from its checkpoint (`python -m wccl.node --resume`)
