@@ -132,9 +132,6 @@ class Clock(Actor):
         # asks of this screen (protocols.adapt); a direction not in them shows the room's layout
         self.asks_of: dict[int, int] = {}
         self.asked_by: dict[int, int] = {}
-        # The directions (screen's rank, reader's rank) whose reader has asked for a layout other than the room's
-        # since start-up: what start-up measured of them is no measure of the room now
-        self._moved: set[tuple[int, int]] = set()
         self._announced = asyncio.Event()
         self._synced = asyncio.Event()
         self.wants_snapshot = False
@@ -147,14 +144,10 @@ class Clock(Actor):
             asks = {r: k for r, k in enumerate(msg.asks) if k != NO_ASK}
             if asks != self.asks_of:
                 self.asks_of = asks
-                me = self.ranks.index(self.ctx.node)
-                self._moved |= {(r, me) for r, k in asks.items() if self._off_room(k)}
                 await self._layouts_changed()
         elif isinstance(msg, LayoutAsked):
             if self.asked_by.get(msg.origin) != msg.layout:
                 self.asked_by[msg.origin] = msg.layout
-                if self._off_room(msg.layout):
-                    self._moved.add((self.ranks.index(self.ctx.node), msg.origin))
                 await self._layouts_changed()
         elif isinstance(msg, SightKnown):
             self.sight = msg
@@ -305,9 +298,6 @@ class Clock(Actor):
                     if k != room and r < len(self.ranks)})
         return out
 
-    def _off_room(self, k: int) -> bool:
-        return self.sight is not None and k != self.sight.layout
-
     def _layout(self, shown: str, reader: str, readers: set[str]) -> int:
         """The layout (index into `ladder`) `shown`'s screen shows a transfer to `reader` in, as this node
         knows: this camera's ask of a screen it reads; for this node's screen, the most robust any of its
@@ -404,8 +394,7 @@ class Clock(Actor):
         (at first the one discovery chose; then each direction's, as its reader asks, `_layout`): along each
         worker's way to the server (and back), per hop, the tensors that screen shows in the phase times their
         frames in the hop's layout, divided by the share of frames the next camera reads of it (measured at
-        start-up in the room's layout; OTHER_LAYOUT_SHARE in another, and at most that once the hop's reader
-        asked for another layout: what start-up measured no longer holds), plus `margin_frames`, in frame holds,
+        start-up in the room's layout, OTHER_LAYOUT_SHARE in another), plus `margin_frames`, in frame holds,
         plus a frame's flight (half the slowest worker's measured round trip, at least ROUND_HOLDS holds); the
         phase is the slowest way's time (Sight.route's ways, as the tensors take them). Where every worker and
         the server read each other's screens, one hop each way. A way of several hops carries its tensors in
@@ -442,8 +431,6 @@ class Clock(Actor):
                     layout = min(self._layout(a, b, mine), len(self.ladder) - 1)
                     codec, hold = self.ladder[layout]
                     q = sight.rate(index[b], index[a]) if layout == room else OTHER_LAYOUT_SHARE
-                    if (index[a], index[b]) in self._moved:  # (back in the room's layout after an ask)
-                        q = min(q, OTHER_LAYOUT_SHARE)
                     low = min(low, q)
                     frames = codec.frames_needed(longest, ranks)
                     hops.append((shows[a] * frames / max(q, 0.25) + self.margin_frames) * hold)
