@@ -435,8 +435,8 @@ class RankWorker(Actor):
             state = snap.encode_snapshot(snap.Snapshot(applied, 0, self.replica.export_state()))
             self.log.info("snapshot_shown", reason="final" if final else "periodic", applied=applied, epoch=0,
                           bytes=len(state), to=[])
-            await self.emit(SendTensor(**{**fields, "step": step + 1 if final else step}, stream="params",
-                                       payload=state, base=applied, background=not final))
+            fields["step"] = step + 1 if final else step
+            await self.emit(SendTensor(**fields, stream="params", payload=state, base=applied, background=not final))
 
     def _apply(self, step: int, done: CollectiveDone) -> tuple[dict[str, Any] | None, bytes]:
         """Reduce every rank's gradient and apply the average: (what to log, or None if nothing was; the

@@ -111,6 +111,11 @@ def _read_all(fds: list[int], timeout: float) -> dict[int, str]:
     return {fd: b"".join(c).decode(errors="replace") for fd, c in chunks.items()}
 
 
+# What torch 2.13's gloo prints when it aborts a process at exit (a C++ thread still joinable at static
+# destruction): a reference run that ends so is run again (gloo_reference below, tests/test_lab.py).
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
 def gloo_reference(script: Path, n: int, *args: str, timeout: float = 300, tries: int = 3):
     """The gloo reference: `script` on `n` gloo ranks over localhost (as torchrun runs it: `_gloo_once`), its
     JSON lines sorted by rank.
@@ -127,7 +132,7 @@ def gloo_reference(script: Path, n: int, *args: str, timeout: float = 300, tries
             return lines
         if "address already in use" in stderr.lower():
             continue
-        if "terminate called without an active exception" not in stderr:
+        if GLOO_EXIT_ABORT not in stderr:
             break
         counts = Counter(d["rank"] for d in lines)
         if sorted(counts) == list(range(n)) and len(set(counts.values())) == 1:
