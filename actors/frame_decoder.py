@@ -249,6 +249,8 @@ class FrameDecoder(Actor):
         self._vote: tuple[float, float] | None = None  # the lens trial's reads of the code in the layout tried
         self._place_vote: tuple | None = None  # the same at a place on trial (LensFit.place_vote)
         self._idle = False  # the code being read looked like an idle screen in some layout tried
+        self._blank = False  # the code being read is an idle screen (no layout read it, every one tried saw it even)
+        self._even = False  # the code looked even (idle) in the layout just tried
         self.ladder = ladder or [codec]
         self.holds = holds
         self.models = [reader.ColourModel(c.layout) for c in self.ladder]
@@ -357,9 +359,9 @@ class FrameDecoder(Actor):
                 order = list(range(k, len(self.ladder))) + list(range(k))
             else:
                 order = list(self._order)
-            done = self._idle = False
+            done = self._idle = self._blank = False
             self._at = (quad.corners.mean(axis=0), max(quad.bbox[2:]), msg.time)
-            idle_first = False
+            even_all = True
             for i, k in enumerate(order):
                 self._use(k)
                 self._vote = self._place_vote = None
@@ -368,7 +370,7 @@ class FrameDecoder(Actor):
                 self._defer_idle = len(order) > 1
                 self._read_sender = None
                 done = await self._read(msg, quad, previous)
-                idle_first = idle_first or (i == 0 and self._idle)
+                even_all = even_all and self._even
                 if done:
                     self._read_at[place] = k
                     self._read_when[place] = msg.time
@@ -382,15 +384,17 @@ class FrameDecoder(Actor):
                     if self._place_vote is not None:
                         self._lens_place_vote(*self._place_vote)
                     break
-            if not done and (self._idle if self.current is None else idle_first):
-                # even in every layout tried: an idle screen (once the layout is chosen: even in the one last
-                # read there; a finer layout's frame sampled through another grid can look even)
+            if not done and (self._idle if self.current is None else even_all):
+                # even in a layout tried: an idle screen (once the layout is chosen: even in every layout tried;
+                # a denser layout's frame sampled through a coarser grid can look even, the more so the less
+                # contrast the camera sees, and in its own grid it does not)
                 self.stats["idle_screens"] += 1
-                done = True
+                done = self._blank = True
             if self.adapter is not None:
                 sender = self._sender_of(place, quad.corners.mean(axis=0))
                 if sender is not None:
-                    self.adapter.outcome(sender, done, msg.time)
+                    # (an idle screen is in view, but says nothing of whether its layout reads)
+                    self.adapter.outcome(sender, None if self._blank else done, msg.time)
             centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
             self.watch.code_at(centre, msg.time, idle=done and self._idle)
             if done:
@@ -575,13 +579,14 @@ class FrameDecoder(Actor):
         marks the code (`_idle`), and the caller decides whether it is an idle screen.
         """
         sampled = self._sample(msg.image, quad)
-        if reader.is_idle(sampled[0], self.grid):
+        self._even = reader.is_idle(sampled[0], self.grid)
+        if self._even:
             if self._trial or self._defer_idle:
                 # Not yet: a frame of another layout of the ladder sampled through this grid can look even
                 # (fine cells averaged into big ones, under blur); idle only if no layout reads it.
                 self._idle = True
                 return False
-            self._idle = True
+            self._idle = self._blank = True
             self.stats["idle_screens"] += 1
             return True
         centre = quad.corners.mean(axis=0)

@@ -3,7 +3,7 @@
 Start-up chooses one layout of the ladder for the room (protocols.discovery). Then every reader keeps
 its own choice per sender (`LayoutAdapter`), the way Wi-Fi rate control keeps one per link (Minstrel):
 from what its camera made of the sender's screen, capture by capture (`outcome`: the sender's code was
-read, or found and not read in any layout tried). It asks for the next more robust layout of the ladder
+read, or found and not read in any layout tried; an idle screen judges nothing). It asks for the next more robust layout of the ladder
 when reads fall (under DOWN_BELOW of the captures over the last WINDOW_S, or under 60 % of the share its
 first window read where that is lower, once SETTLE_S has passed since
 its last ask: the sender needs that long to hear the ask and switch), and for the next denser one that
@@ -107,9 +107,10 @@ class LayoutAdapter:
         """Each rank's asked layout, `none` for a rank not asked."""
         return tuple(self._senders[r].asked if r in self._senders else none for r in range(world))
 
-    def outcome(self, sender: int, read: bool, now: float) -> None:
-        """One capture of `sender`'s screen: its code read (a frame, a repeat or an idle screen) or found and
-        not read."""
+    def outcome(self, sender: int, read: bool | None, now: float) -> None:
+        """One capture of `sender`'s screen: its code read (a frame or a repeat), found and not read, or
+        (None) an idle screen: in view and read as one, but no measure of whether its frames read (a layout
+        that reads none of them would otherwise be judged by the captures between its transfers)."""
         s = self._senders.get(sender)
         if s is None:
             return
@@ -117,11 +118,11 @@ class LayoutAdapter:
             s.found_again, s.back_at = True, now
             s.outcomes.clear()
         s.last_seen = now
-        if read:
+        if read is not False:
             if s.last_read is not None and now - s.last_read >= LOST_S and now - s.since >= SETTLE_S + LOST_S:
                 s.found_again = True
             s.last_read = now
-        if now >= max(s.since, s.back_at) + SETTLE_S:
+        if read is not None and now >= max(s.since, s.back_at) + SETTLE_S:
             s.outcomes.append((now, read))
 
     def decide(self, now: float) -> list[Change]:

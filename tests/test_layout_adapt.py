@@ -63,6 +63,28 @@ def test_good_reads_try_a_denser_layout_and_a_failed_try_waits_twice_as_long():
     assert _feed(a, 1, 1.0, t2, t2 + adapt.SETTLE_S + adapt.PROBE_S + 1.0)[0] is None and a.asked(1) == 1
 
 
+def test_a_denser_try_whose_frames_never_read_goes_back_however_idle_the_screen_is_between_them():
+    """Four captures in five of an idle screen between transfers: in view, read as idle, but no measure of
+    the layout. The try's frames (one capture in five) never read, so it goes back after settling; idle
+    stretches longer than LOST_S are a screen in view, not one found again."""
+    a = LayoutAdapter(4)
+    a.start(1, 2, now=0.0, best=0)
+    up, t = _feed(a, 1, 1.0, 0.0, 60.0)
+    assert (up.layout, up.why) == (1, "better")
+    n, back = 0, None
+    while back is None and n < 300:
+        n += 1
+        t += 1 / 30
+        a.outcome(1, None if n % 5 else False, t)  # (counted as read, the share would be 80 %: kept)
+        back = (a.decide(t) or [None])[0]
+    assert back is not None and (back.layout, back.why) == (2, "back") and back.share == 0.0
+    start = t
+    for i in range(60):  # two seconds of an idle screen, then reads: no "found again" ask
+        a.outcome(1, None, start + i / 30)
+        assert a.decide(start + i / 30) == []
+    assert _feed(a, 1, 1.0, start + 2.0, start + 5.0)[0] is None and a.asked(1) == 2
+
+
 def test_a_screen_found_again_after_it_was_gone_is_asked_for_its_last_good_layout_at_once():
     """A lid turned away and back: the screen reads badly on its way out (the ask falls), is gone for a
     while, and once found again is asked for the layout it read well in before, not climbed back to."""

@@ -304,6 +304,13 @@ def test_render_and_layout_geometry():
     assert g.frame_bytes == g.n_data * 2 // 8 and g.n_data == (roles == layout.DATA).sum()
     img = layout.render(bytes(range(g.frame_bytes)), g, 96, 48, sender=5, parity=1)
     assert img.shape == (48, 96, 3) and img.dtype == np.uint8
+    # every cell a 3 x 3 square of its colour, the code centred on black (odd margins: one more right, below)
+    cells_of = layout.render_cells(bytes(range(g.frame_bytes)), g, sender=5, parity=1)
+    drawn = np.repeat(np.repeat(cells_of, 3, axis=0), 3, axis=1)
+    y0, x0 = (48 - drawn.shape[0]) // 2, (96 - drawn.shape[1]) // 2
+    want = np.zeros_like(img)
+    want[y0 : y0 + drawn.shape[0], x0 : x0 + drawn.shape[1]] = drawn
+    assert drawn.shape == (30, 78, 3) and np.array_equal(img, want)
     grid = layout.render_cells(bytes(g.frame_bytes), g, sender=5, parity=1)
     assert (grid[0] == 255).all() and (grid[:, 0] == 255).all()  # the white locator ring
     flat = grid[1:-1, 1:-1].reshape(-1, 3)

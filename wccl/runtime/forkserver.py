@@ -44,8 +44,11 @@ from collections.abc import Mapping
 from wccl.runtime.hostos import end_with_parent
 
 # What a rank imports before its first step: torch, its backend, wccl's; DDP's constructor imports
-# torch._dynamo (and FSDP with it), 1.6 CPU s of its own.
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "wccl.distributed")
+# torch._dynamo (and FSDP with it), 1.6 CPU s of its own. The backend's process group and node, the
+# media (the room's client) and scipy.optimize (a camera's lens fit) are imported when the rank's
+# script calls init_process_group: about 0.8 CPU s more per rank.
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "wccl.distributed",
+           "wccl.distributed.backend", "wccl.distributed.rank_node", "wccl.media.parts", "scipy.optimize")
 REAP_EVERY_S = 0.05  # how often the helper looks for children that ended (an exit is seen this late at most)
 START_S = 120.0  # the helper's imports and the first fork, at most (a loaded machine)
 MAX_FDS = 8
