@@ -9,6 +9,9 @@ here knows about light except the backend's name. At the end every rank
 prints one JSON line: rank, test_accuracy, params_sha256 (of its final
 parameters: equal on every rank, and equal to gloo's with two ranks),
 sim_seconds (the room's simulated time for wccl; wall time otherwise).
+With --step-times each rank also prints, after each step, a JSON line with
+its step and the seconds so far (the same clock): a step's time is the
+difference between two.
 
 The model: the hackathon's 670-parameter CNN by default (identity-started
 convs and a zero head, so it trains from every seed), or any nn.Module by
@@ -47,6 +50,15 @@ def params_sha256(model: torch.nn.Module) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
+def seconds_so_far(backend: str, wall0: float) -> float:
+    """The room's simulated seconds for wccl; wall seconds since `wall0` otherwise."""
+    if backend == "wccl":
+        import wccl.distributed as wd
+
+        return wd.sim_seconds()
+    return time.perf_counter() - wall0
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--backend", default="wccl", help="torch.distributed backend (default: wccl)")
@@ -57,6 +69,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0, help="model initialisation")
     p.add_argument("--data-seed", type=int, default=0, help="split and batch order")
     p.add_argument("--save-params", help="also save the final parameters (.npy); {rank} is replaced")
+    p.add_argument("--step-times", action="store_true", help="print each step's end (rank, step, seconds)")
     args = p.parse_args()
 
     torch.set_num_threads(1)  # results must not depend on the thread count (bit-exact against gloo)
@@ -75,15 +88,13 @@ def main() -> None:
         opt.zero_grad()
         F.cross_entropy(model(xb), yb).backward()
         opt.step()
+        if args.step_times:
+            print(json.dumps({"rank": rank, "step": step, "seconds": round(seconds_so_far(args.backend, wall0), 3)}),
+                  flush=True)
 
     with torch.no_grad():
         acc = (model.module(data.test_x).argmax(1) == data.test_y).float().mean().item()
-    if args.backend == "wccl":
-        import wccl.distributed as wd
-
-        seconds = wd.sim_seconds()
-    else:
-        seconds = time.perf_counter() - wall0
+    seconds = seconds_so_far(args.backend, wall0)
     if args.save_params:
         import numpy as np
 

@@ -174,6 +174,18 @@ def equal_to_gloo(ours: list[dict], theirs: list[dict]) -> None:
 
 
 @pytest.mark.slow
+def test_the_ddp_example_says_when_each_step_ended_when_asked():
+    """examples/ddp_mnist.py --step-times (over gloo: its clock is the wall's): a line a step on each rank,
+    each later than the one before, then the rank's result."""
+    lines = gloo_reference(EXAMPLES / "ddp_mnist.py", 2, "--steps", "3", "--step-times")
+    for rank in (0, 1):
+        mine = [d for d in lines if d["rank"] == rank]
+        assert [d.get("step") for d in mine[:3]] == [0, 1, 2] and "params_sha256" in mine[3], mine
+        seconds = [d["seconds"] for d in mine[:3]] + [mine[3]["sim_seconds"]]
+        assert seconds == sorted(seconds) and seconds[0] > 0, mine
+
+
+@pytest.mark.slow
 def test_every_collective_dtype_and_op_is_right_on_two_ranks(tmp_path):
     proc, lines = launch(room_file(tmp_path, 2), SCRIPTS / "parts.py", "matrix")
     assert proc.returncode == 0, proc.stderr[-4000:]
