@@ -249,7 +249,6 @@ class FrameDecoder(Actor):
         self._vote: tuple[float, float] | None = None  # the lens trial's reads of the code in the layout tried
         self._place_vote: tuple | None = None  # the same at a place on trial (LensFit.place_vote)
         self._idle = False  # the code being read looked like an idle screen in some layout tried
-        self._blank = False  # the code being read is an idle screen (no layout read it, every one tried saw it even)
         self._even = False  # the code looked even (idle) in the layout just tried
         self.ladder = ladder or [codec]
         self.holds = holds
@@ -359,7 +358,7 @@ class FrameDecoder(Actor):
                 order = list(range(k, len(self.ladder))) + list(range(k))
             else:
                 order = list(self._order)
-            done = self._idle = self._blank = False
+            done = self._idle = False
             self._at = (quad.corners.mean(axis=0), max(quad.bbox[2:]), msg.time)
             even_all = True
             for i, k in enumerate(order):
@@ -384,17 +383,18 @@ class FrameDecoder(Actor):
                     if self._place_vote is not None:
                         self._lens_place_vote(*self._place_vote)
                     break
+            blank = done and self._even  # (read as an idle screen in the only layout tried)
             if not done and (self._idle if self.current is None else even_all):
                 # even in a layout tried: an idle screen (once the layout is chosen: even in every layout tried;
                 # a denser layout's frame sampled through a coarser grid can look even, the more so the less
                 # contrast the camera sees, and in its own grid it does not)
                 self.stats["idle_screens"] += 1
-                done = self._blank = True
+                done = blank = True
             if self.adapter is not None:
                 sender = self._sender_of(place, quad.corners.mean(axis=0))
                 if sender is not None:
                     # (an idle screen is in view, but says nothing of whether its layout reads)
-                    self.adapter.outcome(sender, None if self._blank else done, msg.time)
+                    self.adapter.outcome(sender, None if blank else done, msg.time)
             centre, (_, _, w, h) = quad.corners.mean(axis=0), quad.bbox
             self.watch.code_at(centre, msg.time, idle=done and self._idle)
             if done:
@@ -586,7 +586,7 @@ class FrameDecoder(Actor):
                 # (fine cells averaged into big ones, under blur); idle only if no layout reads it.
                 self._idle = True
                 return False
-            self._idle = self._blank = True
+            self._idle = True
             self.stats["idle_screens"] += 1
             return True
         centre = quad.corners.mean(axis=0)

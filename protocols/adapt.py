@@ -1,23 +1,23 @@
 """Which layout a reader asks each screen it reads to show its frames to it in, while the run goes.
 
-Start-up chooses one layout of the ladder for the room (protocols.discovery). Then every reader keeps
-its own choice per sender (`LayoutAdapter`), the way Wi-Fi rate control keeps one per link (Minstrel):
-from what its camera made of the sender's screen, capture by capture (`outcome`: the sender's code was
-read, or found and not read in any layout tried; an idle screen judges nothing). It asks for the next more robust layout of the ladder
-when reads fall (under DOWN_BELOW of the captures over the last WINDOW_S, or under 60 % of the share its
-first window read where that is lower, once SETTLE_S has passed since
-its last ask: the sender needs that long to hear the ask and switch), and for the next denser one that
-carries more (`rates`) when reads have been good (at least UP_ABOVE) for `up_after` seconds; a denser layout that then reads under
-TRY_BELOW within PROBE_S is asked back down and not tried again for twice as long (up to UP_AFTER_MAX_S). A screen
-the camera does not find at all (a hand over it, the screen out of view) changes nothing: no layout
-reads a screen that is not there. A screen captured again after LOST_S without a capture of it (a lid
-turned away and back), or read again after LOST_S without a read, not just after an ask (a screen partly
-out of view put back): what fell on the way is no measure of the room now, so it is asked for the last
-layout it read well in, at once, and captures of a screen coming back into view judge nothing for
-SETTLE_S. The asks travel in every frame this reader shows (protocols.transfer
-`asks`), and the sender shows what each reader needs in the most robust layout any of its readers asked
-for (actors/screen_writer.py); a reader tries the layout it last read a screen in first, then the one it
-asked for, so a change needs no agreement on when it takes effect.
+Start-up chooses one layout of the ladder for the room (protocols.discovery). Then every reader keeps its
+own choice per sender (`LayoutAdapter`), the way Wi-Fi rate control keeps one per link (Minstrel): from what
+its camera made of the sender's screen, capture by capture (`outcome`: the sender's code was read, or found
+and not read in any layout tried; an idle screen judges nothing). It asks for the next more robust layout of
+the ladder when reads fall (under DOWN_BELOW of the captures over the last WINDOW_S, or under 60 % of the
+share its first window read where that is lower, once SETTLE_S has passed since its last ask: the sender
+needs that long to hear the ask and switch), and for the next denser one that carries more (`rates`) when
+reads have been good (at least UP_ABOVE) for `up_after` seconds; a denser layout that then reads under
+TRY_BELOW within PROBE_S is asked back down and not tried again for twice as long (up to UP_AFTER_MAX_S). A
+screen the camera does not find at all (a hand over it, the screen out of view) changes nothing: no layout
+reads a screen that is not there. A screen captured again after LOST_S without a capture of it (a lid turned
+away and back), or read again after LOST_S without a read, not just after an ask (a screen partly out of
+view put back): what fell on the way is no measure of the room now, so it is asked for the last layout it
+read well in, at once, and captures of a screen coming back into view judge nothing for SETTLE_S. The asks
+travel in every frame this reader shows (protocols.transfer `asks`), and the sender shows what each reader
+needs in the most robust layout any of its readers asked for (actors/screen_writer.py); a reader tries the
+layout it last read a screen in first, then the one it asked for, so a change needs no agreement on when it
+takes effect.
 
 Pure: no clocks (times are passed in), no I/O.
 """
