@@ -56,11 +56,12 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from protocols import sync
+from protocols import adapt, sync
 from protocols.algorithms import Sight, chunks
 from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import (Drain, FrameTiming, LayoutAsked, LayoutAsks, ScheduleChanged, ScheduleDone,
                                 ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick)
+from protocols.link import in_ladder
 from protocols.transfer import NO_ASK
 from wccl.runtime.actor import Actor, ActorContext, GiveUp, Overflow
 from protocols.registry import REGISTRY
@@ -128,7 +129,7 @@ class Clock(Actor):
         self._sight = asyncio.Event()
         self.announce: sync.Announce | None = None
         self.schedule: Schedule | None = None  # the one ticking (changed while the run goes: ScheduleChanged)
-        # The layouts in use (indices into `ladder`): this camera's asks of each rank's screen, and each rank's
+        # The layouts in use (asks' bytes, protocols.adapt): this camera's asks of each rank's screen, and each rank's
         # asks of this screen (protocols.adapt); a direction not in them shows the room's layout
         self.asks_of: dict[int, int] = {}
         self.asked_by: dict[int, int] = {}
@@ -289,7 +290,7 @@ class Clock(Actor):
         me, room = self.ctx.node, self.sight.layout
 
         def words(k: int) -> str:
-            codec, hold = self.ladder[min(k, len(self.ladder) - 1)]
+            codec, hold = in_ladder(self.ladder, k)
             return codec.layout.words(hold)
 
         out = {f"{self.ranks[r]} -> {me}": words(k) for r, k in self.asks_of.items()
@@ -299,14 +300,15 @@ class Clock(Actor):
         return out
 
     def _layout(self, shown: str, reader: str, readers: set[str]) -> int:
-        """The layout (index into `ladder`) `shown`'s screen shows a transfer to `reader` in, as this node
-        knows: this camera's ask of a screen it reads; for this node's screen, the most robust any of its
+        """The layout (an ask's byte, protocols.adapt) `shown`'s screen shows a transfer to `reader` in, as this
+        node knows: this camera's ask of a screen it reads; for this node's screen, the most robust any of its
         `readers` in the phase asked for (actors/screen_writer.py); the room's elsewhere."""
         room, me = self.sight.layout, self.ctx.node
         if reader == me:
             return self.asks_of.get(self.ranks.index(shown), room)
         if shown == me:
-            return max(self.asked_by.get(self.ranks.index(r), room) for r in readers)
+            return adapt.shared([self.asked_by.get(self.ranks.index(r), room) for r in sorted(
+                readers, key=self.ranks.index)], room)
         return room
 
     async def _known(self, a: sync.Announce, join: int) -> None:
@@ -428,8 +430,8 @@ class Clock(Actor):
                 longest = chunks(self.tensor_bytes, k)[0][1]
                 hops, flight = [], 0.0
                 for a, b in zip(way, way[1:]):
-                    layout = min(self._layout(a, b, mine), len(self.ladder) - 1)
-                    codec, hold = self.ladder[layout]
+                    layout = self._layout(a, b, mine)
+                    codec, hold = in_ladder(self.ladder, layout)
                     q = sight.rate(index[b], index[a]) if layout == room else OTHER_LAYOUT_SHARE
                     low = min(low, q)
                     frames = codec.frames_needed(longest, ranks)

@@ -32,7 +32,12 @@ another layout of the ladder when its reads call for it (protocols.adapt:
 `layout_asked`, in words; `LayoutAsks` for the ScreenWriter to show, and
 `LayoutAsked` when a peer's frames ask this node's screen); a code is tried
 in the layout last read at its place, then in the one asked of its sender,
-then, after SEARCH_AFTER_S without a read there, in every layout. A capture that is
+then, after SEARCH_AFTER_S without a read there, in every layout; and where the
+code's shape is a part of the screen's (protocols.layout.PARTS), in that part.
+A screen this camera has not read for CUT_AFTER_S whose code runs out of the
+image on one side is asked for its layout on the part of the screen in view
+(`layout_asked` with why "part in view"), and for the whole again once that
+part reads with room for the rest beside it. A capture that is
 not an H x W x 3 uint8 image is a counted loss. A camera that has read no
 frame `BLIND_WARN_S` after its first capture says what it saw
 (`camera_reads_nothing`: no code, or codes too small to read), and keeps
@@ -57,7 +62,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from protocols import adapt, discovery, fec, streams, transfer
+from protocols import adapt, discovery, fec, layout, streams, transfer
 from protocols.link import LinkCodec
 from protocols.messages import (AcksChanged, Capture, CodeSeen, FrameTiming, HoldsKnown, LayoutAsked, LayoutAsks,
                                 LayoutChosen, PeerAcks, SightKnown, TensorReceived, TransferArrived)
@@ -81,6 +86,14 @@ RECENT_S = 5.0  # ... and first the layouts read there in this long, latest firs
 # Once the run goes: a screen this camera read whose frames have not been read for this long is named, with
 # what to do (`screen_lost`: no code where it was; `screen_unread`: found there, but nothing reads).
 LOST_S = 3.0
+# A screen this camera has not read for this long whose code runs out of the image is asked for the part in view
+# (protocols.adapt), looked for at most every CUT_EVERY_S; a part's share of the whole grid is at most the
+# share in view less PART_MARGIN, and the whole is asked again once the rest of it fits with WHOLE_ROOM to spare
+CUT_AFTER_S = 0.5
+CUT_MIN_PX = 32  # (camera px across both ways: smaller bright outlines are not looked at)
+CUT_EVERY_S = 0.25
+PART_MARGIN = 0.05
+WHOLE_ROOM = 1.15
 # Refusals of frames that read cleanly: made without the room key, replayed, or bent (not noise).
 SUSPECT = ("check_mismatch", "bad_padding", "other_run", "replayed_old", "bad_version", "bad_flags",
            "unknown_op", "unknown_dtype", "bad_length", "unknown_sender")
@@ -252,7 +265,7 @@ class FrameDecoder(Actor):
         self._even = False  # the code looked even (idle) in the layout just tried
         self.ladder = ladder or [codec]
         self.holds = holds
-        self.models = [reader.ColourModel(c.layout) for c in self.ladder]
+        self.models: dict[int, reader.ColourModel] = {}  # per layout read (an ask's byte: layout and part)
         # None: the layout is not chosen yet (start-up with an auto layout): every candidate is tried.
         self.current: int | None = 0 if len(self.ladder) == 1 else None
         # candidates to try: the last that worked, then the layouts after it in ladder order (the order the
@@ -266,6 +279,8 @@ class FrameDecoder(Actor):
         self._searched: dict[tuple[int, int], float] = {}  # per place: when every layout was last tried there
         self._sender_at: dict[tuple[int, int], int] = {}  # per place: the sender last read there
         self._showing: dict[int, int] = {}  # per sender: the layouts its latest frame says its screen shows
+        self._aspect: dict[int, float] = {}  # per sender: its whole grid's width / height as last read (camera px)
+        self._cuts_at = -1e9  # when codes running out of the image were last looked for
         self._trial = self.current is None  # the layout being tried may not be the code's (see _read)
         self._defer_idle = self._trial  # an even look is only noted: other layouts are still to try
         # Once the layout is chosen, a rank's camera asks each screen it reads for a layout (protocols.adapt)
@@ -310,6 +325,7 @@ class FrameDecoder(Actor):
         # named lost or unread (ScreenWatch).
         self.watch = ScreenWatch()
         self._at: tuple[np.ndarray, int, float] | None = None  # the code being read: centre, size, capture time
+        self._quad: reader.Quad | None = None  # ... and its outline
 
     async def handle(self, msg: Capture) -> None:
         self.stats["captures"] += 1
@@ -352,7 +368,7 @@ class FrameDecoder(Actor):
             self.stats["codes_seen"] += 1
             place = tuple(int(v) // 32 for v in quad.corners.mean(axis=0))
             if self.current is not None:
-                order = self._order_chosen(place, quad.corners.mean(axis=0), msg.time)
+                order = self._order_chosen(place, quad, msg.time)
             elif place in self._read_at:
                 k = self._read_at[place]
                 order = list(range(k, len(self.ladder))) + list(range(k))
@@ -360,6 +376,7 @@ class FrameDecoder(Actor):
                 order = list(self._order)
             done = self._idle = False
             self._at = (quad.corners.mean(axis=0), max(quad.bbox[2:]), msg.time)
+            self._quad = quad
             even_all = True
             for i, k in enumerate(order):
                 self._use(k)
@@ -405,6 +422,7 @@ class FrameDecoder(Actor):
                 self._forget_edges(quad)
                 view.unread_code(centre, w, h)
         if self.adapter is not None:
+            self._look_for_cuts(msg)
             await self._adapt(msg.time)
         if self._reported_at is None:
             self._reported_at = self._first_at = msg.time
@@ -430,11 +448,14 @@ class FrameDecoder(Actor):
         sender = self._sender_at.get(place)
         return sender if sender is not None else self.watch.sender_near(centre)
 
-    def _order_chosen(self, place: tuple[int, int], centre: np.ndarray, now: float) -> list[int]:
-        """The layouts to try a code at `place` in once the room's is chosen: those read there in the last
-        RECENT_S, latest first (else the room's), then the one this camera asked its sender for, then those its
-        sender's latest frame says its screen shows; every other once nothing read there for SEARCH_AFTER_S
-        (its sender changed layout for another reader, or as this camera asked)."""
+    def _order_chosen(self, place: tuple[int, int], quad: reader.Quad, now: float) -> list[int]:
+        """The layouts (asks' bytes: layout and part) to try the code `quad` at `place` in once the room's is
+        chosen: those read there in the last RECENT_S, latest first (else the room's), then the one this camera
+        asked its sender for, then those its sender's latest frame says its screen shows; every other once
+        nothing read there for SEARCH_AFTER_S (its sender changed layout for another reader, or as this camera
+        asked); last, those layouts on the part of the screen whose shape the code has, if any (its sender
+        shows them so for a reader that sees only that part)."""
+        centre = quad.corners.mean(axis=0)
         recent = {k: t for k, t in self._recent.get(place, {}).items() if now - t < RECENT_S}
         self._recent[place] = recent
         order = sorted(recent, key=recent.get, reverse=True) or [self.current]
@@ -448,7 +469,33 @@ class FrameDecoder(Actor):
                 and now - self._searched.get(place, -SEARCH_AFTER_S) >= SEARCH_AFTER_S):
             self._searched[place] = now  # (at most once every SEARCH_AFTER_S there: a screen that reads seldom)
             order += [k for k in range(len(self.ladder)) if k not in order]
-        return order
+        return order + [c for c in self._shaped(quad, order, sender) if c not in order]
+
+    def _shaped(self, quad: reader.Quad, order: list[int], sender: int | None) -> list[int]:
+        """For each ladder layout in `order`: that layout on the parts of the screen whose grid's shape (width
+        over height, against the whole grid's) is nearer the code's than the whole grid's is, nearest first
+        (left and right, top and bottom read alike: one of each). The code's shape is taken against its
+        sender's whole grid as this camera last read it, which the camera's angle to the screen has already
+        squeezed (else against the whole grid's own)."""
+        x, y, w, h = quad.bbox
+        out = []
+        for k in dict.fromkeys(adapt.split(c)[0] for c in order):
+            whole = self._shape(adapt.ask(k))
+            seen = np.log(w / max(1, h) / self._aspect.get(sender, whole))
+            near = sorted((abs(np.log(self._shape(adapt.ask(k, p)) / whole) - seen), p) for p in (1, 3, 5, 7))
+            out += [adapt.ask(k, p) for gap, p in near if gap < abs(seen)]
+        return out
+
+    def _shape(self, code: int) -> float:
+        r, c = self.layout_of(code).layout.outer_cells
+        return c / r
+
+    def layout_of(self, code: int) -> LinkCodec:
+        """The codec of a layout this camera reads (an ask's byte: a ladder layout, on its part of the screen;
+        the whole where that part is too small)."""
+        k, part = adapt.split(code)
+        codec = self.ladder[min(k, len(self.ladder) - 1)]
+        return codec.in_part(part) or codec
 
     def _start_asking(self, st: discovery.SightTable, k: int) -> LayoutAsks | None:
         """The room's layout is k: ask every screen this camera reads for it, each no denser than the
@@ -473,7 +520,7 @@ class FrameDecoder(Actor):
         """Ask a screen for another layout where its reads call for it (protocols.adapt), in words."""
         changes = self.adapter.decide(now)
         for ch in changes:
-            was, new = self.ladder[ch.was], self.ladder[ch.layout]
+            was, new = self.layout_of(adapt.ask(ch.was, ch.was_part)), self.layout_of(adapt.ask(ch.layout, ch.part))
             holds = self.holds
             self.log.info("layout_asked", direction=f"{self.node_names[ch.sender]} -> {self.ctx.node}",
                           layout=new.layout.words(None if holds is None else holds[ch.layout]),
@@ -483,12 +530,56 @@ class FrameDecoder(Actor):
         if changes:
             await self.emit(LayoutAsks(sender=self.ctx.node, time=now, asks=self._asks()))
 
+    def _look_for_cuts(self, msg: Capture) -> None:
+        """A screen this camera read and has not for CUT_AFTER_S whose code runs out of the image on one side
+        (the nearest such code to where its frames were read, within its size): ask for its layout on the
+        largest part of the screen that fits what is in view (PART_MARGIN to spare), against the side in view.
+        The share in view: the cut code's width over height against the whole grid's as last read."""
+        now = msg.time
+        if now - self._cuts_at < CUT_EVERY_S:
+            return
+        senders = [s for s in self.watch.place if self.adapter.unread_for(s, now) >= CUT_AFTER_S and s in self._aspect]
+        if not senders:
+            return
+        self._cuts_at = now
+        for cut in reader.cut_codes(msg.image, CUT_MIN_PX):
+            near = [(float(np.abs(self.watch.place[s][0] - cut.centre).max()), s) for s in senders]
+            gap, sender = min(near)
+            if gap > self.watch.place[sender][1]:
+                continue
+            whole = self._aspect[sender]
+            share = cut.aspect / whole if cut.side in ("left", "right") else whole / cut.aspect
+            side = {"right": "left", "left": "right", "bottom": "top", "top": "bottom"}[cut.side]
+            part = next((p for p, (most, at) in enumerate(layout.PARTS) if at == side and most <= share - PART_MARGIN),
+                        None)
+            if part is not None:
+                self.adapter.in_view(sender, part)
+                senders.remove(sender)
+                if not senders:
+                    return
+
+    def _whole_fits(self, sender: int, image: tuple[int, int]) -> None:
+        """A frame of `sender` read on part of its screen (this camera asked for it): once the rest of the
+        whole grid would fit beside it in the image (WHOLE_ROOM to spare), ask for the whole again."""
+        share, side = layout.PARTS[self.grid.part]
+        x, y, w, h = self._quad.bbox
+        more = (w if side in ("left", "right") else h) * (1 / share - 1) * WHOLE_ROOM
+        fits = {"left": x + w + more < image[0], "right": x - more > 0, "top": y + h + more < image[1],
+                "bottom": y - more > 0}[side]
+        if fits:
+            self.adapter.in_view(sender, 0)
+
     def _read_from(self, sender: int) -> None:
         """A frame of this run from `sender` read under the room key (accepted, or still waiting for its
         sender to echo this rank's nonce). The first from a rank updates what this camera saw at once (the
         rest waits for the next report), so that a rank that has heard of a peer never says its camera read
         no frame of it."""
         view = self.view
+        if self._quad is not None and self.grid.part == 0:
+            x, y, w, h = self._quad.bbox
+            self._aspect[sender] = w / max(1, h)
+        elif self._quad is not None and self.adapter is not None and adapt.split(self.adapter.asked(sender) or 0)[1]:
+            self._whole_fits(sender, view.image)
         if self._at is not None:
             found = self.watch.read(sender, *self._at)
             if found is not None:
@@ -511,10 +602,11 @@ class FrameDecoder(Actor):
         self._reported_at = now
 
     def _use(self, k: int) -> None:
+        """Read in layout k (an ask's byte: a ladder layout on its part of the screen)."""
         self._layout = k
-        self.codec = self.ladder[k]
+        self.codec = self.layout_of(k)
         self.grid = self.codec.layout
-        self.model = self.models[k]
+        self.model = self.models.get(k) or self.models.setdefault(k, reader.ColourModel(self.grid))
 
     def _sample(self, image: np.ndarray, quad: reader.Quad) -> tuple[np.ndarray, float]:
         """The code's cells: through a pinhole, or (lens "fit") through this camera's fitted lens once it
@@ -785,7 +877,7 @@ class FrameDecoder(Actor):
         acknowledgements of this rank, and the transfer once rebuilt; a listener (which shows nothing: it
         acknowledges nothing and greets no one) every transfer it rebuilds, whoever it was meant for. False if
         the frame failed its check."""
-        r = self.receiver.receive(message, now=self.clock.now(), layout=self._layout,
+        r = self.receiver.receive(message, now=self.clock.now(), layout=adapt.split(self._layout)[0],
                                   margin=self.codec.margin(corrected))
         if r.frame is None:
             self.stats[f"frames_rejected_{r.refused}"] += 1

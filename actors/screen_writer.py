@@ -56,7 +56,11 @@ robust layout its readers asked for, a status frame in the most robust any
 reader asked for. A transfer whose readers ask for a more robust layout is
 cut again for the new frame size (the same sealed bytes: its readers start
 it afresh) and shown from its first packet; one whose readers ask for a
-denser layout stays as it is (they still read its layout). Every frame says
+denser layout stays as it is (they still read its layout). A reader may ask
+for its layout on part of the screen (the rest out of its view,
+protocols.adapt): a transfer for it goes up there, a status frame too (any
+camera that sees the whole screen reads a part of it), and a transfer cut
+for another part is cut again. Every frame says
 which layouts the screen shows frames in now (`showing`), so cameras try those. The layouts this node's own camera asks of each peer
 (`LayoutAsks`) go up in every frame.
 """
@@ -66,8 +70,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from protocols import discovery, frames, layout, transfer
-from protocols.link import LinkCodec
+from protocols import adapt, discovery, frames, layout, transfer
+from protocols.link import LinkCodec, in_ladder
 from protocols.messages import (AcksChanged, FrameTiming, HoldsKnown, LayoutAsked, LayoutAsks, LayoutChosen,
                                 PeerAcks, PostTransfer, VoidCollectives)
 from protocols.planner import ScreenPlan
@@ -113,9 +117,9 @@ class ScreenWriter(Actor):
         # Once discovery picked one: the ladder still, for the layouts readers ask for (None: one layout).
         self.layouts = self.ladder
         self._room = 0  # the room's layout (LayoutChosen)
-        self._asked: dict[int, int] = {}  # reader rank -> the layout it asks this screen for
+        self._asked: dict[int, int] = {}  # reader rank -> what it asks this screen for (an ask's byte, adapt.ask)
         self._asks: tuple[int, ...] = ()  # what this node's camera asks of each rank, shown in every frame
-        self._made: dict[int, tuple[transfer.TransferHeader, bytes, int]] = {}  # tid -> header, payload, layout
+        self._made: dict[int, tuple[transfer.TransferHeader, bytes, int]] = {}  # tid -> header, payload, ask byte
         self._probe = 0  # the ladder layout the next status frame goes up in, while probing (without `probe`)
         self.probe = probe
         self.session = session
@@ -183,16 +187,19 @@ class ScreenWriter(Actor):
             self._asks = msg.asks[:self.world]
             self._status_due = STATUS_REPEATS  # the readers it asks hear it even when the screen is idle
         elif isinstance(msg, LayoutAsked):
-            if self.layouts is None or self.ladder is not None or not 0 <= msg.layout < len(self.layouts):
+            k, part = adapt.split(msg.layout)
+            if (self.layouts is None or self.ladder is not None or not 0 <= k < len(self.layouts)
+                    or part >= len(layout.PARTS)):
                 return  # one layout (pinned), or still probing: nothing to choose
             was = self._layout_for(1 << msg.origin)
             self._asked[msg.origin] = msg.layout
-            if self._layout_for(1 << msg.origin) != was:
-                codec, hold_s = self.layouts[msg.layout]
+            if (now := self._layout_for(1 << msg.origin)) != was:
+                codec, hold_s = self._codec(now)
                 self.log.info("layout_used", rows=codec.layout.rows, cols=codec.layout.cols,
                               colours=codec.layout.colours, cell_px=codec.layout.cell_px, hold_s=hold_s,
-                              measured=True, reader=self.names[msg.origin] if msg.origin < len(self.names) else
-                              msg.origin, was=self.layouts[was][0].layout.words(self.layouts[was][1]))
+                              part=codec.layout.part, measured=True,
+                              reader=self.names[msg.origin] if msg.origin < len(self.names) else msg.origin,
+                              was=self._codec(was)[0].layout.words(self._codec(was)[1]))
             self._relayout()
         elif isinstance(msg, HoldsKnown):
             holds = tuple(max(a, b) for a, b in zip(self._holds, msg.holds))
@@ -231,26 +238,28 @@ class ScreenWriter(Actor):
         self._wake.set()
 
     def _layout_for(self, dest: int) -> int:
-        """The layout a frame for the readers in `dest` goes up in: the most robust any of them asked for
-        (0 for every reader: a status frame's), else the room's."""
-        asked = [k for r, k in self._asked.items() if dest >> r & 1 or not dest]
-        return max(asked, default=self._room)
+        """The layout (an ask's byte) a frame for the readers in `dest` goes up in: the most robust any of them
+        asked for (0 for every reader: a status frame's), else the room's; on the part of the screen the first
+        of them that asks for one asked for (protocols.adapt.shared)."""
+        return adapt.shared([a for r, a in sorted(self._asked.items()) if dest >> r & 1 or not dest], self._room)
 
     def _showing(self) -> int:
         """The layouts this screen shows frames in now, one bit each (its booked transfers' and its status
         frames'), said in every frame so that cameras try them; 0 with one layout, or while probing."""
         if self.layouts is None or self.ladder is not None:
             return 0
-        mask = 1 << self._layout_for(0)
+        mask = 1 << adapt.split(self._layout_for(0))[0]
         for b in self.plan.bookings:
             made = self._made.get(b.tid)
             if made is not None:
-                mask |= 1 << made[2]
+                mask |= 1 << adapt.split(made[2])[0]
         return mask
 
-    def _codec(self, k: int) -> tuple[LinkCodec, float]:
-        """Layout k of the ladder (codec and hold); the one layout when there is no ladder."""
-        return (self.codec, self.hold_s) if self.layouts is None or self.ladder is not None else self.layouts[k]
+    def _codec(self, ask: int) -> tuple[LinkCodec, float]:
+        """The layout an ask's byte names (codec and hold: protocols.link.in_ladder); the one layout when there
+        is no ladder."""
+        return (self.codec, self.hold_s) if self.layouts is None or self.ladder is not None else in_ladder(
+            self.layouts, ask)
 
     def _make(self, header: transfer.TransferHeader, payload: bytes, k: int) -> transfer.Outgoing:
         """The transfer cut for frames of layout k (kept with its payload: a new layout cuts it again)."""
@@ -271,13 +280,17 @@ class ScreenWriter(Actor):
         return transfer.present_mask(self._acks, self._asks).bit_count()
 
     def _relayout(self) -> None:
-        """Cut again each booked transfer whose readers now want a more robust layout, shown from its start
-        (one a reader reads in a denser layout now still reads in its own: it keeps what went up of it)."""
+        """Cut again each booked transfer whose readers now want a more robust layout or another part of the
+        screen, shown from its start (one a reader reads in a denser layout now still reads in its own: it
+        keeps what went up of it)."""
         for b in self.plan.bookings:
             made = self._made.get(b.tid)
-            if made is None or made[2] >= self._layout_for(b.dest):
+            if made is None:
                 continue
-            out = self._make(made[0], made[1], self._layout_for(b.dest))
+            (k, part), want = adapt.split(made[2]), self._layout_for(b.dest)
+            if k >= adapt.split(want)[0] and part == adapt.split(want)[1]:
+                continue
+            out = self._make(made[0], made[1], want)
             self.plan.recut(b.tid, out.source)
             self.results["transfers_recut"] = self.results.get("transfers_recut", 0) + 1
 

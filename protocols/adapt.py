@@ -19,6 +19,12 @@ needs in the most robust layout any of its readers asked for (actors/screen_writ
 layout it last read a screen in first, then the one it asked for, so a change needs no agreement on when it
 takes effect.
 
+A screen partly out of the camera's view (a lid nudged, a laptop turned: its code runs out of the image on
+one side) is read in no layout of the ladder, however robust: its outline is cut. The reader then asks for its
+layout drawn on the part of the screen in view (`part`: protocols.layout.PARTS, the largest share that fits
+what it sees, against the side in view), and for the whole screen again once that part is read with room for
+the whole grid beside it. An ask is one byte: the ladder layout in its low bits, the part above (`ask`).
+
 Pure: no clocks (times are passed in), no I/O.
 """
 
@@ -39,6 +45,25 @@ UP_AFTER_S = 10.0  # good reads this long before the first try of a denser layou
 UP_AFTER_MAX_S = 120.0  # the longest a sender's denser layout waits for another try
 PROBE_S = 15.0  # a denser layout that reads badly this soon after it was asked for failed its try
 LOST_S = 1.0  # a screen not captured (or not read) this long, then again, gets its last good layout
+PART_SHIFT = 3  # an ask byte: the ladder layout (up to 8) in its low bits, the part of the screen above
+
+
+def ask(layout: int, part: int = 0) -> int:
+    """An ask's byte: ladder layout `layout` drawn on part `part` of the screen (protocols.layout.PARTS)."""
+    return layout | part << PART_SHIFT
+
+
+def split(code: int) -> tuple[int, int]:
+    """An ask's byte -> (ladder layout, part of the screen)."""
+    return code & (1 << PART_SHIFT) - 1, code >> PART_SHIFT
+
+
+def shared(asks: list[int], default: int) -> int:
+    """The ask a screen's frames for several readers meet (`asks`, in the readers' order; `default` when
+    empty): the most robust layout any asked for, on the part of the screen the first that asks for a part
+    asked for (a camera that sees the whole screen reads any part of it)."""
+    parts = [split(a) for a in asks]
+    return ask(max((k for k, _ in parts), default=default), next((p for _, p in parts if p), 0))
 
 
 @dataclass(frozen=True)
@@ -50,7 +75,10 @@ class Change:
     layout: int
     was: int
     share: float
-    why: str  # (and "found again": back in view after LOST_S, asked for its last good layout)
+    why: str  # (and "found again": back in view after LOST_S, asked for its last good layout; "part in view":
+    # drawn on part of the screen, `part`, from `was_part`, the rest being out of view, or the whole again)
+    part: int = 0
+    was_part: int = 0
 
 
 @dataclass
@@ -67,6 +95,8 @@ class _Sender:
     last_read: float | None = None  # the latest capture of its screen that read
     back_at: float = -1e9  # when its screen was last captured again after LOST_S without
     found_again: bool = False  # captured, or read, again after LOST_S without (not after an ask)
+    part: int = 0  # the part of the screen its layout is asked on (protocols.layout.PARTS; 0: the whole)
+    wants_part: int | None = None  # a part to ask for at the next decision
 
     def share(self, now: float) -> tuple[int, float]:
         while self.outcomes and self.outcomes[0][0] < now - WINDOW_S:
@@ -100,12 +130,26 @@ class LayoutAdapter:
         self._senders[sender] = _Sender(layout, now, min(layout, 0 if best is None else best), good=layout)
 
     def asked(self, sender: int) -> int | None:
+        """What this reader asks `sender` for (an ask's byte: layout and part), None if nothing."""
         s = self._senders.get(sender)
-        return None if s is None else s.asked
+        return None if s is None else ask(s.asked, s.part)
 
     def asks(self, world: int, none: int) -> tuple[int, ...]:
-        """Each rank's asked layout, `none` for a rank not asked."""
-        return tuple(self._senders[r].asked if r in self._senders else none for r in range(world))
+        """Each rank's ask (its byte), `none` for a rank not asked."""
+        return tuple(ask(self._senders[r].asked, self._senders[r].part) if r in self._senders else none
+                     for r in range(world))
+
+    def unread_for(self, sender: int, now: float) -> float:
+        """How long `sender`'s screen has gone unread (0 for a sender not asked, or never read)."""
+        s = self._senders.get(sender)
+        return 0.0 if s is None or s.last_read is None else now - s.last_read
+
+    def in_view(self, sender: int, part: int) -> None:
+        """The reader sees that `sender`'s grid fits its view only on part `part` of the screen (0: the whole
+        fits again): asked at the next decision, if it is not what is asked."""
+        s = self._senders.get(sender)
+        if s is not None:
+            s.wants_part = None if part == s.part else part
 
     def outcome(self, sender: int, read: bool | None, now: float) -> None:
         """One capture of `sender`'s screen: its code read (a frame or a repeat), found and not read, or
@@ -129,6 +173,13 @@ class LayoutAdapter:
         """The asks that change now."""
         out = []
         for sender, s in self._senders.items():
+            if s.wants_part is not None:
+                change = Change(sender, s.asked, s.asked, s.share(now)[1], "part in view", s.wants_part, s.part)
+                s.part, s.wants_part = s.wants_part, None
+                s.since, s.trying = now, None
+                s.outcomes.clear()
+                out.append(change)
+                continue
             if s.found_again:
                 s.found_again = False
                 if s.good is not None and s.good < s.asked:
@@ -163,7 +214,7 @@ class LayoutAdapter:
         return out
 
     def _ask(self, sender: int, s: _Sender, layout: int, share: float, why: str, now: float) -> Change:
-        change = Change(sender, layout, s.asked, share, why)
+        change = Change(sender, layout, s.asked, share, why, s.part, s.part)
         s.asked, s.since = layout, now
         s.outcomes.clear()
         if why != "better":
@@ -171,5 +222,5 @@ class LayoutAdapter:
         return change
 
 
-__all__ = ["LayoutAdapter", "Change", "WINDOW_S", "DOWN_BELOW", "UP_ABOVE", "TRY_BELOW", "SETTLE_S", "UP_AFTER_S",
+__all__ = ["LayoutAdapter", "Change", "ask", "split", "shared", "WINDOW_S", "DOWN_BELOW", "UP_ABOVE", "TRY_BELOW", "SETTLE_S", "UP_AFTER_S",
            "PROBE_S", "LOST_S"]

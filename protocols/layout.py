@@ -15,6 +15,11 @@ pixels square. Inside the grid some cells are reserved:
 - sender strips: the sender's number in 8 black/white cells, top left and
   bottom right: which screen is which, before anything is decoded.
 
+A layout may also be drawn on part of the screen (`GridLayout.in_part`,
+PARTS): the same cells, fewer of them across (or down), against one side of
+where the whole grid sits, for a camera that sees only that part of the
+screen. A reader finds and reads it like any code: its outline is its own.
+
 All other cells carry data, in raster order, `log2(colours)` bits each.
 """
 
@@ -30,6 +35,10 @@ from protocols import cells
 DATA, PILOT, MARK, ANTI, SENDER = 0, 1, 2, 3, 4
 SENDER_BITS = 8
 WHITE = np.array([255, 255, 255], np.uint8)
+# The parts of the screen a layout can be drawn on: (share of the whole grid kept, the side it is drawn
+# against). Index 0 is the whole grid, centred on the screen.
+PARTS = ((1.0, "whole"), (0.75, "left"), (0.75, "right"), (0.75, "top"), (0.75, "bottom"),
+         (0.5, "left"), (0.5, "right"), (0.5, "top"), (0.5, "bottom"))
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,8 @@ class GridLayout:
     cell_px: int
     border_cells: int = 1
     pilot_spacing: int = 6
+    part: int = 0  # where on the screen it is drawn (PARTS; 0: the whole grid, centred)
+    whole: tuple[int, int] | None = None  # with a part: the outer cells of the whole grid it is part of
     roles: np.ndarray = field(init=False, repr=False, compare=False)
     pilot_symbols: np.ndarray = field(init=False, repr=False, compare=False)
 
@@ -49,6 +60,8 @@ class GridLayout:
             raise ValueError(f"a grid needs at least 6 rows and {2 * SENDER_BITS + 6} columns")
         if min(self.cell_px, self.border_cells) < 1 or self.pilot_spacing < 2:
             raise ValueError("cell_px and border_cells must be >= 1, pilot_spacing >= 2")
+        if not 0 <= self.part < len(PARTS) or (self.part > 0) != (self.whole is not None):
+            raise ValueError(f"part must be one of 0..{len(PARTS) - 1}, with the whole grid's size when not 0")
         roles = np.zeros((self.rows, self.cols), np.uint8)
         r_last, c_last = self.rows - 1, self.cols - 1
         roles[0, 4 : 4 + SENDER_BITS] = SENDER
@@ -66,9 +79,32 @@ class GridLayout:
 
     # -- geometry -------------------------------------------------------------
     def words(self, hold_s: float | None = None) -> str:
-        """The layout in a person's words: `68x124 cells of 10 px, 8 colours, frames held 50 ms`."""
+        """The layout in a person's words: `68x124 cells of 10 px, 8 colours, frames held 50 ms` (and, drawn
+        on part of the screen, `on the left 3/4 of the screen`)."""
         held = "" if hold_s is None else f", frames held {hold_s * 1000:.0f} ms"
-        return f"{self.rows}x{self.cols} cells of {self.cell_px} px, {self.colours} colours{held}"
+        share, side = PARTS[self.part]
+        where = f", on the {side} {'3/4' if share == 0.75 else '1/2'} of the screen" if self.part else ""
+        return f"{self.rows}x{self.cols} cells of {self.cell_px} px, {self.colours} colours{held}{where}"
+
+    def in_part(self, part: int) -> GridLayout | None:
+        """This layout drawn on part `part` of the screen (PARTS): the grid's outer cells across (left,
+        right) or down (top, bottom) cut to the part's share, drawn against that side of where the whole grid
+        sits. None where the grid that is left is too small for a code."""
+        if part == self.part:
+            return self
+        whole = self.whole or self.outer_cells
+        share, side = PARTS[part]
+        b = 2 * self.border_cells
+        rows, cols = whole[0] - b, whole[1] - b
+        if side in ("left", "right"):
+            cols = int(share * whole[1]) - b
+        elif side != "whole":
+            rows = int(share * whole[0]) - b
+        try:
+            return GridLayout(rows, cols, self.colours, self.cell_px, self.border_cells, self.pilot_spacing,
+                              part, whole if part else None)
+        except ValueError:
+            return None
 
     @property
     def parity_rows(self) -> list[int]:
@@ -146,13 +182,24 @@ def render(frame: bytes, layout: GridLayout, screen_w: int, screen_h: int, sende
 
 
 def _on_screen(grid: np.ndarray, layout: GridLayout, screen_w: int, screen_h: int) -> np.ndarray:
-    """One colour per cell (ring included) drawn `cell_px` square, centred on a black screen."""
+    """One colour per cell (ring included) drawn `cell_px` square on a black screen: centred, or for a part
+    of the screen against its side of where the whole grid sits."""
     layout.check_fits(screen_w, screen_h)
     px = layout.cell_px
     r, c = grid.shape[:2]
     screen = np.zeros((screen_h, screen_w, 3), dtype=np.uint8)
-    y0 = (screen_h - r * px) // 2
-    x0 = (screen_w - c * px) // 2
+    wr, wc = layout.whole or (r, c)
+    y0 = (screen_h - wr * px) // 2
+    x0 = (screen_w - wc * px) // 2
+    side = PARTS[layout.part][1]
+    if side == "right":
+        x0 += (wc - c) * px
+    elif side == "bottom":
+        y0 += (wr - r) * px
+    if side in ("top", "bottom"):
+        x0 = (screen_w - c * px) // 2
+    elif side in ("left", "right"):
+        y0 = (screen_h - r * px) // 2
     # Each cell repeated px times down and across, straight into the screen (six times faster than np.repeat).
     cv2.resize(grid, (c * px, r * px), dst=screen[y0 : y0 + r * px, x0 : x0 + c * px],
                interpolation=cv2.INTER_NEAREST_EXACT)

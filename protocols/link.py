@@ -13,11 +13,12 @@ everywhere: the reader's colour model relies on it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from protocols import cells, fec, frames, streams, transfer
+from protocols.adapt import split
 from protocols.layout import GridLayout
 from protocols.security import NO_KEY, RoomKey
 
@@ -61,6 +62,18 @@ class LinkCodec:
         """Frames (source packets) a transfer of `nbytes` sent bytes needs at the least (`ranks`: the
         ranks whose entries its frames carry)."""
         return frames.source_packets(nbytes, self.packet_size(ranks))
+
+    def in_part(self, part: int) -> LinkCodec | None:
+        """This codec with its layout drawn on part `part` of the screen (protocols.layout.PARTS); None where
+        the grid left is too small for a frame."""
+        key = (self.layout, self.code_rate, part)
+        if key not in _PARTS:
+            lay = self.layout.in_part(part)
+            try:
+                _PARTS[key] = None if lay is None else self if lay == self.layout else replace(self, layout=lay)
+            except ValueError:
+                _PARTS[key] = None
+        return _PARTS[key]
 
     def _scramble(self, frame: bytes) -> bytes:
         return (np.frombuffer(frame, np.uint8) ^ self._whitening).tobytes()
@@ -125,3 +138,14 @@ class LinkCodec:
                                            self.layout.n_data)
             wrong = int(np.count_nonzero(truth != np.asarray(symbols)))
         return message, wrong
+
+
+_PARTS: dict[tuple, LinkCodec | None] = {}  # LinkCodec.in_part's answers
+
+
+def in_ladder(ladder: list[tuple[LinkCodec, float]], ask: int) -> tuple[LinkCodec, float]:
+    """The layout (codec, hold) an ask's byte names in `ladder` (protocols.adapt.ask): its ladder layout (the
+    last one for one past it) on its part of the screen (the whole where that part is too small)."""
+    k, part = split(ask)
+    codec, hold = ladder[min(k, len(ladder) - 1)]
+    return codec.in_part(part) or codec, hold

@@ -48,7 +48,7 @@ def test_frames_whose_sender_marks_disagree_are_counted_apart():
     from collections import Counter
 
     tally = Counter({(1, 0, "decoded"): 4, (None, 0, "uncorrectable"): 2, (0, 1, "mixed"): 1, (1, 0, "mixed"): 3})
-    got = doctor.by_sender(tally, ["alice", "bob"], ["fine", "coarse"])
+    got = doctor.by_sender(tally, ["alice", "bob"], ["fine", "coarse"].__getitem__)
     assert got == {"alice": {"coarse": {"mixed": 1}}, "bob": {"fine": {"decoded": 4, "mixed": 3}},
                    "sender unread": {"fine": {"uncorrectable": 2}}}
     assert list(got) == ["alice", "bob", "sender unread"]

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import zipfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -159,9 +160,7 @@ def replay(bundle: Path) -> dict[str, Any]:
         path.write_bytes(video)
         decoder = asyncio.run(go(path))
     captures = decoder.stats["captures"]
-    words = [f"{c.layout.rows}x{c.layout.cols} cells of {c.layout.cell_px} px, {c.layout.colours} colours"
-             for c in ladder]
-    per = by_sender(decoder.tally, names, words)
+    per = by_sender(decoder.tally, names, lambda k: decoder.layout_of(k).layout.words())
     view = decoder.view
     decoded = any(c.get("decoded") for lays in per.values() for c in lays.values())
     # (nothing decoded: why, in the words a node gives; else the per-layout counts say it)
@@ -171,13 +170,13 @@ def replay(bundle: Path) -> dict[str, Any]:
                 seen=None if decoded else view.problem(), largest_code_px=list(view.largest))
 
 
-def by_sender(tally: Counter, names: list[str], words: list[str]) -> dict[str, dict[str, Counter]]:
+def by_sender(tally: Counter, names: list[str], words: Callable[[int], str]) -> dict[str, dict[str, Counter]]:
     """The decoder's tally, (sender, layout, outcome) -> frames, as sender name -> layout in words -> outcome
     -> frames. A frame whose two sender strips disagree has no sender (None): "sender unread"."""
     per: dict[str, dict[str, Counter]] = {}
     for (sender, k, outcome), n in sorted(tally.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, *kv[0][1:])):
         who = ("sender unread" if sender is None else names[sender] if 0 <= sender < len(names) else f"rank {sender}")
-        per.setdefault(who, {}).setdefault(words[k], Counter())[outcome] += n
+        per.setdefault(who, {}).setdefault(words(k), Counter())[outcome] += n
     return per
 
 

@@ -173,6 +173,46 @@ def _quads_in(small: np.ndarray, outer_cells: tuple[int, int], min_cell_px: floa
 _OUTLINES: dict[tuple, Quad | None] = {}  # an outline's quad (None: not a code's), oldest first
 
 
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A bright outline that runs out of the image on one side (`side`: the image's "left", "right", "top"
+    or "bottom"): a code partly out of the camera's view. `bbox`: its part in view (x, y, w, h, image px)."""
+
+    bbox: tuple[int, int, int, int]
+    side: str
+
+    @property
+    def centre(self) -> np.ndarray:
+        x, y, w, h = self.bbox
+        return np.array([x + w / 2, y + h / 2], np.float32)
+
+    @property
+    def aspect(self) -> float:
+        return self.bbox[2] / max(1, self.bbox[3])
+
+
+def cut_codes(image: np.ndarray, min_side_px: float) -> list[Cut]:
+    """The bright outlines at least `min_side_px` across both ways that run out of the image on exactly one
+    side (one out at a corner is left out: no part of the screen is sure to be in view), largest first."""
+    small = _brightest_channel(image[::_DOWN, ::_DOWN])
+    if small.size == 0 or int(small.max()) < 48:
+        return []
+    thr, _ = cv2.threshold(small, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+    mask = (small > max(thr, 0.25 * int(small.max()))).view(np.uint8)
+    contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    h, w = small.shape
+    out = []
+    for c in contours:
+        x, y, bw, bh = cv2.boundingRect(c)
+        if min(bw, bh) * _DOWN < min_side_px:
+            continue
+        sides = [name for name, out_of_view in (("left", x <= 0), ("right", x + bw >= w), ("top", y <= 0),
+                                                ("bottom", y + bh >= h)) if out_of_view]
+        if len(sides) == 1:
+            out.append(Cut((x * _DOWN, y * _DOWN, bw * _DOWN, bh * _DOWN), sides[0]))
+    return sorted(out, key=lambda cut: -cut.bbox[2] * cut.bbox[3])
+
+
 def _quad_of(c: np.ndarray, w: int, h: int, outer_cells: tuple[int, int]) -> Quad | None:
     """The code's quadrilateral whose outline on the half-resolution mask is `c` (bounding box w x h), or
     None if it is not one."""
@@ -195,7 +235,7 @@ def _quad_of(c: np.ndarray, w: int, h: int, outer_cells: tuple[int, int]) -> Qua
     sides = np.linalg.norm(corners - np.roll(corners, -1, axis=0), axis=1)
     ratio = (sides[0] + sides[2]) / max(1e-6, sides[1] + sides[3])
     want = out_c / out_r
-    if not 0.5 * want < ratio < 2.0 * want:
+    if not 0.4 * want < ratio < 2.5 * want:  # (wide enough for a layout drawn on part of the screen)
         return None
     q = Quad(corners.astype(np.float32))
     q.corners.setflags(write=False)  # shared by every caller of the caches
