@@ -279,8 +279,9 @@ class FrameDecoder(Actor):
         self._searched: dict[tuple[int, int], float] = {}  # per place: when every layout was last tried there
         self._sender_at: dict[tuple[int, int], int] = {}  # per place: the sender last read there
         self._showing: dict[int, int] = {}  # per sender: the layouts its latest frame says its screen shows
-        self._aspect: dict[int, float] = {}  # per sender: its whole grid's width / height as last read (camera px)
+        self._whole_at: dict[int, tuple[int, int, int, int]] = {}  # per sender: its whole grid's bbox as last read
         self._cuts_at = -1e9  # when codes running out of the image were last looked for
+        self._cut_seen: dict[int, int] = {}  # per sender: the part its code's cut called for at the last look
         self._trial = self.current is None  # the layout being tried may not be the code's (see _read)
         self._defer_idle = self._trial  # an even look is only noted: other layouts are still to try
         # Once the layout is chosen, a rank's camera asks each screen it reads for a layout (protocols.adapt)
@@ -481,7 +482,8 @@ class FrameDecoder(Actor):
         out = []
         for k in dict.fromkeys(adapt.split(c)[0] for c in order):
             whole = self._shape(adapt.ask(k))
-            seen = np.log(w / max(1, h) / self._aspect.get(sender, whole))
+            read = self._whole_at.get(sender)
+            seen = np.log(w / max(1, h) / (whole if read is None else read[2] / max(1, read[3])))
             near = sorted((abs(np.log(self._shape(adapt.ask(k, p)) / whole) - seen), p) for p in (1, 3, 5, 7))
             out += [adapt.ask(k, p) for gap, p in near if gap < abs(seen)]
         return out
@@ -531,32 +533,48 @@ class FrameDecoder(Actor):
             await self.emit(LayoutAsks(sender=self.ctx.node, time=now, asks=self._asks()))
 
     def _look_for_cuts(self, msg: Capture) -> None:
-        """A screen this camera read and has not for CUT_AFTER_S whose code runs out of the image on one side
-        (the nearest such code to where its frames were read, within its size): ask for its layout on the
-        largest part of the screen that fits what is in view (PART_MARGIN to spare), against the side in view.
-        The share in view: the cut code's width over height against the whole grid's as last read."""
+        """A screen this camera read and has not for CUT_AFTER_S whose code runs out of the image on one side:
+        ask for its layout on the largest part of the screen that fits what is in view (PART_MARGIN to spare),
+        against the side in view, once two looks in a row call for the same part (`_part_for`)."""
         now = msg.time
         if now - self._cuts_at < CUT_EVERY_S:
             return
-        senders = [s for s in self.watch.place if self.adapter.unread_for(s, now) >= CUT_AFTER_S and s in self._aspect]
+        senders = [s for s in self._whole_at if self.adapter.unread_for(s, now) >= CUT_AFTER_S]
         if not senders:
+            self._cut_seen.clear()
             return
         self._cuts_at = now
+        seen: dict[int, int] = {}
         for cut in reader.cut_codes(msg.image, CUT_MIN_PX):
-            near = [(float(np.abs(self.watch.place[s][0] - cut.centre).max()), s) for s in senders]
-            gap, sender = min(near)
-            if gap > self.watch.place[sender][1]:
-                continue
-            whole = self._aspect[sender]
-            share = cut.aspect / whole if cut.side in ("left", "right") else whole / cut.aspect
-            side = {"right": "left", "left": "right", "bottom": "top", "top": "bottom"}[cut.side]
-            part = next((p for p, (most, at) in enumerate(layout.PARTS) if at == side and most <= share - PART_MARGIN),
-                        None)
-            if part is not None:
-                self.adapter.in_view(sender, part)
-                senders.remove(sender)
-                if not senders:
-                    return
+            for sender in senders:
+                part = self._part_for(cut, self._whole_at[sender])
+                if part is not None and sender not in seen:
+                    seen[sender] = part
+                    if self._cut_seen.get(sender) == part:
+                        self.adapter.in_view(sender, part)
+        self._cut_seen = seen
+
+    @staticmethod
+    def _part_for(cut: reader.Cut, whole: tuple[int, int, int, int]) -> int | None:
+        """The part of the screen (protocols.layout.PARTS) to draw on for a camera that sees `cut` of a code it
+        last read whole at `whole` (bbox), or None if no part fits or `cut` does not look like that code moved
+        a little: as tall (across, for a cut at the top or bottom) within a quarter, centred within a quarter
+        of that, its inner edge within three quarters of the code's width of where it was. The share in view:
+        the cut outline's width over height against the whole code's."""
+        x, y, w, h = whole
+        cx, cy, cw, ch = cut.bbox
+        across = cut.side in ("left", "right")
+        # (along the cut: the size across it, where its middle is, where its inner edge is)
+        size, got = (h, ch) if across else (w, cw)
+        mid, got_mid = (y + h / 2, cy + ch / 2) if across else (x + w / 2, cx + cw / 2)
+        inner, got_inner = {"right": (x, cx), "left": (x + w, cx + cw), "bottom": (y, cy), "top": (y + h, cy + ch)}[cut.side]
+        if not (0.75 * size <= got <= 1.33 * size and abs(got_mid - mid) <= 0.25 * size
+                and abs(got_inner - inner) <= 0.75 * (w if across else h)):
+            return None
+        share = cut.aspect / (w / max(1, h)) if across else (w / max(1, h)) / cut.aspect
+        side = {"right": "left", "left": "right", "bottom": "top", "top": "bottom"}[cut.side]
+        return next((p for p, (most, at) in enumerate(layout.PARTS) if at == side and most <= share - PART_MARGIN),
+                    None)
 
     def _whole_fits(self, sender: int, image: tuple[int, int]) -> None:
         """A frame of `sender` read on part of its screen (this camera asked for it): once the rest of the
@@ -576,8 +594,7 @@ class FrameDecoder(Actor):
         no frame of it."""
         view = self.view
         if self._quad is not None and self.grid.part == 0:
-            x, y, w, h = self._quad.bbox
-            self._aspect[sender] = w / max(1, h)
+            self._whole_at[sender] = self._quad.bbox
         elif self._quad is not None and self.adapter is not None and adapt.split(self.adapter.asked(sender) or 0)[1]:
             self._whole_fits(sender, view.image)
         if self._at is not None:
@@ -606,7 +623,9 @@ class FrameDecoder(Actor):
         self._layout = k
         self.codec = self.layout_of(k)
         self.grid = self.codec.layout
-        self.model = self.models.get(k) or self.models.setdefault(k, reader.ColourModel(self.grid))
+        if k not in self.models:
+            self.models[k] = reader.ColourModel(self.grid)
+        self.model = self.models[k]
 
     def _sample(self, image: np.ndarray, quad: reader.Quad) -> tuple[np.ndarray, float]:
         """The code's cells: through a pinhole, or (lens "fit") through this camera's fitted lens once it

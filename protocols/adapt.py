@@ -13,7 +13,7 @@ screen the camera does not find at all (a hand over it, the screen out of view) 
 reads a screen that is not there. A screen captured again after LOST_S without a capture of it (a lid turned
 away and back), or read again after LOST_S without a read, not just after an ask (a screen partly out of
 view put back): what fell on the way is no measure of the room now, so it is asked for the last layout it
-read well in, at once, and captures of a screen coming back into view judge nothing for SETTLE_S. The asks
+read well in, on the whole screen, at once, and captures of a screen coming back into view judge nothing for SETTLE_S. The asks
 travel in every frame this reader shows (protocols.transfer `asks`), and the sender shows what each reader
 needs in the most robust layout any of its readers asked for (actors/screen_writer.py); a reader tries the
 layout it last read a screen in first, then the one it asked for, so a change needs no agreement on when it
@@ -182,9 +182,11 @@ class LayoutAdapter:
                 continue
             if s.found_again:
                 s.found_again = False
-                if s.good is not None and s.good < s.asked:
+                if s.good is not None and s.good < s.asked or s.part:
+                    # (and on the whole screen: the reader asks for a part again if it still sees only one)
                     s.trying = None
-                    out.append(self._ask(sender, s, s.good, s.share(now)[1], "found again", now))
+                    out.append(self._ask(sender, s, min(s.asked, s.good if s.good is not None else s.asked),
+                                         s.share(now)[1], "found again", now, part=0))
                     continue
             n, share = s.share(now)
             if n < MIN_OUTCOMES:
@@ -213,9 +215,11 @@ class LayoutAdapter:
                 s.trying = None  # the denser layout held
         return out
 
-    def _ask(self, sender: int, s: _Sender, layout: int, share: float, why: str, now: float) -> Change:
-        change = Change(sender, layout, s.asked, share, why, s.part, s.part)
-        s.asked, s.since = layout, now
+    def _ask(self, sender: int, s: _Sender, layout: int, share: float, why: str, now: float,
+             part: int | None = None) -> Change:
+        part = s.part if part is None else part
+        change = Change(sender, layout, s.asked, share, why, part, s.part)
+        s.asked, s.since, s.part = layout, now, part
         s.outcomes.clear()
         if why != "better":
             s.trying = None

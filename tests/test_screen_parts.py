@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 
@@ -82,6 +83,17 @@ def test_a_code_that_runs_out_of_the_image_is_found_cut_on_that_side():
     assert cut.side == "right" and cut.bbox[0] + cut.bbox[2] == W
 
 
+def test_only_a_cut_outline_shaped_and_placed_like_the_code_last_read_asks_for_a_part():
+    whole = (645, 322, 488, 276)  # bob's camera read alice's whole grid there (the shipped room)
+    nudged = reader.Cut((794, 328, 486, 296), "right")  # the lid nudged 8 degrees: its right runs out
+    assert FrameDecoder._part_for(nudged, whole) == 1  # the left 3/4 (about 93 % in view)
+    assert FrameDecoder._part_for(reader.Cut((960, 328, 320, 296), "right"), whole) == 5  # 61 % of it: the left 1/2
+    assert FrameDecoder._part_for(reader.Cut((1150, 328, 130, 296), "right"), whole) is None  # too little in view
+    # a lamp's bright patch at the bottom edge, and a code seen edge-on after a big turn, are not that code
+    assert FrameDecoder._part_for(reader.Cut((744, 660, 52, 60), "bottom"), whole) is None
+    assert FrameDecoder._part_for(reader.Cut((1180, 300, 100, 150), "right"), whole) is None
+
+
 async def _nowhere(msg):
     pass
 
@@ -96,7 +108,7 @@ def _decoder(cfg, node: str, listen: bool) -> FrameDecoder:
     return dec
 
 
-def test_a_camera_that_sees_part_of_a_screen_asks_for_that_part_and_every_camera_reads_it():
+def test_a_camera_that_sees_part_of_a_screen_asks_for_that_part_and_every_camera_reads_it(_quiet_logs):
     """Bob's lid turns at 2 s and the right of alice's screen leaves his view: no layout reads it whole.
     Within a second his camera asks for the layout on the left 3/4 (the part in view); alice's frames
     drawn there read in bob's camera, and in carol's, who asked for nothing and sees the whole screen. Turned
@@ -134,6 +146,8 @@ def test_a_camera_that_sees_part_of_a_screen_asks_for_that_part_and_every_camera
         assert decoded(bob, 0) > 10 and decoded(carol, 0) > 10 and bob.adapter.asked(0) == 0
         await show(2.0, 3.5)  # turned: nothing reads, until bob asks for the part in view
         assert bob.adapter.asked(0) == adapt.ask(0, 1)
+        assert [e["why"] for e in map(json.loads, _quiet_logs.getvalue().splitlines())
+                if e.get("event") == "layout_asked"] == ["part in view"]
         await show(3.5, 5.0)
         assert decoded(bob, adapt.ask(0, 1)) >= 8 and decoded(carol, adapt.ask(0, 1)) >= 8
         was = decoded(bob, 0)
