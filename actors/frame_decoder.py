@@ -454,7 +454,7 @@ class FrameDecoder(Actor):
         chosen: those read there in the last RECENT_S, latest first (else the room's), then the one this camera
         asked its sender for, then those its sender's latest frame says its screen shows; every other once
         nothing read there for SEARCH_AFTER_S (its sender changed layout for another reader, or as this camera
-        asked); last, those layouts on the part of the screen whose shape the code has, if any (its sender
+        asked), at once at a place a screen moved to; last, those layouts on the part of the screen whose shape the code has, if any (its sender
         shows them so for a reader that sees only that part)."""
         centre = quad.corners.mean(axis=0)
         recent = {k: t for k, t in self._recent.get(place, {}).items() if now - t < RECENT_S}
@@ -466,7 +466,9 @@ class FrameDecoder(Actor):
             order.append(asked)
         showing = self._showing.get(sender, 0) if sender is not None else 0
         order += [k for k in range(len(self.ladder)) if showing >> k & 1 and k not in order]
-        if (len(self.ladder) > len(order) and now - self._read_when.get(place, now) >= SEARCH_AFTER_S
+        # (a place never read at, where a screen read elsewhere has moved to, is searched at once)
+        last = self._read_when.get(place, now if sender is None else -SEARCH_AFTER_S)
+        if (len(self.ladder) > len(order) and now - last >= SEARCH_AFTER_S
                 and now - self._searched.get(place, -SEARCH_AFTER_S) >= SEARCH_AFTER_S):
             self._searched[place] = now  # (at most once every SEARCH_AFTER_S there: a screen that reads seldom)
             order += [k for k in range(len(self.ladder)) if k not in order]
