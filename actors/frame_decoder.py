@@ -454,8 +454,8 @@ class FrameDecoder(Actor):
         chosen: those read there in the last RECENT_S, latest first (else the room's), then the one this camera
         asked its sender for, then those its sender's latest frame says its screen shows; every other once
         nothing read there for SEARCH_AFTER_S (its sender changed layout for another reader, or as this camera
-        asked), at once at a place a screen moved to; last, those layouts on the part of the screen whose shape the code has, if any (its sender
-        shows them so for a reader that sees only that part)."""
+        asked), at once at a place a screen moved to; last, those layouts on the part of the screen whose shape
+        the code has, if any (its sender shows them so for a reader that sees only that part)."""
         centre = quad.corners.mean(axis=0)
         recent = {k: t for k, t in self._recent.get(place, {}).items() if now - t < RECENT_S}
         self._recent[place] = recent
@@ -498,8 +498,7 @@ class FrameDecoder(Actor):
         """The codec of a layout this camera reads (an ask's byte: a ladder layout, on its part of the screen;
         the whole where that part is too small)."""
         k, part = adapt.split(code)
-        codec = self.ladder[min(k, len(self.ladder) - 1)]
-        return codec.in_part(part) or codec
+        return self.ladder[min(k, len(self.ladder) - 1)].in_part(part)
 
     def _start_asking(self, st: discovery.SightTable, k: int) -> LayoutAsks | None:
         """The room's layout is k: ask every screen this camera reads for it, each no denser than the

@@ -194,12 +194,12 @@ class ScreenWriter(Actor):
             was = self._layout_for(1 << msg.origin)
             self._asked[msg.origin] = msg.layout
             if (now := self._layout_for(1 << msg.origin)) != was:
-                codec, hold_s = self._codec(now)
+                (codec, hold_s), (before, before_s) = self._codec(now), self._codec(was)
                 self.log.info("layout_used", rows=codec.layout.rows, cols=codec.layout.cols,
                               colours=codec.layout.colours, cell_px=codec.layout.cell_px, hold_s=hold_s,
                               part=codec.layout.part, measured=True,
                               reader=self.names[msg.origin] if msg.origin < len(self.names) else msg.origin,
-                              was=self._codec(was)[0].layout.words(self._codec(was)[1]))
+                              was=before.layout.words(before_s))
             self._relayout()
         elif isinstance(msg, HoldsKnown):
             holds = tuple(max(a, b) for a, b in zip(self._holds, msg.holds))
@@ -287,8 +287,9 @@ class ScreenWriter(Actor):
             made = self._made.get(b.tid)
             if made is None:
                 continue
-            (k, part), want = adapt.split(made[2]), self._layout_for(b.dest)
-            if k >= adapt.split(want)[0] and part == adapt.split(want)[1]:
+            want = self._layout_for(b.dest)
+            (k, part), (want_k, want_part) = adapt.split(made[2]), adapt.split(want)
+            if k >= want_k and part == want_part:
                 continue
             out = self._make(made[0], made[1], want)
             self.plan.recut(b.tid, out.source)

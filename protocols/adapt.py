@@ -13,11 +13,11 @@ screen the camera does not find at all (a hand over it, the screen out of view) 
 reads a screen that is not there. A screen captured again after LOST_S without a capture of it (a lid turned
 away and back), or read again after LOST_S without a read, not just after an ask (a screen partly out of
 view put back): what fell on the way is no measure of the room now, so it is asked for the last layout it
-read well in, on the whole screen, at once, and captures of a screen coming back into view judge nothing for SETTLE_S. The asks
-travel in every frame this reader shows (protocols.transfer `asks`), and the sender shows what each reader
-needs in the most robust layout any of its readers asked for (actors/screen_writer.py); a reader tries the
-layout it last read a screen in first, then the one it asked for, so a change needs no agreement on when it
-takes effect.
+read well in, on the whole screen, at once, and captures of a screen coming back into view judge nothing
+for SETTLE_S. The asks travel in every frame this reader shows (protocols.transfer `asks`), and the sender
+shows what each reader needs in the most robust layout any of its readers asked for
+(actors/screen_writer.py); a reader tries the layout it last read a screen in first, then the one it asked
+for, so a change needs no agreement on when it takes effect.
 
 A screen partly out of the camera's view (a lid nudged, a laptop turned: its code runs out of the image on
 one side) is read in no layout of the ladder, however robust: its outline is cut. The reader then asks for its

@@ -63,16 +63,16 @@ class LinkCodec:
         ranks whose entries its frames carry)."""
         return frames.source_packets(nbytes, self.packet_size(ranks))
 
-    def in_part(self, part: int) -> LinkCodec | None:
-        """This codec with its layout drawn on part `part` of the screen (protocols.layout.PARTS); None where
-        the grid left is too small for a frame."""
+    def in_part(self, part: int) -> LinkCodec:
+        """This codec with its layout drawn on part `part` of the screen (protocols.layout.PARTS); itself (the
+        whole) where the grid left is too small for a frame."""
         key = (self.layout, self.code_rate, part)
         if key not in _PARTS:
             lay = self.layout.in_part(part)
             try:
-                _PARTS[key] = None if lay is None else self if lay == self.layout else replace(self, layout=lay)
+                _PARTS[key] = self if lay is None or lay == self.layout else replace(self, layout=lay)
             except ValueError:
-                _PARTS[key] = None
+                _PARTS[key] = self
         return _PARTS[key]
 
     def _scramble(self, frame: bytes) -> bytes:
@@ -140,7 +140,7 @@ class LinkCodec:
         return message, wrong
 
 
-_PARTS: dict[tuple, LinkCodec | None] = {}  # LinkCodec.in_part's answers
+_PARTS: dict[tuple, LinkCodec] = {}  # LinkCodec.in_part's answers
 
 
 def in_ladder(ladder: list[tuple[LinkCodec, float]], ask: int) -> tuple[LinkCodec, float]:
@@ -148,4 +148,4 @@ def in_ladder(ladder: list[tuple[LinkCodec, float]], ask: int) -> tuple[LinkCode
     last one for one past it) on its part of the screen (the whole where that part is too small)."""
     k, part = split(ask)
     codec, hold = ladder[min(k, len(ladder) - 1)]
-    return codec.in_part(part) or codec, hold
+    return codec.in_part(part), hold

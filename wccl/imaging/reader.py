@@ -135,14 +135,21 @@ def find_quads(image: np.ndarray, layout: GridLayout, min_cell_px: float = 1.5) 
 _FOUND: dict[tuple, tuple[Quad, ...]] = {}  # find_quads' latest answers, oldest first
 
 
+def _bright_mask(small: np.ndarray) -> np.ndarray | None:
+    """Where the brightest channel at half resolution is bright (Otsu's threshold, at least a quarter of the
+    brightest): the codes' white rings; None in an image with nothing bright."""
+    hi = int(small.max()) if small.size else 0
+    if hi < 48:
+        return None
+    thr, _ = cv2.threshold(small, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
+    return (small > max(thr, 0.25 * hi)).view(np.uint8)
+
+
 def _quads_in(small: np.ndarray, outer_cells: tuple[int, int], min_cell_px: float) -> tuple[Quad, ...]:
     """`find_quads` on the brightest channel at half resolution."""
-    hi = int(small.max())
-    if hi < 48:
+    mask = _bright_mask(small)
+    if mask is None:
         return ()
-    thr, _ = cv2.threshold(small, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
-    thr = max(thr, 0.25 * hi)
-    mask = (small > thr).view(np.uint8)
     contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_NONE)
     out_r, out_c = outer_cells
     min_side = min_cell_px * min(out_r, out_c) / _DOWN
@@ -194,13 +201,11 @@ class Cut:
 def cut_codes(image: np.ndarray, min_side_px: float) -> list[Cut]:
     """The bright outlines at least `min_side_px` across both ways that run out of the image on exactly one
     side (one out at a corner is left out: no part of the screen is sure to be in view), largest first."""
-    small = _brightest_channel(image[::_DOWN, ::_DOWN])
-    if small.size == 0 or int(small.max()) < 48:
+    mask = _bright_mask(_brightest_channel(image[::_DOWN, ::_DOWN]))
+    if mask is None:
         return []
-    thr, _ = cv2.threshold(small, 0, 255, cv2.THRESH_BINARY + cv2.THRESH_OTSU)
-    mask = (small > max(thr, 0.25 * int(small.max()))).view(np.uint8)
     contours, _ = cv2.findContours(mask, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-    h, w = small.shape
+    h, w = mask.shape
     out = []
     for c in contours:
         x, y, bw, bh = cv2.boundingRect(c)
