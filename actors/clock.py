@@ -1,13 +1,15 @@
 """Clock: optical clock sync, the schedule's announcement, and the step schedule's ticks.
 
 Consumes: `FrameTiming` (the timestamps of every frame read from a peer),
-`SightKnown` (discovery's layout and sight graph), `TensorReceived` on the
+`SightKnown` (discovery's layout and sight graph), `StepSkipped` (the
+server's: a step to make up), `TensorReceived` on the
 "sync" stream (the server's `Announce`, the other nodes' `Hello`;
 protocols.sync), `LayoutAsks` and `LayoutAsked` (the layouts in use: this
 camera's asks of each screen, and each reader's of this one; protocols.adapt).
 Emits: `SendTensor` (an announcement or a hello), `ScheduleKnown` once the
 schedule is known, `ScheduleChanged` when the server changed it while the
-run goes, `Tick` at the absolute start of every phase of every step
+run goes (its phases, or its steps: the server's ParameterServer skipped a
+step, `StepSkipped`, and the server makes it up with one more at the end), `Tick` at the absolute start of every phase of every step
 this node takes part in, `ScheduleDone` at the last step's deadline
 (wccl.runtime.schedule.DEADLINE_STEPS), then `Drain` (the node ends once its peers
 acknowledged what it sent).
@@ -60,7 +62,7 @@ from protocols import adapt, sync
 from protocols.algorithms import Sight, chunks
 from protocols.algorithms.tree import broadcast_chunks
 from protocols.messages import (Drain, FrameTiming, LayoutAsked, LayoutAsks, ScheduleChanged, ScheduleDone,
-                                ScheduleKnown, SendTensor, SightKnown, TensorReceived, Tick)
+                                ScheduleKnown, SendTensor, SightKnown, StepSkipped, TensorReceived, Tick)
 from protocols.link import in_ladder
 from protocols.transfer import NO_ASK
 from wccl.runtime.actor import Actor, ActorContext, GiveUp, Overflow
@@ -82,7 +84,7 @@ PUBLISH_S = 0.0005  # a node others sync against sends its estimate again once i
 
 
 class Clock(Actor):
-    consumes = (FrameTiming, SightKnown, TensorReceived, LayoutAsks, LayoutAsked)
+    consumes = (FrameTiming, SightKnown, TensorReceived, LayoutAsks, LayoutAsked, StepSkipped)
     on_schedule = True
     mailbox = (16, Overflow.BLOCK)
 
@@ -90,16 +92,19 @@ class Clock(Actor):
                  start_s: float, work_s: float, margin_frames: int, sync_cfg: Any, greeted: asyncio.Event,
                  greet_problem: Callable[[float], str], greet_timeout_s: float, ladder: list, tensor_bytes: int,
                  resume: dict | None = None, truth: Callable[[float], float] | None = None,
-                 drain_s: float = 10.0) -> None:
+                 drain_s: float = 10.0, observed: bool = False) -> None:
         """`ranks`: every node of the room but observers, in rank order; `phases`: fixed phases, or None to size them
         (`auto`) from `tensor_bytes` (a gradient's and an average's bytes on the wire) in the layout of
-        `ladder` ((codec, hold_s) each) that discovery chooses."""
+        `ladder` ((codec, hold_s) each) that discovery chooses; `observed`: the room has observers (the
+        server's announcements of steps made up linger on its screen for them)."""
         super().__init__(ctx)
         self.is_server = ctx.node == server
         self.server = server
         self.ranks = ranks
         self.others = [n for n in ranks if n != ctx.node]  # (once the sight is known: those in the room)
-        self.steps = steps
+        self.steps = steps  # the run's steps: the announced schedule's (more when the server makes steps up)
+        self.planned = steps  # the steps the run started with
+        self.observed = observed
         self.fixed_phases = tuple((n, float(s)) for n, s in phases) if phases else None
         self.start_s = start_s
         self.work_s = work_s
@@ -140,8 +145,11 @@ class Clock(Actor):
         self.state = ctx.results.setdefault("clock", {"residuals_ms": [], "syncs": 0})
 
     # ------------------------------------------------------------------ inbox
-    async def handle(self, msg: FrameTiming | SightKnown | TensorReceived | LayoutAsks | LayoutAsked) -> None:
-        if isinstance(msg, LayoutAsks):
+    async def handle(self, msg: FrameTiming | SightKnown | TensorReceived | LayoutAsks | LayoutAsked | StepSkipped
+                     ) -> None:
+        if isinstance(msg, StepSkipped):
+            await self._make_up(msg.step)
+        elif isinstance(msg, LayoutAsks):
             asks = {r: k for r, k in enumerate(msg.asks) if k != NO_ASK}
             if asks != self.asks_of:
                 self.asks_of = asks
@@ -247,19 +255,44 @@ class Clock(Actor):
             self.schedule, join = await self._node_startup()
         await self._tick(join)
 
-    async def _send(self, payload: sync.Announce | sync.Hello | sync.ClockMap, to: tuple[str, ...]) -> None:
+    async def _send(self, payload: sync.Announce | sync.Hello | sync.ClockMap, to: tuple[str, ...],
+                    overheard: bool = False) -> None:
         await self.emit(SendTensor(sender=self.ctx.node, time=self.clock.now(), stream="sync", to=to,
-                                   payload=payload.encode(), epoch=self.state.get("epoch", 0)))
+                                   payload=payload.encode(), epoch=self.state.get("epoch", 0), overheard=overheard))
 
     @staticmethod
     def _schedule_of(a: sync.Announce) -> Schedule:
         return Schedule(t0=a.t0_us / 1e6, phases=a.phases, first_step=a.first_step)
 
     async def _change(self, a: sync.Announce) -> None:
-        """Follow the server's changed schedule from its `first_step` on (the steps before keep theirs)."""
+        """Follow the server's changed schedule from its `first_step` on (the steps before keep theirs), to its
+        last step."""
         self.schedule = self.schedule.then(a.first_step, a.t0_us / 1e6, a.phases)
+        self.steps = a.steps
         await self.emit(ScheduleChanged(sender=self.ctx.node, step=a.first_step, time=self.clock.now(),
-                                        first_step=a.first_step, t0=a.t0_us / 1e6, phases=a.phases))
+                                        first_step=a.first_step, t0=a.t0_us / 1e6, phases=a.phases, steps=a.steps))
+
+    async def _make_up(self, skipped: int) -> None:
+        """The server's: a step it skipped (its quorum's gradients did not come: a camera covered, a screen out
+        of view) is made up with one more step at the run's end, so the run applies the steps it was asked
+        for; announced to every node (the next `revision`, its phases unchanged), while the first step added
+        still starts CHANGE_LEAD_STEPS steps from now or later and the run has made up fewer steps than it
+        started with (a worker gone for good costs at most twice the run's time)."""
+        if not self.is_server or self.schedule is None or self.announce is None:
+            return
+        old = self.announce
+        if old.steps >= 2 * self.planned:
+            return
+        now = self.clock.now()
+        if self.schedule.start(old.steps) < now + CHANGE_LEAD_STEPS * self.schedule.period:
+            return  # (too late: the nodes would not hear of it before it comes)
+        a = sync.Announce(old.t0_us, old.phases, old.steps + 1, old.epoch, old.applied, old.first_step,
+                          old.revision + 1)
+        self.announce = a
+        self.state.update(announce=a, made_up=a.steps - self.planned)
+        self.log.info("step_made_up", skipped=skipped, steps=a.steps, made_up=a.steps - self.planned)
+        await self._change(a)
+        await self._send(a, tuple(self.others), overheard=self.observed)
 
     async def _layouts_changed(self) -> None:
         """The server's: where the layouts in use call for another period (longer: a reader asked a screen
@@ -335,6 +368,7 @@ class Clock(Actor):
             start = self.start_s * self._depth()
             a = sync.Announce(round((self.clock.now() + start) * 1e6), self._phases(), self.steps, 0, 0)
         self.announce = a
+        self.steps = a.steps
         self.state.update(announce=a, epoch=a.epoch)
         schedule = self._schedule_of(a)
         now = self.clock.now()
@@ -369,6 +403,7 @@ class Clock(Actor):
         self._update_estimate(log=True)
         await self._publish()
         a = self.announce
+        self.steps = a.steps
         self.state["epoch"] = a.epoch
         schedule = self._schedule_of(a)
         now = self.clock.now()
@@ -497,10 +532,15 @@ class Clock(Actor):
         await self._send(self._published, self.downstream)
 
     async def _tick(self, join: int) -> None:
-        first = max(join, self.schedule.step_at(self.clock.now()))
-        for step in range(max(0, first), self.steps):
-            for phase in [w.phase for w in self.schedule.windows(step)]:
-                w = self.schedule.window(step, phase)  # (the schedule may change while a step waits)
+        step = max(0, join, self.schedule.step_at(self.clock.now()))
+        # (`self.steps` grows when the server makes up a step it skipped, and the schedule changes while a
+        # step waits: both are read again for every phase)
+        while step < self.steps or ("reduce" in dict(self.schedule.phases) and step < self.steps + DEADLINE_STEPS):
+            # The last steps' deadlines lie past the last step: their reduce ticks still come, so each of those
+            # steps is awaited until its own deadline, as every other step is.
+            phases = [w.phase for w in self.schedule.windows(step)] if step < self.steps else ["reduce"]
+            for phase in phases:
+                w = self.schedule.window(step, phase)
                 if w.start < self.clock.now() - 1e-6:
                     continue  # already past (a restart mid-step)
                 await self.clock.sleep_until(w.start)
@@ -509,17 +549,8 @@ class Clock(Actor):
                     await self._publish()
                 await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(),
                                      phase=w.phase, start=w.start, end=w.end))
+            step += 1
         schedule = self.schedule
-        if "reduce" in dict(schedule.phases):
-            # The last steps' deadlines lie past the last step: their reduce ticks still come, so each of
-            # those steps is awaited until its own deadline, as every other step is.
-            for step in range(self.steps, self.steps + DEADLINE_STEPS):
-                w = schedule.window(step, "reduce")
-                if w.start < self.clock.now() - 1e-6:
-                    continue
-                await self.clock.sleep_until(w.start)
-                await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(), phase="reduce",
-                                     start=w.start, end=w.end))
         await self.clock.sleep_until(max(schedule.start(self.steps), schedule.deadline(self.steps - 1)))
         await self.emit(ScheduleDone(sender=self.ctx.node, step=self.steps - 1, time=self.clock.now(),
                                      steps=self.steps))

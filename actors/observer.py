@@ -27,7 +27,8 @@ in is checked against its own (`observer_snapshot_checked`); one that
 differs stalls it until a snapshot of a later state.
 
 It has no schedule of its own: its run ends once it has applied the last
-step's average (`steps` from config) or holds the run's end state (the
+step's average (`steps` from config, more when the server's announcement
+says it made up steps it skipped: stream `sync`) or holds the run's end state (the
 final snapshot, checked against its own or taken), or when its node is
 ended (the room's run is over) or stopped. A stalled observer waits until then; one that ends
 before the last step's average says so (`observer_incomplete`, or
@@ -44,6 +45,7 @@ import structlog
 import torch
 
 from protocols import snapshot as snap
+from protocols import sync
 from protocols.messages import TensorReceived
 from wccl.compression import Codec, CodecError, get_codec
 from wccl.runtime.actor import Actor, ActorContext
@@ -98,6 +100,20 @@ class Observer(Actor):
             self._average(msg)
         elif msg.stream == "params":
             self._snapshot(msg.payload, final=msg.step >= self.steps)
+        elif msg.stream == "sync":
+            self._announced(msg.payload)
+
+    def _announced(self, payload: bytes) -> None:
+        """The server's announcement of the schedule (made again when it makes up steps it skipped): the run's
+        last step."""
+        try:
+            a = sync.decode(payload)
+        except sync.SyncError as e:
+            self.log.warning("sync_payload_rejected", origin=self.server, error=str(e))
+            return
+        if isinstance(a, sync.Announce) and a.epoch >= self.results["epoch"] and a.steps > self.steps:
+            self.log.info("observer_steps_made_up", steps=a.steps, was=self.steps)
+            self.steps = a.steps
 
     # ------------------------------------------------------------------ averages
     def _average(self, msg: TensorReceived) -> None:

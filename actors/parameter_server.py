@@ -6,7 +6,8 @@ for a snapshot), `Tick` (compute: a snapshot when one is due; reduce: a
 step's deadline), `ScheduleDone`.
 Emits: `AveragedGradient` for the worker on this node (if any), `SendTensor`
 (its word on every step to the other workers: the average, or empty when
-the step was skipped; snapshots), `Snapshot` for the worker on this node.
+the step was skipped; snapshots), `Snapshot` for the worker on this node,
+`StepSkipped` for its Clock (which makes the step up at the run's end).
 
 A step is reduced as soon as every worker's gradient for it arrived (of
 the workers in the room: one the room started without counts from the
@@ -20,7 +21,8 @@ moved the state on); others are counted (`gradient_stale`). A worker whose gradi
 missed the deadline is logged (`gradient_missing`); a gradient with a NaN or
 an Inf is left out and counted (`gradient_nonfinite`); the server averages
 what arrived if at least `quorum` workers made it, otherwise skips the step
-(`step_skipped`) and the state stays where it was. The reduce is charged to
+(`step_skipped`: the state stays where it was, and its Clock makes the step
+up at the run's end). The reduce is charged to
 the node's clock at its CPU time (times `compute_scale`). The server keeps
 its own copy of the training state (it applies each average), sends it as a
 snapshot every `snapshot_every` steps and when a node asks (in the screen time
@@ -42,7 +44,7 @@ import torch
 from protocols import snapshot as snap
 from protocols import sync
 from protocols.messages import (AveragedGradient, LocalGradient, ScheduleChanged, ScheduleDone, ScheduleKnown,
-                                SendTensor, Snapshot, TensorReceived, Tick)
+                                SendTensor, Snapshot, StepSkipped, TensorReceived, Tick)
 from protocols.security import NO_KEY, RoomKey
 from wccl.compression import Codec, ErrorFeedback, get_codec
 from wccl.runtime.actor import Actor, ActorContext, Overflow
@@ -242,6 +244,7 @@ class ParameterServer(Actor):
         if r.payload is None:
             self.results["skipped"] += 1
             self.log.warning("step_skipped", step=step, arrived=len(got), usable=len(r.used), quorum=self.quorum)
+            await self.emit(StepSkipped(**fields))
             return
         self.results["bytes_sent"] += len(payload)
         self.log.info("gradients_averaged", step=step, contributors=list(r.used), applied=self.applied,

@@ -118,14 +118,23 @@ class ScheduleKnown(Message):
 
 
 class ScheduleChanged(Message):
-    """The server changed the step schedule while the run goes (the layouts in use changed:
-    actors/clock.py): from step `first_step` on, which starts at `t0`, the phases are `phases`; the steps
-    before it keep theirs (wccl.runtime.schedule.Schedule.then)."""
+    """The server changed the step schedule while the run goes (actors/clock.py): from step `first_step` on,
+    which starts at `t0`, the phases are `phases` (the layouts in use changed); the steps before it keep
+    theirs (wccl.runtime.schedule.Schedule.then); the run has `steps` steps (more than it started with when
+    the server made up steps it skipped)."""
 
     control: ClassVar[bool] = True
     first_step: int
     t0: float
     phases: tuple[tuple[str, float], ...]
+    steps: int
+
+
+class StepSkipped(Message):
+    """The parameter server skipped `step` (fewer than its quorum of gradients came): its node's Clock makes
+    the step up with one more at the run's end (actors/clock.py)."""
+
+    control: ClassVar[bool] = True
 
 
 class TensorReceived(Message):

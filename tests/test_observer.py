@@ -185,6 +185,35 @@ def test_an_average_read_late_lets_the_observer_catch_up_without_a_snapshot(_qui
     assert len(_events(_quiet_logs, "observer_caught_up")) == 1 and not _events(_quiet_logs, "observer_incomplete")
 
 
+def test_an_observer_follows_the_run_past_its_configured_steps_when_the_server_makes_one_up(_quiet_logs):
+    """Step 1 skipped (its word empty) and made up: the server's announcement says the run has 4 steps, not
+    the 3 of the room file, and the observer goes on to step 3's word, ending on the server's parameters."""
+    from protocols import sync
+
+    cfg = make_config(training={"steps": 3})
+    avgs, server = _trained(cfg, 3)
+    observer = _fresh(cfg)
+    made_up = sync.Announce(1_000_000, (("compute", 0.5), ("reduce", 0.5)), 4, 0, 0, 0, 1)
+
+    async def go():
+        async with ActorHarness(Observer, node="carol", replica=observer, server="alice", steps=3) as h:
+            await h.send(_avg(0, avgs[0]))
+            await h.send(_avg(1, b"", base=1))
+            await h.send(TensorReceived(sender="carol", time=0.0, origin="alice", stream="sync",
+                                        payload=made_up.encode(), frames=1))
+            await h.send(_avg(2, avgs[1], base=1))
+            await h.settle()
+            at_2 = dict(h.results["observer"])
+            await h.send(_avg(3, avgs[2], base=2))
+            await asyncio.wait_for(h.task, 5)
+            return at_2, h.results["observer"]
+
+    at_2, final = run_virtual(go)
+    assert at_2["applied"] == 2 and at_2["last_step"] == 2  # (the room file's last step: not the run's)
+    assert final["applied"] == 3 and final["last_step"] == 3
+    assert torch.equal(observer.parameters_flat(), server.parameters_flat())
+
+
 def test_the_final_snapshot_ends_an_observer_that_missed_the_last_words(_quiet_logs):
     """Steps 2 and 3's averages never read (the run is over for the server once its ranks have them): the
     snapshot the server shows after the last step (its step one past the last) brings the observer to the

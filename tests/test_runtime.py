@@ -351,6 +351,63 @@ def test_a_node_follows_the_servers_changed_schedule_and_ignores_an_overtaken_on
     assert computes == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0, 7.0, 9.0, 11.0])
 
 
+def test_the_server_makes_up_a_skipped_step_at_the_end_and_every_node_ticks_it():
+    """A step the server skipped (its quorum's gradients did not come) is made up: its clock announces one
+    step more (the next revision, the phases unchanged) and ticks it; a node told of it ticks it too. Not when
+    the added step would come before the nodes hear of it, and never past twice the steps the run started
+    with."""
+    from protocols.messages import ScheduleChanged, StepSkipped, TensorReceived
+
+    schedule = Schedule(t0=1.0, phases=(("compute", 0.5), ("reduce", 0.5)))
+
+    async def server():
+        async with ActorHarness(Clock, node="alice", **clock_deps(schedule, steps=3)) as h:
+            await h.clock.sleep_until(schedule.start(0) + 0.1)
+            await h.send(StepSkipped(sender="alice", step=0, time=h.clock.now()))  # (3 steps, each made up once)
+            await h.send(StepSkipped(sender="alice", step=0, time=h.clock.now()))
+            await h.send(StepSkipped(sender="alice", step=0, time=h.clock.now()))
+            await h.send(StepSkipped(sender="alice", step=0, time=h.clock.now()))  # (a fourth: past twice 3)
+            await h.task
+        return h.outputs
+
+    async def late():
+        async with ActorHarness(Clock, node="alice", **clock_deps(schedule, steps=4)) as h:
+            await h.clock.sleep_until(schedule.start(1) + 0.1)
+            await h.send(StepSkipped(sender="alice", step=0, time=h.clock.now()))  # (step 4 comes in 2.9 s)
+            await h.clock.sleep_until(schedule.start(3) + 0.1)
+            await h.send(StepSkipped(sender="alice", step=1, time=h.clock.now()))  # (step 5 in 1.9 s: too soon)
+            await h.task
+        return h.outputs
+
+    outs = run_virtual(late)
+    assert [m.steps for m in outs if isinstance(m, ScheduleChanged)] == [5]
+    outs = run_virtual(server)
+    announced = [sync.decode(m.payload) for m in outs if isinstance(m, SendTensor) and m.stream == "sync"]
+    assert [(a.steps, a.revision, a.first_step, a.phases) for a in announced] == [
+        (3, 0, 0, schedule.phases), (4, 1, 0, schedule.phases), (5, 2, 0, schedule.phases),
+        (6, 3, 0, schedule.phases)]
+    assert [m.steps for m in outs if isinstance(m, ScheduleChanged)] == [4, 5, 6]
+    computes = [(m.step, m.time) for m in outs if isinstance(m, Tick) and m.phase == "compute"]
+    assert computes == [(k, pytest.approx(schedule.start(k))) for k in range(6)]
+    done = next(m for m in outs if isinstance(m, ScheduleDone))
+    assert done.steps == 6 and done.time == pytest.approx(schedule.deadline(5))
+
+    async def node():
+        async with ActorHarness(Clock, node="bob", **clock_deps(schedule, steps=3)) as h:
+            h.actor.estimator.estimate = lambda t: None  # (clock sync is not what this test is about)
+            h.actor._synced.set()
+            for a in announced[:1] + announced[2:3]:  # (the first and the second made-up step in one word)
+                await h.send(TensorReceived(sender="bob", time=h.clock.now(), origin="alice", stream="sync",
+                                            payload=a.encode(), frames=1))
+                await h.clock.sleep_until(schedule.start(1) + 0.1)
+            await h.task
+        return h.outputs
+
+    outs = run_virtual(node)
+    assert [m.step for m in outs if isinstance(m, Tick) and m.phase == "compute"] == [0, 1, 2, 3, 4]
+    assert next(m for m in outs if isinstance(m, ScheduleDone)).steps == 5
+
+
 def test_a_node_told_the_schedule_after_a_change_ticks_each_step_where_the_server_does():
     from protocols.messages import ScheduleKnown, TensorReceived
 

@@ -221,6 +221,8 @@ class RoomRun:
             steps=self.config.training.steps,
             # the model's updates (a node that started again took some of them in a snapshot)
             applied=worker.get("state_applied", worker.get("applied", 0)),
+            # steps the server skipped (a worker's gradient did not come) and made up at the end (actors/clock.py)
+            made_up=results[server].results.get("clock", {}).get("made_up", 0) if server in results else 0,
             sim_seconds=round(loop.time() - t0, 3),
             wall_seconds=round(time.perf_counter() - wall0, 2),
             replicas_identical=len(set(digests.values())) == 1 if len(digests) > 1 else None,
@@ -305,9 +307,11 @@ def summary_table(result: dict[str, Any]) -> str:
     screen sent and its camera read and lost (by reason). The same figures are in `run_finished`."""
     acc = result["test_accuracy"]
     # (a run stopped before its first evaluation has no accuracy to say)
+    made_up = result.get("made_up", 0)
     lines = [f"run {'interrupted' if result['stopped'] else 'finished'}: {result['applied']} of {result['steps']} "
-             "steps applied" + (f", test accuracy {acc:.3f}" if math.isfinite(acc) else
-                                ", no test accuracy yet" if result["stopped"] else ", test accuracy not measured")]
+             "steps applied" + (f" ({made_up} skipped and made up at the end)" if made_up else "")
+             + (f", test accuracy {acc:.3f}" if math.isfinite(acc) else
+                ", no test accuracy yet" if result["stopped"] else ", test accuracy not measured")]
     same = {True: "identical", False: "DIFFERENT", None: "-"}
     lines.append(f"  replicas {same[result['replicas_identical']]}, observers {same[result['observer_identical']]}; "
                  f"{result['sim_seconds']:.1f} s room time, {result['wall_seconds']:.1f} s wall")

@@ -244,7 +244,8 @@ def run_room(data: dict[str, Any]) -> dict[str, Any]:
     try:
         with asyncio.Runner(loop_factory=VirtualTimeLoop) as runner:
             res = runner.run(go())
-        out.update(started=True, applied=res["applied"], replicas_identical=res["replicas_identical"],
+        out.update(started=True, applied=res["applied"], made_up=res["made_up"],
+                   replicas_identical=res["replicas_identical"],
                    observer_identical=res["observer_identical"], test_accuracy=res["test_accuracy"],
                    room_s=res["sim_seconds"], why=None)
         # when the server's replica took each update, in room seconds after the first camera started

@@ -152,7 +152,7 @@ class ServerRunNode(_TrainingNode):
                        ladder=collective_ladder(cfg),
                        tensor_bytes=grad_codec.encoded_size(numel) + streams.OVERHEAD + TAG_BYTES,
                        resume=dict(resume[0], epoch=resume[1].epoch, applied=resume[1].applied) if resume else None,
-                       truth=truth, drain_s=col.drain_s),
+                       truth=truth, drain_s=col.drain_s, observed=bool(room.observers)),
             worker=dict(replica=replica, server=room.server, eval_every=tr.eval_every, codec=grad_codec,
                         compute_scale=col.compute_scale),
             parameter_server=dict(workers=room.workers, quorum=cfg.quorum, numel=numel, codec=grad_codec,
