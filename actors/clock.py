@@ -80,6 +80,9 @@ OTHER_LAYOUT_SHARE = 0.75
 GROW_ABOVE = 1.05
 SHRINK_BELOW = 0.8
 CHANGE_LEAD_STEPS = 2
+# The server announces the steps it makes up (for steps it skipped) once the run's last step is this many steps
+# away: every node hears of them before they come, in one announcement
+MAKE_UP_AHEAD_STEPS = 8
 PUBLISH_S = 0.0005  # a node others sync against sends its estimate again once it moved this much
 
 
@@ -104,6 +107,7 @@ class Clock(Actor):
         self.others = [n for n in ranks if n != ctx.node]  # (once the sight is known: those in the room)
         self.steps = steps  # the run's steps: the announced schedule's (more when the server makes steps up)
         self.planned = steps  # the steps the run started with
+        self._owed = 0  # the server's: steps it skipped and will add at the end (`_announce_made_up`)
         self.observed = observed
         self.fixed_phases = tuple((n, float(s)) for n, s in phases) if phases else None
         self.start_s = start_s
@@ -274,23 +278,38 @@ class Clock(Actor):
 
     async def _make_up(self, skipped: int) -> None:
         """The server's: a step it skipped (its quorum's gradients did not come: a camera covered, a screen out
-        of view) is made up with one more step at the run's end, so the run applies the steps it was asked
-        for; announced to every node (the next `revision`, its phases unchanged), while the first step added
-        still starts CHANGE_LEAD_STEPS steps from now or later and the run has made up fewer steps than it
-        started with (a worker gone for good costs at most twice the run's time)."""
+        of view) is owed one more step at the run's end, so the run applies the steps it was asked for (never
+        more than it started with: a worker gone for good costs at most twice the run's time)."""
         if not self.is_server or self.schedule is None or self.announce is None:
             return
-        old = self.announce
-        if old.steps >= 2 * self.planned:
+        if self.announce.steps + self._owed < 2 * self.planned:
+            self._owed += 1
+            self.log.info("step_owed", skipped=skipped, owed=self._owed)
+        await self._announce_made_up()
+
+    async def _announce_made_up(self) -> None:
+        """The server's: once the run's last step is MAKE_UP_AHEAD_STEPS steps away or less, the steps it owes
+        are added and announced to every node (the next `revision`, its phases unchanged): one announcement for
+        every step skipped so far, not one each, which would queue on its screen for a camera that reads
+        nothing. Not when the first step added would come within CHANGE_LEAD_STEPS steps (the nodes would
+        hear of it too late)."""
+        if not self._owed or self.schedule is None:
             return
-        now = self.clock.now()
-        if self.schedule.start(old.steps) < now + CHANGE_LEAD_STEPS * self.schedule.period:
-            return  # (too late: the nodes would not hear of it before it comes)
-        a = sync.Announce(old.t0_us, old.phases, old.steps + 1, old.epoch, old.applied, old.first_step,
+        now, period, old = self.clock.now(), self.schedule.period, self.announce
+        ahead = self.schedule.start(old.steps) - now
+        if ahead > MAKE_UP_AHEAD_STEPS * period:
+            return
+        if ahead < CHANGE_LEAD_STEPS * period:
+            self.log.warning("steps_not_made_up", owed=self._owed, steps=old.steps,
+                             why="skipped too close to the run's end for every node to hear of more steps")
+            self._owed = 0
+            return
+        a = sync.Announce(old.t0_us, old.phases, old.steps + self._owed, old.epoch, old.applied, old.first_step,
                           old.revision + 1)
+        self._owed = 0
         self.announce = a
         self.state.update(announce=a, made_up=a.steps - self.planned)
-        self.log.info("step_made_up", skipped=skipped, steps=a.steps, made_up=a.steps - self.planned)
+        self.log.info("steps_made_up", steps=a.steps, made_up=a.steps - self.planned, was=old.steps)
         await self._change(a)
         await self._send(a, tuple(self.others), overheard=self.observed)
 
@@ -547,6 +566,7 @@ class Clock(Actor):
                 if w.phase == "compute":
                     self._update_estimate(log=step % self.cfg.log_every == 0, step=step)
                     await self._publish()
+                    await self._announce_made_up()
                 await self.emit(Tick(sender=self.ctx.node, step=step, time=self.clock.now(),
                                      phase=w.phase, start=w.start, end=w.end))
             step += 1

@@ -352,10 +352,10 @@ def test_a_node_follows_the_servers_changed_schedule_and_ignores_an_overtaken_on
 
 
 def test_the_server_makes_up_a_skipped_step_at_the_end_and_every_node_ticks_it():
-    """A step the server skipped (its quorum's gradients did not come) is made up: its clock announces one
-    step more (the next revision, the phases unchanged) and ticks it; a node told of it ticks it too. Not when
-    the added step would come before the nodes hear of it, and never past twice the steps the run started
-    with."""
+    """A step the server skipped (its quorum's gradients did not come) is made up: once the run's end is 8
+    steps away, its clock announces the steps owed in one word (the next revision, the phases unchanged) and
+    ticks them; a node told of it ticks them too. Not when the added step would come before the nodes hear
+    of it, and never past twice the steps the run started with."""
     from protocols.messages import ScheduleChanged, StepSkipped, TensorReceived
 
     schedule = Schedule(t0=1.0, phases=(("compute", 0.5), ("reduce", 0.5)))
@@ -381,6 +381,19 @@ def test_the_server_makes_up_a_skipped_step_at_the_end_and_every_node_ticks_it()
 
     outs = run_virtual(late)
     assert [m.steps for m in outs if isinstance(m, ScheduleChanged)] == [5]
+
+    async def early():
+        async with ActorHarness(Clock, node="alice", **clock_deps(schedule, steps=20)) as h:
+            for k in (1, 2):
+                await h.clock.sleep_until(schedule.start(k) + 0.1)
+                await h.send(StepSkipped(sender="alice", step=k - 1, time=h.clock.now()))
+            await h.task
+        return h.outputs
+
+    outs = run_virtual(early)  # (two steps owed, announced in one word once the end is 8 steps away)
+    announced = [(m.time, sync.decode(m.payload).steps) for m in outs if isinstance(m, SendTensor)]
+    assert announced == [(0.0, 20), (pytest.approx(schedule.start(12)), 22)]
+    assert [m.step for m in outs if isinstance(m, Tick) and m.phase == "compute"] == list(range(22))
     outs = run_virtual(server)
     announced = [sync.decode(m.payload) for m in outs if isinstance(m, SendTensor) and m.stream == "sync"]
     assert [(a.steps, a.revision, a.first_step, a.phases) for a in announced] == [

@@ -33,7 +33,7 @@ from protocols.messages import Capture, Message, Tick
 EVENTS = frozenset({
     "run_started", "run_finished", "run_interrupted", "run_failed", "node_started", "node_finished",
     "step_applied", "worker_finished", "average_missing", "gradients_averaged", "gradient_missing",
-    "step_skipped", "step_made_up", "link_report", "clock_synced", "observer_step", "observer_missed_step",
+    "step_skipped", "steps_made_up", "link_report", "clock_synced", "observer_step", "observer_missed_step",
     "observer_recovered", "observer_finished", "observer_snapshot_checked", "dashboard_listening",
     "actor_restarted", "actor_failed", "schedule_sized", "schedule_changed", "snapshot_shown", "snapshot_adopted",
     "layout_used", "layout_asked", "screen_lost", "screen_unread", "screen_found_again", "camera_reads_nothing",

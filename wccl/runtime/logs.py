@@ -140,7 +140,7 @@ class ProgressLine:
         name = e.get("event")
         if name == "run_started":
             self.steps = e.get("steps")
-        elif name in ("step_made_up", "schedule_announced") and self.steps and e.get("steps", 0) > self.steps:
+        elif name in ("steps_made_up", "schedule_announced") and self.steps and e.get("steps", 0) > self.steps:
             self.steps = e["steps"]  # (the server made up a step it skipped)
         elif name == "node_started" and self.phase == "starting":
             self.phase = "start-up: looking for the other screens"

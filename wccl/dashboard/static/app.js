@@ -140,7 +140,7 @@ const HANDLERS = {
   gradient_missing(r) { note(`step ${r.step}: server missed gradient(s) of ${r.missing.join(", ")}`, "bad"); },
   average_missing(r) { note(`step ${r.step}: ${r.node} never read the average`, "bad"); },
   step_skipped(r) { note(`step ${r.step}: server skipped the step (${r.arrived} of ${r.quorum})`, "bad"); },
-  step_made_up(r) { note(`step ${r.skipped} made up: the run now has ${r.steps} steps`); },
+  steps_made_up(r) { note(`${r.steps - r.was} skipped step(s) made up: the run now has ${r.steps} steps`); },
   actor_restarted(r) { note(`${r.node}: ${r.actor || "an actor"} restarted (${r.error})`, "bad"); },
   run_finished(r) {
     wccl.finished = r;
