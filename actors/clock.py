@@ -107,7 +107,6 @@ class Clock(Actor):
         self.others = [n for n in ranks if n != ctx.node]  # (once the sight is known: those in the room)
         self.steps = steps  # the run's steps: the announced schedule's (more when the server makes steps up)
         self.planned = steps  # the steps the run started with
-        self._owed = 0  # the server's: steps it skipped and will add at the end (`_announce_made_up`)
         self.observed = observed
         self.fixed_phases = tuple((n, float(s)) for n, s in phases) if phases else None
         self.start_s = start_s
@@ -145,8 +144,9 @@ class Clock(Actor):
         self._announced = asyncio.Event()
         self._synced = asyncio.Event()
         self.wants_snapshot = False
-        # Kept in the node's results: a restarted Clock continues the schedule it announced.
-        self.state = ctx.results.setdefault("clock", {"residuals_ms": [], "syncs": 0})
+        # Kept in the node's results: a restarted Clock continues the schedule it announced, and still owes the
+        # steps the server skipped (`owed`: added at the end, `_announce_made_up`).
+        self.state = ctx.results.setdefault("clock", {"residuals_ms": [], "syncs": 0, "owed": 0})
 
     # ------------------------------------------------------------------ inbox
     async def handle(self, msg: FrameTiming | SightKnown | TensorReceived | LayoutAsks | LayoutAsked | StepSkipped
@@ -282,9 +282,9 @@ class Clock(Actor):
         more than it started with: a worker gone for good costs at most twice the run's time)."""
         if not self.is_server or self.schedule is None or self.announce is None:
             return
-        if self.announce.steps + self._owed < 2 * self.planned:
-            self._owed += 1
-            self.log.info("step_owed", skipped=skipped, owed=self._owed)
+        if self.announce.steps + self.state["owed"] < 2 * self.planned:
+            self.state["owed"] += 1
+            self.log.info("step_owed", skipped=skipped, owed=self.state["owed"])
         await self._announce_made_up()
 
     async def _announce_made_up(self) -> None:
@@ -293,20 +293,21 @@ class Clock(Actor):
         every step skipped so far, not one each, which would queue on its screen for a camera that reads
         nothing. Not when the first step added would come within CHANGE_LEAD_STEPS steps (the nodes would
         hear of it too late)."""
-        if not self._owed or self.schedule is None:
+        owed = self.state["owed"]
+        if not owed or self.schedule is None:
             return
         now, period, old = self.clock.now(), self.schedule.period, self.announce
         ahead = self.schedule.start(old.steps) - now
         if ahead > MAKE_UP_AHEAD_STEPS * period:
             return
         if ahead < CHANGE_LEAD_STEPS * period:
-            self.log.warning("steps_not_made_up", owed=self._owed, steps=old.steps,
+            self.log.warning("steps_not_made_up", owed=owed, steps=old.steps,
                              why="skipped too close to the run's end for every node to hear of more steps")
-            self._owed = 0
+            self.state["owed"] = 0
             return
-        a = sync.Announce(old.t0_us, old.phases, old.steps + self._owed, old.epoch, old.applied, old.first_step,
+        a = sync.Announce(old.t0_us, old.phases, old.steps + owed, old.epoch, old.applied, old.first_step,
                           old.revision + 1)
-        self._owed = 0
+        self.state["owed"] = 0
         self.announce = a
         self.state.update(announce=a, made_up=a.steps - self.planned)
         self.log.info("steps_made_up", steps=a.steps, made_up=a.steps - self.planned, was=old.steps)
