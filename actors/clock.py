@@ -8,9 +8,10 @@ protocols.sync), `LayoutAsks` and `LayoutAsked` (the layouts in use: this
 camera's asks of each screen, and each reader's of this one; protocols.adapt).
 Emits: `SendTensor` (an announcement or a hello), `ScheduleKnown` once the
 schedule is known, `ScheduleChanged` when the server changed it while the
-run goes (its phases, or its steps: the server's ParameterServer skipped a
-step, `StepSkipped`, and the server makes it up with one more at the end), `Tick` at the absolute start of every phase of every step
-this node takes part in, `ScheduleDone` at the last step's deadline
+run goes (its phases, or its steps: the server makes up the steps its
+ParameterServer skipped, `StepSkipped`, with as many more at the end),
+`Tick` at the absolute start of every phase of every step this node takes
+part in, `ScheduleDone` at the last step's deadline
 (wccl.runtime.schedule.DEADLINE_STEPS), then `Drain` (the node ends once its peers
 acknowledged what it sent).
 
@@ -309,7 +310,7 @@ class Clock(Actor):
                           old.revision + 1)
         self.state["owed"] = 0
         self.announce = a
-        self.state.update(announce=a, made_up=a.steps - self.planned)
+        self.state.update(announce=a)
         self.log.info("steps_made_up", steps=a.steps, made_up=a.steps - self.planned, was=old.steps)
         await self._change(a)
         await self._send(a, tuple(self.others), overheard=self.observed)

@@ -214,6 +214,7 @@ class RoomRun:
         digests = {n: r.results.get("worker", {}).get("params_sha256") for n, r in results.items()}
         digests = {n: d for n, d in digests.items() if d}
         observed = {n: r.results["observer"] for n, r in results.items() if "observer" in r.results}
+        announced = results[server].results.get("clock", {}).get("announce") if server in results else None
         if not worker and observed:  # only observers ran here (`--node carol`): theirs is the model we have
             worker = next(iter(observed.values()))
         self.result = dict(
@@ -222,7 +223,7 @@ class RoomRun:
             # the model's updates (a node that started again took some of them in a snapshot)
             applied=worker.get("state_applied", worker.get("applied", 0)),
             # steps the server skipped (a worker's gradient did not come) and made up at the end (actors/clock.py)
-            made_up=results[server].results.get("clock", {}).get("made_up", 0) if server in results else 0,
+            made_up=announced.steps - self.config.training.steps if announced is not None else 0,
             sim_seconds=round(loop.time() - t0, 3),
             wall_seconds=round(time.perf_counter() - wall0, 2),
             replicas_identical=len(set(digests.values())) == 1 if len(digests) > 1 else None,
